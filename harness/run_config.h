@@ -1,0 +1,63 @@
+// RunConfig: the fully-resolved configuration of one variant of an experiment (the base config
+// with the variant's `set:` overrides applied). ExperimentSpec (harness/spec.h) produces one per
+// variant; the runner consumes it. Field names match the YAML keys (section.key).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "model/gpt.h"
+#include "optim/adamw.h"
+
+namespace mt {
+
+enum class BackendChoice { cpu, cuda, auto_ };
+enum class DataSource { synthetic, tokens, text };
+enum class Recompute { none, gelu, layernorm_gelu };  // recompute activations in backward
+
+struct DataConfig {
+    DataSource source = DataSource::synthetic;
+    std::string path;        // tokens / text file (relative paths resolve against the YAML's dir)
+    int batch_size = 4;      // B
+    int seq_len = 64;        // T
+    int workers = 0;         // background loader threads; 0 = load synchronously in the step
+    int prefetch = 2;        // ring size of ready batches when workers > 0
+    bool pin_memory = false; // pinned host batches (CUDA only; ignored on CPU with a note)
+    int preprocess_us = 0;   // SIMULATED per-sample CPU work, to reproduce a data-bound step
+};
+
+struct RunSettings {
+    uint64_t seed = 1337;
+    int warmup_steps = 3;
+    int measure_steps = 20;
+    Precision precision = Precision::fp32;
+    Recompute recompute = Recompute::none;
+    int grad_accum = 1;
+    int threads = 0;  // CPU threads (0 = all cores)
+};
+
+struct ProfileConfig {
+    bool kernels = false;  // per-op timing with FLOPs/bytes
+    bool trace = true;     // write trace.json (a few steps)
+    int trace_steps = 3;
+};
+
+struct RunConfig {
+    std::string variant;      // variant name
+    BackendChoice backend = BackendChoice::auto_;
+    std::string model_preset; // empty when explicit dims were given
+    GPTConfig model;
+    DataConfig data;
+    AdamWConfig optim;
+    RunSettings run;
+    KernelChoice kernels;
+    ProfileConfig profile;
+    // The dotted keys this variant changed relative to the base, with their new values as text
+    // (e.g. {"run.precision", "bf16"}). Empty for the baseline.
+    std::map<std::string, std::string> changed;
+};
+
+}  // namespace mt

@@ -1,0 +1,152 @@
+// GPT-2 (pre-LayerNorm, as nanoGPT / llm.c) on top of the Backend interface.
+//
+// Memory layout. All parameters live in ONE flat fp32 buffer (grads in another of the same size),
+// described by a ParameterTable of (nanoGPT name, shape, offset). Activations live in one
+// activation arena sized once from (B, T) in compute precision; their gradients in a second arena
+// of the same layout, zeroed before each backward.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace mt {
+
+struct GPTConfig {
+    int n_layer = 2;
+    int n_head = 4;
+    int n_embd = 64;
+    int max_seq_len = 32;
+    int vocab_size = 256;
+
+    // vocab rounded up to a multiple of 128: wte has padded_vocab_size rows; the logits of the
+    // padding columns are excluded from the softmax.
+    int padded_vocab_size() const { return (vocab_size + 127) / 128 * 128; }
+    int head_size() const { return n_embd / n_head; }
+    // Throws std::invalid_argument naming the offending field for an impossible config.
+    void validate() const;
+    std::string describe() const;  // "L4 C256 H4 T256 V50257"
+    bool operator==(const GPTConfig&) const = default;
+};
+
+// Presets: tiny, gpt2-mini, gpt2-124M, gpt2-350M, gpt2-774M, gpt2-1558M. nullopt if unknown.
+std::optional<GPTConfig> gpt_preset(const std::string& name);
+std::vector<std::string> gpt_preset_names();
+
+struct ParameterInfo {
+    std::string name;           // nanoGPT state_dict name, e.g. "transformer.h.0.attn.c_attn.weight"
+    std::vector<int64_t> shape;  // PyTorch shape; Linear weights (out_features, in_features)
+    size_t offset = 0;          // element offset into the flat buffer
+    size_t count = 0;           // number of elements
+    bool decay = false;         // AdamW weight decay applies (2-D tensors: embeddings, Linear W)
+};
+
+// The parameter table: every tensor of the model in a fixed order with its offset.
+class ParameterTable {
+public:
+    explicit ParameterTable(const GPTConfig& config);
+    const std::vector<ParameterInfo>& tensors() const { return tensors_; }
+    const ParameterInfo* find(const std::string& name) const;  // nullptr if absent
+    const ParameterInfo& at(const std::string& name) const;    // throws if absent
+    size_t total_count() const { return total_; }
+
+private:
+    std::vector<ParameterInfo> tensors_;
+    size_t total_ = 0;
+};
+
+// What the model needs to know about how to run (from RunConfig).
+struct ModelOptions {
+    KernelChoice kernels;  // same as the backend's; the model picks the call sequence from it
+};
+
+// Analytic memory estimate (bytes), printed before a run and reported beside the measurement.
+struct MemoryEstimate {
+    size_t params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, data = 0;
+    size_t total() const { return params + grads + optimizer + activations + workspace + data; }
+};
+
+class GPT {
+public:
+    GPT(Backend& backend, const GPTConfig& config, ModelOptions options = {});
+    ~GPT();
+    GPT(const GPT&) = delete;
+    GPT& operator=(const GPT&) = delete;
+
+    const GPTConfig& config() const { return config_; }
+    const ParameterTable& parameter_table() const { return table_; }
+    Backend& backend() { return backend_; }
+
+    // GPT-2 init from a seed: N(0, 0.02) for embeddings and Linear weights, residual projections
+    // (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2 L), zero biases, unit LayerNorm weights.
+    // Deterministic for a seed, independent of thread count.
+    void init_weights(uint64_t seed);
+
+    // Flat device buffers (fp32), total_count() elements each.
+    float* params() { return params_.as<float>(); }
+    float* grads() { return grads_.as<float>(); }
+    // Host <-> device copies of the flat parameter / gradient buffers.
+    void set_params(const std::vector<float>& host);
+    std::vector<float> get_params();
+    std::vector<float> get_grads();
+
+    // Sizes the activation arena for batches of (B, T) once; calling again with the same or a
+    // smaller shape is free, a larger one reallocates.
+    void allocate_activations(int B, int T);
+
+    // Forward to the mean loss. inputs/targets: device int32 (B, T), T <= max_seq_len.
+    // targets may be null (logits only). With targets and the fused classifier, the gradient of
+    // the loss w.r.t. the logits is written in the same pass, scaled by grad_scale/(B*T)
+    // (grad_scale = 1/grad_accum for accumulation). Asynchronous: loss() reads it back.
+    void forward(const int* inputs, const int* targets, int B, int T, float grad_scale = 1.0f);
+    // Mean loss of the last forward; synchronises with the device.
+    float loss();
+    // Per-position losses (B*T) of the last forward (device, fp32).
+    const float* losses_device() const;
+    // Logits (B, T, Vp) of the last forward, device, compute precision; only valid before
+    // backward() (the fused classifier overwrites them with their gradient).
+    const void* logits_device() const;
+
+    // Zeroes the parameter gradients (start of a grad-accumulation cycle).
+    void zero_grad();
+    // Backpropagates the last forward; ACCUMULATES into grads(). Needs targets in forward.
+    void backward();
+
+    // Per-op profiling hook (profile.kernels); nullptr to disable.
+    void set_op_observer(OpObserver* observer) { observer_ = observer; }
+
+    // Analytic FLOPs of one training step (forward + backward) for (B, T): 6 N_params_matmul
+    // B T + attention terms, as in the PaLM appendix / nanoGPT's estimate_mfu.
+    double training_flops_per_step(int B, int T) const;
+    static MemoryEstimate estimate_memory(const GPTConfig& config, int B, int T,
+                                          const Backend& backend);
+
+private:
+    struct Activations;
+    void forward_block(int l, int B, int T);
+    void backward_block(int l, int B, int T);
+    const void* w(const std::string& name) const;  // compute-precision weight pointer
+    float* g(const std::string& name);             // grad pointer
+
+    Backend& backend_;
+    GPTConfig config_;
+    ModelOptions options_;
+    ParameterTable table_;
+    DeviceBuffer params_;          // fp32 master weights
+    DeviceBuffer params_compute_;  // bf16 copy (empty under fp32/tf32: params_ is used)
+    DeviceBuffer grads_;
+    std::unique_ptr<Activations> acts_;
+    OpObserver* observer_ = nullptr;
+    int last_B_ = 0, last_T_ = 0;
+    bool have_targets_ = false;
+    float grad_scale_ = 1.0f;
+    bool params_dirty_ = true;  // bf16 copy needs refreshing
+public:
+    // Call after the optimizer changed params() so the compute copy is refreshed.
+    void mark_params_updated() { params_dirty_ = true; }
+};
+
+}  // namespace mt

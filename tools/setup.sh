@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs microtrain's build and test dependencies from Debian's packages.
+# Idempotent: when everything is already there it prints nothing and exits 0.
+#   tools/setup.sh          build + test dependencies
+#   tools/setup.sh --torch  also python3-torch (+ OpenBLAS) for the reference generator and bench/
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config libeigen3-dev libyaml-cpp-dev libgtest-dev
+      googletest libcli11-dev nlohmann-json3-dev libfmt-dev)
+if [[ "${1:-}" == "--torch" ]]; then pkgs+=(python3-torch python3-numpy libopenblas0-openmp); fi
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}"
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
