@@ -1,0 +1,9 @@
+// Sub-commands of the `microtrain` CLI. Each registers itself on the CLI11 app; main.cpp calls
+// them in order. A command's callback returns its exit code via the int it is given.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace mt {
+void register_train_command(CLI::App& app, int& exit_code);     // harness/cmd_train.cpp
+}  // namespace mt

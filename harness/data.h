@@ -1,0 +1,54 @@
+// Data: token sources and the batch loader.
+// A batch is B*(T+1) consecutive tokens per row window: inputs = w[0..T), targets = w[1..T].
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "harness/run_config.h"
+#include "kernels/backend.h"
+
+namespace mt {
+
+struct DataError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// A host batch: inputs and targets, each B*T int32, row-major (B, T).
+struct Batch {
+    int B = 0, T = 0;
+    int* inputs = nullptr;   // points into host memory owned by the loader
+    int* targets = nullptr;
+    uint64_t index = 0;      // 0-based batch number in the deterministic order
+};
+
+// Writes an llm.c token file: 256 int32 header (magic 20240520, version 1, count) + uint16 tokens.
+void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens);
+// Reads one; throws DataError naming the file and what is wrong (magic, version, truncation).
+std::vector<uint16_t> read_token_file(const std::string& path);
+
+// Produces batches in a deterministic order (by seed) for any number of workers: workers 0
+// loads synchronously inside next(); workers > 0 fill a ring of `prefetch` batches in background
+// threads. Either way batch i is the same. Epochs wrap.
+class DataLoader {
+public:
+    // vocab_size: tokens must be < vocab_size (checked; DataError otherwise).
+    DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, Backend* backend = nullptr);
+    ~DataLoader();
+    DataLoader(const DataLoader&) = delete;
+    DataLoader& operator=(const DataLoader&) = delete;
+
+    // Blocks until the next batch is ready. The returned batch stays valid until the next call.
+    const Batch& next();
+    size_t num_tokens() const;   // tokens in the source (synthetic: nominal size)
+    std::string describe() const;  // "synthetic, B4 T64, workers 0" etc.
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mt

@@ -1,0 +1,22 @@
+// microtrain: the command-line entry point. Each sub-command lives in harness/cmd_*.cpp.
+#include <cstdio>
+#include <exception>
+
+#include "harness/commands.h"
+
+int main(int argc, char** argv) {
+    CLI::App app{"microtrain: a GPT-2 microtrainer with hand-written kernels, and a harness that "
+                 "finds why a training step is slow"};
+    app.require_subcommand(1);
+    int exit_code = 0;
+    mt::register_train_command(app, exit_code);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "microtrain: error: %s\n", e.what());
+        return 1;
+    }
+    return exit_code;
+}

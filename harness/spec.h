@@ -1,0 +1,38 @@
+// ExperimentSpec: a YAML experiment file parsed and validated. One base config plus variants,
+// each a list of dotted-key overrides; resolve() turns each variant into a RunConfig.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/run_config.h"
+
+namespace mt {
+
+// Every spec error names file:line:column, the key, what was expected and (for an unknown key)
+// the nearest valid one. what() is the full human message.
+struct SpecError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct ExperimentSpec {
+    std::string name;
+    std::string source_path;            // the YAML file
+    std::vector<RunConfig> variants;    // resolved, in file order; variants[i].changed filled
+    std::string baseline;               // compare.baseline (a variant name)
+    double loss_tolerance = 0.02;       // compare.loss_tolerance (relative, on the mean loss)
+    std::string out_dir = "runs";       // report.out_dir
+    const RunConfig& variant(const std::string& name) const;  // throws SpecError if absent
+};
+
+// Parses and validates `path`; `overrides` are "key=value" strings from --set, applied to the
+// base before the variants. Throws SpecError.
+ExperimentSpec load_experiment(const std::string& path,
+                               const std::vector<std::string>& overrides = {});
+
+// The effective config as a flat list of (dotted key, value) in a stable order, for reports.
+std::vector<std::pair<std::string, std::string>> flatten(const RunConfig& config);
+
+}  // namespace mt
