@@ -16,7 +16,6 @@ namespace mt {
 
 enum class BackendChoice { cpu, cuda, auto_ };
 enum class DataSource { synthetic, tokens, text };
-enum class Recompute { none, gelu, layernorm_gelu };  // recompute activations in backward
 
 struct DataConfig {
     DataSource source = DataSource::synthetic;

@@ -11,7 +11,7 @@
 // - Shapes: N = B*T rows, C channels, OC output channels, NH heads, V vocab, Vp padded vocab.
 //   Row-major, last index fastest. Linear weights are PyTorch's (OC, C) layout.
 // - Every backward ACCUMULATES (+=) into the input gradients and the parameter gradients it is
-//   given, as llm.c does. The model zeroes the activation-gradient arena before a backward pass
+//   given, as llm.c does. The model zeroes its activation-gradient scratch before each use
 //   and zeroes parameter grads only at the start of a grad-accumulation cycle.
 // - Ops never allocate. Temporary memory comes from a workspace the caller passes (see
 //   *_workspace_bytes) or that the backend reserved at construction (category `workspace`).

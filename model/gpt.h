@@ -58,9 +58,17 @@ private:
     size_t total_ = 0;
 };
 
+// Activation recomputation: trade backward-pass FLOPs for activation memory.
+//   gelu: the GELU outputs (N,4C) per layer are not kept; backward recomputes them from fch.
+//   layernorm_gelu: additionally ln_1/ln_2 outputs (N,C) per layer are recomputed from the
+//   residual stream and the saved mean/rstd.
+enum class Recompute { none, gelu, layernorm_gelu };
+const char* to_string(Recompute);
+
 // What the model needs to know about how to run (from RunConfig).
 struct ModelOptions {
     KernelChoice kernels;  // same as the backend's; the model picks the call sequence from it
+    Recompute recompute = Recompute::none;
 };
 
 // Analytic memory estimate (bytes), printed before a run and reported beside the measurement.
@@ -97,10 +105,10 @@ public:
     // smaller shape is free, a larger one reallocates.
     void allocate_activations(int B, int T);
 
-    // Forward to the mean loss. inputs/targets: device int32 (B, T), T <= max_seq_len.
-    // targets may be null (logits only). With targets and the fused classifier, the gradient of
+    // Forward to the mean loss. inputs/targets: device int32 (B, T), T <= max_seq_len; they
+    // must stay valid until backward() returns. targets may be null (logits only). With targets and the fused classifier, the gradient of
     // the loss w.r.t. the logits is written in the same pass, scaled by grad_scale/(B*T)
-    // (grad_scale = 1/grad_accum for accumulation). Asynchronous: loss() reads it back.
+    // (grad_scale = 1/grad_accum for accumulation; 0 = no gradient wanted). Asynchronous: loss() reads it back.
     void forward(const int* inputs, const int* targets, int B, int T, float grad_scale = 1.0f);
     // Mean loss of the last forward; synchronises with the device.
     float loss();
@@ -117,12 +125,13 @@ public:
 
     // Per-op profiling hook (profile.kernels); nullptr to disable.
     void set_op_observer(OpObserver* observer) { observer_ = observer; }
+    OpObserver* op_observer() const { return observer_; }  // the optimizer reports through it
 
     // Analytic FLOPs of one training step (forward + backward) for (B, T): 6 N_params_matmul
     // B T + attention terms, as in the PaLM appendix / nanoGPT's estimate_mfu.
     double training_flops_per_step(int B, int T) const;
-    static MemoryEstimate estimate_memory(const GPTConfig& config, int B, int T,
-                                          const Backend& backend);
+    static MemoryEstimate estimate_memory(const GPTConfig& config, const ModelOptions& options,
+                                          int B, int T, const Backend& backend);
 
 private:
     struct Activations;
@@ -141,6 +150,8 @@ private:
     std::unique_ptr<Activations> acts_;
     OpObserver* observer_ = nullptr;
     int last_B_ = 0, last_T_ = 0;
+    const int* inputs_ = nullptr;   // device pointers of the last forward, used by backward
+    const int* targets_ = nullptr;
     bool have_targets_ = false;
     float grad_scale_ = 1.0f;
     bool params_dirty_ = true;  // bf16 copy needs refreshing

@@ -1,0 +1,656 @@
+// GPT-2 forward and backward as a sequence of Backend ops.
+//
+// One block (pre-LayerNorm), N = B*T rows:
+//   ln1   = LN(residual)                      (N,C)    + mean/rstd (N)
+//   qkv   = ln1 W_attn^T + b                  (N,3C)
+//   atty  = causal_attention(qkv)             (N,C)    + per-layer saved state
+//   attp  = atty W_proj^T + b                 (N,C)
+//   res2  = residual + attp                   (N,C)
+//   ln2   = LN(res2)                          (N,C)
+//   fch   = ln2 W_fc^T + b                    (N,4C)   pre-activation
+//   fchg  = gelu(fch)                         (N,4C)
+//   fcp   = fchg W_fcproj^T + b               (N,C)
+//   res3  = res2 + fcp                        (N,C)    -> next block's residual
+// then lnf = LN(res3_last), logits = lnf wte^T (N,Vp), mean cross-entropy over the first V.
+//
+// Backward walks the same list in reverse. The gradient of the residual stream lives in ONE
+// buffer (dresidual) for the whole pass: a residual add's backward is the identity, so the
+// branch reads dresidual as its output gradient and the LayerNorm backward adds the branch's
+// contribution into it (backward ops accumulate). All other activation gradients of a block
+// live in a scratch region shared by every block and zeroed once per block.
+#include "model/gpt.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include "kernels/op_costs.h"
+
+namespace mt {
+
+const char* to_string(Recompute r) {
+    switch (r) {
+        case Recompute::none: return "none";
+        case Recompute::gelu: return "gelu";
+        case Recompute::layernorm_gelu: return "layernorm_gelu";
+    }
+    return "?";
+}
+
+// ---- config -----------------------------------------------------------------------------------
+
+void GPTConfig::validate() const {
+    auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
+    if (n_layer < 1) fail("n_layer must be >= 1, got " + std::to_string(n_layer));
+    if (n_head < 1) fail("n_head must be >= 1, got " + std::to_string(n_head));
+    if (n_embd < 1) fail("n_embd must be >= 1, got " + std::to_string(n_embd));
+    if (n_embd % n_head != 0)
+        fail("n_embd (" + std::to_string(n_embd) + ") must be divisible by n_head (" +
+             std::to_string(n_head) + ")");
+    if (max_seq_len < 1) fail("max_seq_len must be >= 1, got " + std::to_string(max_seq_len));
+    if (vocab_size < 2) fail("vocab_size must be >= 2, got " + std::to_string(vocab_size));
+}
+
+std::string GPTConfig::describe() const {
+    std::ostringstream s;
+    s << "L" << n_layer << " C" << n_embd << " H" << n_head << " T" << max_seq_len << " V"
+      << vocab_size;
+    return s.str();
+}
+
+namespace {
+struct Preset {
+    const char* name;
+    GPTConfig config;
+};
+const Preset kPresets[] = {
+    {"tiny", {2, 4, 64, 32, 256}},
+    {"gpt2-mini", {4, 4, 256, 256, 50257}},
+    {"gpt2-124M", {12, 12, 768, 1024, 50257}},
+    {"gpt2-350M", {24, 16, 1024, 1024, 50257}},
+    {"gpt2-774M", {36, 20, 1280, 1024, 50257}},
+    {"gpt2-1558M", {48, 25, 1600, 1024, 50257}},
+};
+}  // namespace
+
+std::optional<GPTConfig> gpt_preset(const std::string& name) {
+    for (const auto& p : kPresets)
+        if (name == p.name) return p.config;
+    return std::nullopt;
+}
+
+std::vector<std::string> gpt_preset_names() {
+    std::vector<std::string> names;
+    for (const auto& p : kPresets) names.emplace_back(p.name);
+    return names;
+}
+
+// ---- parameter table ------------------------------------------------------------------------
+
+ParameterTable::ParameterTable(const GPTConfig& cfg) {
+    const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab_size(), maxT = cfg.max_seq_len;
+    auto add = [&](std::string name, std::vector<int64_t> shape, bool decay) {
+        size_t count = 1;
+        for (auto d : shape) count *= static_cast<size_t>(d);
+        tensors_.push_back({std::move(name), std::move(shape), total_, count, decay});
+        total_ += count;
+    };
+    // nanoGPT state_dict order. Decay on 2-D tensors (embeddings, Linear weights) only.
+    add("transformer.wte.weight", {Vp, C}, true);
+    add("transformer.wpe.weight", {maxT, C}, true);
+    for (int l = 0; l < cfg.n_layer; ++l) {
+        std::string h = "transformer.h." + std::to_string(l) + ".";
+        add(h + "ln_1.weight", {C}, false);
+        add(h + "ln_1.bias", {C}, false);
+        add(h + "attn.c_attn.weight", {3 * C, C}, true);
+        add(h + "attn.c_attn.bias", {3 * C}, false);
+        add(h + "attn.c_proj.weight", {C, C}, true);
+        add(h + "attn.c_proj.bias", {C}, false);
+        add(h + "ln_2.weight", {C}, false);
+        add(h + "ln_2.bias", {C}, false);
+        add(h + "mlp.c_fc.weight", {4 * C, C}, true);
+        add(h + "mlp.c_fc.bias", {4 * C}, false);
+        add(h + "mlp.c_proj.weight", {C, 4 * C}, true);
+        add(h + "mlp.c_proj.bias", {C}, false);
+    }
+    add("transformer.ln_f.weight", {C}, false);
+    add("transformer.ln_f.bias", {C}, false);
+}
+
+const ParameterInfo* ParameterTable::find(const std::string& name) const {
+    for (const auto& t : tensors_)
+        if (t.name == name) return &t;
+    return nullptr;
+}
+
+const ParameterInfo& ParameterTable::at(const std::string& name) const {
+    const ParameterInfo* p = find(name);
+    if (!p) throw std::out_of_range("no parameter named '" + name + "'");
+    return *p;
+}
+
+// ---- activation plan ------------------------------------------------------------------------
+
+// Offsets (in elements) of every activation tensor. `act` tensors are in compute precision and
+// live in the activation arena; `f32` tensors (LayerNorm stats, attention state, losses) live in
+// a separate fp32 arena; `grad` tensors (compute precision) in the gradient scratch arena.
+struct GPT::Activations {
+    struct Layer {
+        size_t ln1, qkv, atty, attproj, residual2, ln2, fch, fch_gelu, fcproj, residual3;  // act
+        size_t ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, att_saved;                          // f32
+    };
+    int B = 0, T = 0;
+    size_t encoded = 0, lnf = 0, logits = 0;                 // act
+    size_t lnf_mean = 0, lnf_rstd = 0, probs = 0, losses = 0, loss = 0;  // f32 (probs: unfused)
+    size_t dresidual = 0, scratch = 0, scratch_elems = 0;    // grad
+    size_t d_fch_gelu = 0, d_fch = 0, d_ln2 = 0, d_atty = 0, d_qkv = 0, d_ln1 = 0;  // grad
+    std::vector<Layer> layers;
+    size_t act_elems = 0, f32_elems = 0, grad_elems = 0;
+
+    DeviceBuffer act, f32, grad;
+
+    // Lays out every tensor for (B, T). Shared (not per-layer) buffers are used for what the
+    // recompute policy regenerates in backward.
+    void plan(const GPTConfig& cfg, const ModelOptions& opt, const Backend& backend, int B_,
+              int T_) {
+        B = B_;
+        T = T_;
+        const size_t N = static_cast<size_t>(B) * T, C = cfg.n_embd;
+        const size_t Vp = cfg.padded_vocab_size();
+        const bool recompute_gelu = opt.recompute != Recompute::none;
+        const bool recompute_ln = opt.recompute == Recompute::layernorm_gelu;
+        act_elems = f32_elems = grad_elems = 0;
+        auto a = [&](size_t n) { size_t o = act_elems; act_elems += n; return o; };
+        auto f = [&](size_t n) { size_t o = f32_elems; f32_elems += n; return o; };
+        auto g = [&](size_t n) { size_t o = grad_elems; grad_elems += n; return o; };
+
+        encoded = a(N * C);
+        size_t shared_gelu = recompute_gelu ? a(N * 4 * C) : 0;
+        size_t shared_ln1 = recompute_ln ? a(N * C) : 0;
+        size_t shared_ln2 = recompute_ln ? a(N * C) : 0;
+        const size_t saved = backend.attention_saved_elems(B, T, static_cast<int>(C), cfg.n_head);
+        layers.assign(cfg.n_layer, {});
+        for (auto& L : layers) {
+            L.ln1 = recompute_ln ? shared_ln1 : a(N * C);
+            L.qkv = a(N * 3 * C);
+            L.atty = a(N * C);
+            L.attproj = a(N * C);
+            L.residual2 = a(N * C);
+            L.ln2 = recompute_ln ? shared_ln2 : a(N * C);
+            L.fch = a(N * 4 * C);
+            L.fch_gelu = recompute_gelu ? shared_gelu : a(N * 4 * C);
+            L.fcproj = a(N * C);
+            L.residual3 = a(N * C);
+            L.ln1_mean = f(N);
+            L.ln1_rstd = f(N);
+            L.ln2_mean = f(N);
+            L.ln2_rstd = f(N);
+            L.att_saved = f(saved);
+        }
+        lnf = a(N * C);
+        logits = a(N * Vp);
+        lnf_mean = f(N);
+        lnf_rstd = f(N);
+        probs = opt.kernels.classifier == ClassifierImpl::unfused ? f(N * Vp) : 0;
+        losses = f(N);
+        loss = f(1);
+
+        dresidual = g(N * C);
+        scratch = grad_elems;
+        d_fch_gelu = g(N * 4 * C);
+        d_fch = g(N * 4 * C);
+        d_ln2 = g(N * C);
+        d_atty = g(N * C);
+        d_qkv = g(N * 3 * C);
+        d_ln1 = g(N * C);
+        scratch_elems = grad_elems - scratch;
+    }
+    size_t bytes(const Backend& backend) const {
+        return (act_elems + grad_elems) * backend.compute_elem_bytes() + f32_elems * 4;
+    }
+};
+
+// ---- GPT ------------------------------------------------------------------------------------
+
+GPT::GPT(Backend& backend, const GPTConfig& config, ModelOptions options)
+    : backend_(backend), config_(config), options_(options), table_(config) {
+    config_.validate();
+    const size_t n = table_.total_count();
+    params_ = DeviceBuffer(backend_, n * sizeof(float), MemoryCategory::params);
+    if (backend_.precision() == Precision::bf16)
+        params_compute_ = DeviceBuffer(backend_, n * 2, MemoryCategory::params);
+    grads_ = DeviceBuffer(backend_, n * sizeof(float), MemoryCategory::grads);
+    backend_.memset_zero(params_.get(), params_.bytes());
+    backend_.memset_zero(grads_.get(), grads_.bytes());
+}
+
+GPT::~GPT() = default;
+
+namespace {
+// Deterministic N(0,1) from a 64-bit generator (Box-Muller), independent of the standard
+// library's distribution implementation, so a seed means the same weights everywhere.
+class NormalSampler {
+public:
+    explicit NormalSampler(uint64_t seed) : rng_(seed) {}
+    float next() {
+        if (has_spare_) {
+            has_spare_ = false;
+            return spare_;
+        }
+        double u1 = (static_cast<double>(rng_() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+        double u2 = static_cast<double>(rng_() >> 11) * 0x1.0p-53;          // [0, 1)
+        double r = std::sqrt(-2.0 * std::log(u1));
+        spare_ = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
+        has_spare_ = true;
+        return static_cast<float>(r * std::cos(2.0 * M_PI * u2));
+    }
+
+private:
+    std::mt19937_64 rng_;
+    bool has_spare_ = false;
+    float spare_ = 0;
+};
+bool ends_with(const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+void GPT::init_weights(uint64_t seed) {
+    std::vector<float> host(table_.total_count(), 0.0f);
+    NormalSampler normal(seed);
+    const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
+    for (const auto& t : table_.tensors()) {
+        float* p = host.data() + t.offset;
+        if (ends_with(t.name, "ln_1.weight") || ends_with(t.name, "ln_2.weight") ||
+            ends_with(t.name, "ln_f.weight")) {
+            std::fill(p, p + t.count, 1.0f);
+        } else if (t.shape.size() == 1) {
+            std::fill(p, p + t.count, 0.0f);  // biases (LayerNorm biases too)
+        } else {
+            const bool residual_proj = ends_with(t.name, "attn.c_proj.weight") ||
+                                       ends_with(t.name, "mlp.c_proj.weight");
+            const float std = residual_proj ? residual_std : 0.02f;
+            size_t count = t.count;
+            // wte: only the first vocab_size rows are real tokens; padding rows stay zero.
+            if (t.name == "transformer.wte.weight")
+                count = static_cast<size_t>(config_.vocab_size) * config_.n_embd;
+            for (size_t i = 0; i < count; ++i) p[i] = std * normal.next();
+        }
+    }
+    set_params(host);
+}
+
+void GPT::set_params(const std::vector<float>& host) {
+    if (host.size() != table_.total_count())
+        throw std::invalid_argument("set_params: expected " + std::to_string(table_.total_count()) +
+                                    " floats, got " + std::to_string(host.size()));
+    backend_.copy_to_device(params_.get(), host.data(), params_.bytes());
+    params_dirty_ = true;
+}
+
+std::vector<float> GPT::get_params() {
+    std::vector<float> host(table_.total_count());
+    backend_.copy_to_host(host.data(), params_.get(), params_.bytes());
+    return host;
+}
+
+std::vector<float> GPT::get_grads() {
+    std::vector<float> host(table_.total_count());
+    backend_.copy_to_host(host.data(), grads_.get(), grads_.bytes());
+    return host;
+}
+
+void GPT::allocate_activations(int B, int T) {
+    if (B < 1 || T < 1) throw std::invalid_argument("batch shape must be positive");
+    if (T > config_.max_seq_len)
+        throw std::invalid_argument("sequence length T=" + std::to_string(T) +
+                                    " exceeds the model's max_seq_len=" +
+                                    std::to_string(config_.max_seq_len));
+    if (acts_ && acts_->B == B && acts_->T == T) return;
+    auto acts = std::make_unique<Activations>();
+    acts->plan(config_, options_, backend_, B, T);
+    const size_t e = backend_.compute_elem_bytes();
+    // Re-plan into the existing arenas when they are large enough (no allocation).
+    if (acts_ && acts_->act.bytes() >= acts->act_elems * e &&
+        acts_->f32.bytes() >= acts->f32_elems * 4 && acts_->grad.bytes() >= acts->grad_elems * e) {
+        acts->act = std::move(acts_->act);
+        acts->f32 = std::move(acts_->f32);
+        acts->grad = std::move(acts_->grad);
+    } else {
+        acts_.reset();  // free first so the peak is not old + new
+        acts->act = DeviceBuffer(backend_, acts->act_elems * e, MemoryCategory::activations);
+        acts->f32 = DeviceBuffer(backend_, acts->f32_elems * 4, MemoryCategory::activations);
+        acts->grad = DeviceBuffer(backend_, acts->grad_elems * e, MemoryCategory::activations);
+    }
+    acts_ = std::move(acts);
+}
+
+const void* GPT::w(const std::string& name) const {
+    const size_t off = table_.at(name).offset;
+    if (params_compute_.get()) return params_compute_.as<char>() + off * 2;
+    return params_.as<float>() + off;
+}
+
+float* GPT::g(const std::string& name) { return grads_.as<float>() + table_.at(name).offset; }
+
+namespace {
+// Element pointer into an arena of compute-precision elements of `e` bytes.
+inline void* at(const DeviceBuffer& buf, size_t elem, size_t e) {
+    return buf.as<char>() + elem * e;
+}
+inline float* atf(const DeviceBuffer& buf, size_t elem) { return buf.as<float>() + elem; }
+}  // namespace
+
+void GPT::forward(const int* inputs, const int* targets, int B, int T, float grad_scale) {
+    // Offsets are planned for an exact (B, T); a new shape re-plans (allocating only when it
+    // needs more memory than the arenas have). Call allocate_activations up front to keep
+    // allocation out of the timed step.
+    allocate_activations(B, T);
+    Activations& A = *acts_;
+    const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
+    const int Vp = config_.padded_vocab_size();
+    const int N = B * T;
+    const size_t e = backend_.compute_elem_bytes();
+    const double ed = static_cast<double>(e);
+    const KernelChoice& K = options_.kernels;
+    auto act = [&](size_t off) { return at(A.act, off, e); };
+
+    last_B_ = B;
+    last_T_ = T;
+    inputs_ = inputs;
+    targets_ = targets;
+    have_targets_ = targets != nullptr;
+    grad_scale_ = grad_scale;
+
+    if (params_compute_.get() && params_dirty_) {
+        OpScope op(observer_, cost::cast_params(table_.total_count(), ed));
+        backend_.cast_params(params_compute_.get(), params_.as<float>(), table_.total_count());
+    }
+    params_dirty_ = false;
+
+    {
+        OpScope op(observer_, cost::encoder_forward(B, T, C, ed));
+        backend_.encoder_forward(act(A.encoded), inputs, w("transformer.wte.weight"),
+                                 w("transformer.wpe.weight"), B, T, C);
+    }
+    const bool fused_ln = K.layernorm == LayerNormImpl::fused_residual;
+    for (int l = 0; l < config_.n_layer; ++l) {
+        const auto& L = A.layers[l];
+        const std::string h = "transformer.h." + std::to_string(l) + ".";
+        const void* residual = l == 0 ? act(A.encoded) : act(A.layers[l - 1].residual3);
+        // ln_1 of block l>0 was already produced by the previous block's fused residual+LN.
+        if (!fused_ln || l == 0) {
+            OpScope op(observer_, cost::layernorm_forward(N, C, ed));
+            backend_.layernorm_forward(act(L.ln1), atf(A.f32, L.ln1_mean), atf(A.f32, L.ln1_rstd),
+                                       residual, w(h + "ln_1.weight"), w(h + "ln_1.bias"), N, C);
+        }
+        {
+            OpScope op(observer_, cost::matmul_forward(N, C, 3 * C, ed));
+            backend_.matmul_forward(act(L.qkv), act(L.ln1), w(h + "attn.c_attn.weight"),
+                                    w(h + "attn.c_attn.bias"), N, C, 3 * C);
+        }
+        {
+            const size_t saved = backend_.attention_saved_elems(B, T, C, NH);
+            OpScope op(observer_, cost::attention_forward(B, T, C, NH, ed, saved));
+            backend_.attention_forward(act(L.atty), atf(A.f32, L.att_saved), act(L.qkv), B, T, C,
+                                       NH);
+        }
+        {
+            OpScope op(observer_, cost::matmul_forward(N, C, C, ed));
+            backend_.matmul_forward(act(L.attproj), act(L.atty), w(h + "attn.c_proj.weight"),
+                                    w(h + "attn.c_proj.bias"), N, C, C);
+        }
+        if (fused_ln) {
+            OpScope op(observer_, cost::fused_residual_layernorm_forward(N, C, ed));
+            backend_.fused_residual_layernorm_forward(
+                act(L.residual2), act(L.ln2), atf(A.f32, L.ln2_mean), atf(A.f32, L.ln2_rstd),
+                residual, act(L.attproj), w(h + "ln_2.weight"), w(h + "ln_2.bias"), N, C);
+        } else {
+            {
+                OpScope op(observer_, cost::residual_forward(static_cast<size_t>(N) * C, ed));
+                backend_.residual_forward(act(L.residual2), residual, act(L.attproj),
+                                          static_cast<size_t>(N) * C);
+            }
+            OpScope op(observer_, cost::layernorm_forward(N, C, ed));
+            backend_.layernorm_forward(act(L.ln2), atf(A.f32, L.ln2_mean), atf(A.f32, L.ln2_rstd),
+                                       act(L.residual2), w(h + "ln_2.weight"), w(h + "ln_2.bias"),
+                                       N, C);
+        }
+        if (K.fuse_gelu) {
+            OpRecord rec = cost::matmul_forward(N, C, 4 * C, ed);
+            rec.name = "matmul_gelu_forward";
+            OpScope op(observer_, rec);
+            backend_.matmul_forward(act(L.fch_gelu), act(L.ln2), w(h + "mlp.c_fc.weight"),
+                                    w(h + "mlp.c_fc.bias"), N, C, 4 * C, MatmulEpilogue::gelu,
+                                    act(L.fch));
+        } else {
+            {
+                OpScope op(observer_, cost::matmul_forward(N, C, 4 * C, ed));
+                backend_.matmul_forward(act(L.fch), act(L.ln2), w(h + "mlp.c_fc.weight"),
+                                        w(h + "mlp.c_fc.bias"), N, C, 4 * C);
+            }
+            OpScope op(observer_, cost::gelu_forward(static_cast<size_t>(N) * 4 * C, ed));
+            backend_.gelu_forward(act(L.fch_gelu), act(L.fch), static_cast<size_t>(N) * 4 * C);
+        }
+        {
+            OpScope op(observer_, cost::matmul_forward(N, 4 * C, C, ed));
+            backend_.matmul_forward(act(L.fcproj), act(L.fch_gelu), w(h + "mlp.c_proj.weight"),
+                                    w(h + "mlp.c_proj.bias"), N, 4 * C, C);
+        }
+        // residual3 = residual2 + fcproj; with fused LN this also computes the next LayerNorm
+        // (ln_1 of block l+1, or ln_f after the last block).
+        if (fused_ln) {
+            const bool last = l + 1 == config_.n_layer;
+            const std::string next = last ? "transformer.ln_f." : "transformer.h." +
+                                                                     std::to_string(l + 1) +
+                                                                     ".ln_1.";
+            void* ln_out = last ? act(A.lnf) : act(A.layers[l + 1].ln1);
+            float* mean = last ? atf(A.f32, A.lnf_mean) : atf(A.f32, A.layers[l + 1].ln1_mean);
+            float* rstd = last ? atf(A.f32, A.lnf_rstd) : atf(A.f32, A.layers[l + 1].ln1_rstd);
+            OpScope op(observer_, cost::fused_residual_layernorm_forward(N, C, ed));
+            backend_.fused_residual_layernorm_forward(act(L.residual3), ln_out, mean, rstd,
+                                                      act(L.residual2), act(L.fcproj),
+                                                      w(next + "weight"), w(next + "bias"), N, C);
+        } else {
+            OpScope op(observer_, cost::residual_forward(static_cast<size_t>(N) * C, ed));
+            backend_.residual_forward(act(L.residual3), act(L.residual2), act(L.fcproj),
+                                      static_cast<size_t>(N) * C);
+        }
+    }
+    if (!fused_ln) {
+        OpScope op(observer_, cost::layernorm_forward(N, C, ed));
+        backend_.layernorm_forward(act(A.lnf), atf(A.f32, A.lnf_mean), atf(A.f32, A.lnf_rstd),
+                                   act(A.layers.back().residual3), w("transformer.ln_f.weight"),
+                                   w("transformer.ln_f.bias"), N, C);
+    }
+    {
+        // LM head tied to wte: logits (N,Vp) = lnf (N,C) wte(Vp,C)^T, no bias.
+        OpScope op(observer_, cost::matmul_forward(N, C, Vp, ed));
+        backend_.matmul_forward(act(A.logits), act(A.lnf), w("transformer.wte.weight"), nullptr,
+                                N, C, Vp);
+    }
+    if (!targets) return;
+    // d(mean loss)/d(loss_i) = 1/N, times grad_scale (1/grad_accum).
+    const float dloss = grad_scale / static_cast<float>(N);
+    if (K.classifier == ClassifierImpl::fused) {
+        OpScope op(observer_, cost::classifier_fused(N, Vp, ed, dloss != 0.0f));
+        backend_.classifier_fused(atf(A.f32, A.losses), act(A.logits), targets, N, V, Vp, dloss);
+    } else {
+        {
+            OpScope op(observer_, cost::softmax_forward(N, Vp, ed));
+            backend_.softmax_forward(atf(A.f32, A.probs), act(A.logits), N, V, Vp);
+        }
+        OpScope op(observer_, cost::crossentropy_forward(N));
+        backend_.crossentropy_forward(atf(A.f32, A.losses), atf(A.f32, A.probs), targets, N, Vp);
+    }
+    OpRecord mean_rec{"loss_mean", static_cast<double>(N), 4.0 * N};
+    OpScope op(observer_, mean_rec);
+    backend_.sum_scaled(atf(A.f32, A.loss), atf(A.f32, A.losses), N, 1.0f / static_cast<float>(N));
+}
+
+float GPT::loss() {
+    if (!acts_ || !have_targets_) throw std::logic_error("GPT::loss: no forward with targets yet");
+    float value = 0;
+    backend_.copy_to_host(&value, atf(acts_->f32, acts_->loss), sizeof(float));
+    return value;
+}
+
+const float* GPT::losses_device() const { return acts_ ? atf(acts_->f32, acts_->losses) : nullptr; }
+const void* GPT::logits_device() const {
+    return acts_ ? at(acts_->act, acts_->logits, backend_.compute_elem_bytes()) : nullptr;
+}
+
+void GPT::zero_grad() { backend_.memset_zero(grads_.get(), grads_.bytes()); }
+
+void GPT::backward() {
+    if (!acts_ || !have_targets_)
+        throw std::logic_error("GPT::backward: needs a forward pass with targets first");
+    Activations& A = *acts_;
+    const int B = last_B_, T = last_T_;
+    const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
+    const int Vp = config_.padded_vocab_size();
+    const int N = B * T;
+    const size_t e = backend_.compute_elem_bytes();
+    const double ed = static_cast<double>(e);
+    const bool recompute_gelu = options_.recompute != Recompute::none;
+    const bool recompute_ln = options_.recompute == Recompute::layernorm_gelu;
+    auto act = [&](size_t off) { return at(A.act, off, e); };
+    auto grad = [&](size_t off) { return at(A.grad, off, e); };
+    const size_t NC = static_cast<size_t>(N) * C;
+
+    if (options_.kernels.classifier == ClassifierImpl::unfused) {
+        OpScope op(observer_, cost::crossentropy_softmax_backward(N, Vp, ed));
+        backend_.crossentropy_softmax_backward(act(A.logits), atf(A.f32, A.probs), targets_, N, V,
+                                               Vp, grad_scale_ / static_cast<float>(N));
+    }
+    // (fused: the logits buffer already holds dlogits, written by the forward's single pass.)
+    backend_.memset_zero(grad(A.dresidual), NC * e);
+    backend_.memset_zero(grad(A.scratch), A.scratch_elems * e);
+    {
+        OpScope op(observer_, cost::matmul_backward(N, C, Vp, ed));
+        backend_.matmul_backward(grad(A.d_ln1), g("transformer.wte.weight"), nullptr,
+                                 act(A.logits), act(A.lnf), w("transformer.wte.weight"), N, C, Vp);
+    }
+    {
+        OpScope op(observer_, cost::layernorm_backward(N, C, ed));
+        backend_.layernorm_backward(grad(A.dresidual), g("transformer.ln_f.weight"),
+                                    g("transformer.ln_f.bias"), grad(A.d_ln1),
+                                    act(A.layers.back().residual3), w("transformer.ln_f.weight"),
+                                    atf(A.f32, A.lnf_mean), atf(A.f32, A.lnf_rstd), N, C);
+    }
+    for (int l = config_.n_layer - 1; l >= 0; --l) {
+        const auto& L = A.layers[l];
+        const std::string h = "transformer.h." + std::to_string(l) + ".";
+        const void* residual = l == 0 ? act(A.encoded) : act(A.layers[l - 1].residual3);
+        backend_.memset_zero(grad(A.scratch), A.scratch_elems * e);
+
+        // --- MLP: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2)))) ---
+        if (recompute_gelu) {
+            OpScope op(observer_, cost::gelu_forward(NC * 4, ed));
+            backend_.gelu_forward(act(L.fch_gelu), act(L.fch), NC * 4);
+        }
+        {
+            OpScope op(observer_, cost::matmul_backward(N, 4 * C, C, ed));
+            backend_.matmul_backward(grad(A.d_fch_gelu), g(h + "mlp.c_proj.weight"),
+                                     g(h + "mlp.c_proj.bias"), grad(A.dresidual), act(L.fch_gelu),
+                                     w(h + "mlp.c_proj.weight"), N, 4 * C, C);
+        }
+        {
+            OpScope op(observer_, cost::gelu_backward(NC * 4, ed));
+            backend_.gelu_backward(grad(A.d_fch), act(L.fch), grad(A.d_fch_gelu), NC * 4);
+        }
+        if (recompute_ln) {
+            OpScope op(observer_, cost::layernorm_forward(N, C, ed));
+            backend_.layernorm_forward(act(L.ln2), atf(A.f32, L.ln2_mean), atf(A.f32, L.ln2_rstd),
+                                       act(L.residual2), w(h + "ln_2.weight"), w(h + "ln_2.bias"),
+                                       N, C);
+        }
+        {
+            OpScope op(observer_, cost::matmul_backward(N, C, 4 * C, ed));
+            backend_.matmul_backward(grad(A.d_ln2), g(h + "mlp.c_fc.weight"),
+                                     g(h + "mlp.c_fc.bias"), grad(A.d_fch), act(L.ln2),
+                                     w(h + "mlp.c_fc.weight"), N, C, 4 * C);
+        }
+        {
+            OpScope op(observer_, cost::layernorm_backward(N, C, ed));
+            backend_.layernorm_backward(grad(A.dresidual), g(h + "ln_2.weight"),
+                                        g(h + "ln_2.bias"), grad(A.d_ln2), act(L.residual2),
+                                        w(h + "ln_2.weight"), atf(A.f32, L.ln2_mean),
+                                        atf(A.f32, L.ln2_rstd), N, C);
+        }
+        // --- attention: residual2 = residual + c_proj(attn(c_attn(ln_1(residual)))) ---
+        {
+            OpScope op(observer_, cost::matmul_backward(N, C, C, ed));
+            backend_.matmul_backward(grad(A.d_atty), g(h + "attn.c_proj.weight"),
+                                     g(h + "attn.c_proj.bias"), grad(A.dresidual), act(L.atty),
+                                     w(h + "attn.c_proj.weight"), N, C, C);
+        }
+        {
+            const size_t saved = backend_.attention_saved_elems(B, T, C, NH);
+            OpScope op(observer_, cost::attention_backward(B, T, C, NH, ed, saved));
+            backend_.attention_backward(grad(A.d_qkv), grad(A.d_atty), act(L.qkv), act(L.atty),
+                                        atf(A.f32, L.att_saved), B, T, C, NH);
+        }
+        if (recompute_ln) {
+            OpScope op(observer_, cost::layernorm_forward(N, C, ed));
+            backend_.layernorm_forward(act(L.ln1), atf(A.f32, L.ln1_mean), atf(A.f32, L.ln1_rstd),
+                                       residual, w(h + "ln_1.weight"), w(h + "ln_1.bias"), N, C);
+        }
+        {
+            OpScope op(observer_, cost::matmul_backward(N, C, 3 * C, ed));
+            backend_.matmul_backward(grad(A.d_ln1), g(h + "attn.c_attn.weight"),
+                                     g(h + "attn.c_attn.bias"), grad(A.d_qkv), act(L.ln1),
+                                     w(h + "attn.c_attn.weight"), N, C, 3 * C);
+        }
+        {
+            OpScope op(observer_, cost::layernorm_backward(N, C, ed));
+            backend_.layernorm_backward(grad(A.dresidual), g(h + "ln_1.weight"),
+                                        g(h + "ln_1.bias"), grad(A.d_ln1), residual,
+                                        w(h + "ln_1.weight"), atf(A.f32, L.ln1_mean),
+                                        atf(A.f32, L.ln1_rstd), N, C);
+        }
+    }
+    {
+        OpScope op(observer_, cost::encoder_backward(B, T, C, ed));
+        backend_.encoder_backward(g("transformer.wte.weight"), g("transformer.wpe.weight"),
+                                  grad(A.dresidual), inputs_, B, T, C);
+    }
+    // The logits buffer now holds dlogits; a second backward without a forward would be wrong.
+    have_targets_ = false;
+}
+
+// ---- analytic costs -------------------------------------------------------------------------
+
+double GPT::training_flops_per_step(int B, int T) const {
+    // Model FLOPs (not hardware FLOPs): 6 flops per parameter per token for the matmuls
+    // (2 forward + 4 backward), counting the LM head at the real vocab size and excluding the
+    // position embedding (a lookup), plus the attention score/value products:
+    // 12 * L * C * T per token (PaLM appendix B; nanoGPT's estimate_mfu). Causal masking is not
+    // discounted, as in those references, so MFU figures compare with theirs.
+    const double C = config_.n_embd, L = config_.n_layer;
+    const double matmul_params = static_cast<double>(table_.total_count()) -
+                                 static_cast<double>(config_.max_seq_len) * C -
+                                 static_cast<double>(config_.padded_vocab_size() -
+                                                     config_.vocab_size) * C;
+    const double per_token = 6.0 * matmul_params + 12.0 * L * C * T;
+    return per_token * B * T;
+}
+
+MemoryEstimate GPT::estimate_memory(const GPTConfig& config, const ModelOptions& options, int B,
+                                    int T, const Backend& backend) {
+    MemoryEstimate m;
+    ParameterTable table(config);
+    const size_t n = table.total_count();
+    m.params = n * 4 + (backend.precision() == Precision::bf16 ? n * 2 : 0);
+    m.grads = n * 4;
+    m.optimizer = n * 8 + 8;
+    Activations plan;
+    plan.plan(config, options, backend, B, T);
+    m.activations = plan.bytes(backend);
+    m.data = static_cast<size_t>(B) * T * 4 * 2;
+    return m;
+}
+
+}  // namespace mt

@@ -1,0 +1,109 @@
+// The AdamW policy on top of Backend::adamw_update: schedule, clipping, state.
+#include "optim/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/op_costs.h"
+
+namespace mt {
+
+float learning_rate_at(const LRSchedule& s, float base_lr, int step) {
+    if (s.kind == LRSchedule::Kind::constant) return base_lr;
+    // Linear warm-up from base_lr/warmup to base_lr over warmup_steps (step 0 is not 0, so the
+    // first step moves the weights), then cosine decay to min_lr_ratio * base_lr over
+    // decay_steps, then the floor.
+    const float floor_lr = s.min_lr_ratio * base_lr;
+    if (step < s.warmup_steps)
+        return base_lr * static_cast<float>(step + 1) / static_cast<float>(s.warmup_steps);
+    const int t = step - s.warmup_steps;
+    if (s.decay_steps <= 0 || t >= s.decay_steps) return s.decay_steps <= 0 ? base_lr : floor_lr;
+    const double progress = static_cast<double>(t) / static_cast<double>(s.decay_steps);
+    const double coeff = 0.5 * (1.0 + std::cos(M_PI * progress));  // 1 -> 0
+    return floor_lr + static_cast<float>(coeff) * (base_lr - floor_lr);
+}
+
+AdamW::AdamW(GPT& model, const AdamWConfig& config)
+    : model_(model), backend_(model.backend()), config_(config) {
+    auto bad = [](const std::string& what) { throw std::invalid_argument("optim: " + what); };
+    if (!(config_.lr > 0)) bad("lr must be > 0");
+    if (!(config_.beta1 >= 0 && config_.beta1 < 1)) bad("beta1 must be in [0, 1)");
+    if (!(config_.beta2 >= 0 && config_.beta2 < 1)) bad("beta2 must be in [0, 1)");
+    if (!(config_.eps > 0)) bad("eps must be > 0");
+    if (!(config_.weight_decay >= 0)) bad("weight_decay must be >= 0");
+    if (!(config_.grad_clip >= 0)) bad("grad_clip must be >= 0 (0 disables clipping)");
+    for (const auto& t : model.parameter_table().tensors())
+        slices_.push_back({t.offset, t.count, t.decay});
+    const size_t n = model.parameter_table().total_count();
+    m_ = DeviceBuffer(backend_, n * sizeof(float), MemoryCategory::optimizer);
+    v_ = DeviceBuffer(backend_, n * sizeof(float), MemoryCategory::optimizer);
+    scratch_ = DeviceBuffer(backend_, 2 * sizeof(float), MemoryCategory::workspace);
+    backend_.memset_zero(m_.get(), m_.bytes());
+    backend_.memset_zero(v_.get(), v_.bytes());
+    backend_.memset_zero(scratch_.get(), scratch_.bytes());
+}
+
+float AdamW::current_lr() const { return learning_rate_at(config_.schedule, config_.lr, t_); }
+
+void AdamW::step() {
+    const size_t n = model_.parameter_table().total_count();
+    float* norm_sq = scratch_.as<float>();
+    float* clip = scratch_.as<float>() + 1;
+    const float* grad_scale = nullptr;
+    if (config_.grad_clip > 0) {
+        // Clip without a host round trip: the norm and the scale stay on the device and the
+        // update kernel reads the scale (DESIGN: no sync inside a phase).
+        OpScope op(model_.op_observer(), cost::global_norm(n));
+        backend_.global_norm_squared(norm_sq, model_.grads(), n);
+        backend_.clip_scale(clip, norm_sq, config_.grad_clip);
+        grad_scale = clip;
+        norm_valid_ = true;
+    } else {
+        norm_valid_ = false;
+    }
+    Backend::AdamWParams hp{current_lr(), config_.beta1, config_.beta2, config_.eps,
+                            config_.weight_decay, t_ + 1};
+    OpRecord rec = cost::adamw(n);
+    rec.name = config_.impl == AdamWImpl::fused          ? "adamw_fused"
+               : config_.impl == AdamWImpl::multi_tensor ? "adamw_multi_tensor"
+                                                         : "adamw_unfused";
+    OpScope op(model_.op_observer(), rec);
+    backend_.adamw_update(config_.impl, model_.params(), model_.grads(), m_.as<float>(),
+                          v_.as<float>(), slices_, n, hp, grad_scale);
+    ++t_;
+    model_.mark_params_updated();
+}
+
+float AdamW::last_grad_norm() {
+    if (!norm_valid_) return 0.0f;
+    float sq = 0;
+    backend_.copy_to_host(&sq, scratch_.as<float>(), sizeof(float));
+    return std::sqrt(sq);
+}
+
+std::vector<float> AdamW::get_m() {
+    std::vector<float> h(model_.parameter_table().total_count());
+    backend_.copy_to_host(h.data(), m_.get(), m_.bytes());
+    return h;
+}
+
+std::vector<float> AdamW::get_v() {
+    std::vector<float> h(model_.parameter_table().total_count());
+    backend_.copy_to_host(h.data(), v_.get(), v_.bytes());
+    return h;
+}
+
+void AdamW::set_state(const std::vector<float>& m, const std::vector<float>& v, int steps_taken) {
+    const size_t n = model_.parameter_table().total_count();
+    if (m.size() != n || v.size() != n)
+        throw std::invalid_argument("AdamW::set_state: expected " + std::to_string(n) +
+                                    " floats for m and v");
+    if (steps_taken < 0) throw std::invalid_argument("AdamW::set_state: negative step count");
+    backend_.copy_to_device(m_.get(), m.data(), m_.bytes());
+    backend_.copy_to_device(v_.get(), v.data(), v_.bytes());
+    t_ = steps_taken;
+}
+
+}  // namespace mt
