@@ -10,29 +10,42 @@
 
 namespace mt {
 
-const char* to_string(BackendKind k) { return k == BackendKind::cpu ? "cpu" : "cuda"; }
+const char* to_string(BackendKind k) {
+    return k == BackendKind::cpu ? "cpu" : "cuda";
+}
 const char* to_string(Precision p) {
     switch (p) {
-        case Precision::fp32: return "fp32";
-        case Precision::tf32: return "tf32";
-        case Precision::bf16: return "bf16";
+        case Precision::fp32:
+            return "fp32";
+        case Precision::tf32:
+            return "tf32";
+        case Precision::bf16:
+            return "bf16";
     }
     return "?";
 }
 const char* to_string(AttentionImpl a) {
     switch (a) {
-        case AttentionImpl::naive: return "naive";
-        case AttentionImpl::flash: return "flash";
-        case AttentionImpl::cudnn: return "cudnn";
+        case AttentionImpl::naive:
+            return "naive";
+        case AttentionImpl::flash:
+            return "flash";
+        case AttentionImpl::cudnn:
+            return "cudnn";
     }
     return "?";
 }
-const char* to_string(ClassifierImpl c) { return c == ClassifierImpl::fused ? "fused" : "unfused"; }
+const char* to_string(ClassifierImpl c) {
+    return c == ClassifierImpl::fused ? "fused" : "unfused";
+}
 const char* to_string(AdamWImpl a) {
     switch (a) {
-        case AdamWImpl::unfused: return "unfused";
-        case AdamWImpl::multi_tensor: return "multi_tensor";
-        case AdamWImpl::fused: return "fused";
+        case AdamWImpl::unfused:
+            return "unfused";
+        case AdamWImpl::multi_tensor:
+            return "multi_tensor";
+        case AdamWImpl::fused:
+            return "fused";
     }
     return "?";
 }
@@ -40,7 +53,7 @@ const char* to_string(LayerNormImpl l) {
     return l == LayerNormImpl::fused_residual ? "fused_residual" : "separate";
 }
 const char* to_string(MemoryCategory c) {
-    static const char* names[kMemoryCategoryCount] = {"params",    "grads",     "optimizer",
+    static const char* names[kMemoryCategoryCount] = {"params",      "grads",     "optimizer",
                                                       "activations", "workspace", "data"};
     return names[static_cast<int>(c)];
 }

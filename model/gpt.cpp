@@ -32,9 +32,12 @@ namespace mt {
 
 const char* to_string(Recompute r) {
     switch (r) {
-        case Recompute::none: return "none";
-        case Recompute::gelu: return "gelu";
-        case Recompute::layernorm_gelu: return "layernorm_gelu";
+        case Recompute::none:
+            return "none";
+        case Recompute::gelu:
+            return "gelu";
+        case Recompute::layernorm_gelu:
+            return "layernorm_gelu";
     }
     return "?";
 }
@@ -142,9 +145,9 @@ struct GPT::Activations {
         size_t ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, att_saved;                          // f32
     };
     int B = 0, T = 0;
-    size_t encoded = 0, lnf = 0, logits = 0;                 // act
+    size_t encoded = 0, lnf = 0, logits = 0;                             // act
     size_t lnf_mean = 0, lnf_rstd = 0, probs = 0, losses = 0, loss = 0;  // f32 (probs: unfused)
-    size_t dresidual = 0, scratch = 0, scratch_elems = 0;    // grad
+    size_t dresidual = 0, scratch = 0, scratch_elems = 0;                // grad
     size_t d_fch_gelu = 0, d_fch = 0, d_ln2 = 0, d_atty = 0, d_qkv = 0, d_ln1 = 0;  // grad
     std::vector<Layer> layers;
     size_t act_elems = 0, f32_elems = 0, grad_elems = 0;
@@ -162,9 +165,21 @@ struct GPT::Activations {
         const bool recompute_gelu = opt.recompute != Recompute::none;
         const bool recompute_ln = opt.recompute == Recompute::layernorm_gelu;
         act_elems = f32_elems = grad_elems = 0;
-        auto a = [&](size_t n) { size_t o = act_elems; act_elems += n; return o; };
-        auto f = [&](size_t n) { size_t o = f32_elems; f32_elems += n; return o; };
-        auto g = [&](size_t n) { size_t o = grad_elems; grad_elems += n; return o; };
+        auto a = [&](size_t n) {
+            size_t o = act_elems;
+            act_elems += n;
+            return o;
+        };
+        auto f = [&](size_t n) {
+            size_t o = f32_elems;
+            f32_elems += n;
+            return o;
+        };
+        auto g = [&](size_t n) {
+            size_t o = grad_elems;
+            grad_elems += n;
+            return o;
+        };
 
         encoded = a(N * C);
         size_t shared_gelu = recompute_gelu ? a(N * 4 * C) : 0;
@@ -232,7 +247,7 @@ namespace {
 // Deterministic N(0,1) from a 64-bit generator (Box-Muller), independent of the standard
 // library's distribution implementation, so a seed means the same weights everywhere.
 class NormalSampler {
-public:
+  public:
     explicit NormalSampler(uint64_t seed) : rng_(seed) {}
     float next() {
         if (has_spare_) {
@@ -247,13 +262,14 @@ public:
         return static_cast<float>(r * std::cos(2.0 * M_PI * u2));
     }
 
-private:
+  private:
     std::mt19937_64 rng_;
     bool has_spare_ = false;
     float spare_ = 0;
 };
 bool ends_with(const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return s.size() >= suffix.size() &&
+           s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 }  // namespace
 
@@ -269,8 +285,8 @@ void GPT::init_weights(uint64_t seed) {
         } else if (t.shape.size() == 1) {
             std::fill(p, p + t.count, 0.0f);  // biases (LayerNorm biases too)
         } else {
-            const bool residual_proj = ends_with(t.name, "attn.c_proj.weight") ||
-                                       ends_with(t.name, "mlp.c_proj.weight");
+            const bool residual_proj =
+                ends_with(t.name, "attn.c_proj.weight") || ends_with(t.name, "mlp.c_proj.weight");
             const float std = residual_proj ? residual_std : 0.02f;
             size_t count = t.count;
             // wte: only the first vocab_size rows are real tokens; padding rows stay zero.
@@ -305,9 +321,9 @@ std::vector<float> GPT::get_grads() {
 void GPT::allocate_activations(int B, int T) {
     if (B < 1 || T < 1) throw std::invalid_argument("batch shape must be positive");
     if (T > config_.max_seq_len)
-        throw std::invalid_argument("sequence length T=" + std::to_string(T) +
-                                    " exceeds the model's max_seq_len=" +
-                                    std::to_string(config_.max_seq_len));
+        throw std::invalid_argument(
+            "sequence length T=" + std::to_string(T) +
+            " exceeds the model's max_seq_len=" + std::to_string(config_.max_seq_len));
     if (acts_ && acts_->B == B && acts_->T == T) return;
     auto acts = std::make_unique<Activations>();
     acts->plan(config_, options_, backend_, B, T);
@@ -333,14 +349,18 @@ const void* GPT::w(const std::string& name) const {
     return params_.as<float>() + off;
 }
 
-float* GPT::g(const std::string& name) { return grads_.as<float>() + table_.at(name).offset; }
+float* GPT::g(const std::string& name) {
+    return grads_.as<float>() + table_.at(name).offset;
+}
 
 namespace {
 // Element pointer into an arena of compute-precision elements of `e` bytes.
 inline void* at(const DeviceBuffer& buf, size_t elem, size_t e) {
     return buf.as<char>() + elem * e;
 }
-inline float* atf(const DeviceBuffer& buf, size_t elem) { return buf.as<float>() + elem; }
+inline float* atf(const DeviceBuffer& buf, size_t elem) {
+    return buf.as<float>() + elem;
+}
 }  // namespace
 
 void GPT::forward(const int* inputs, const int* targets, int B, int T, float grad_scale) {
@@ -443,9 +463,8 @@ void GPT::forward(const int* inputs, const int* targets, int B, int T, float gra
         // (ln_1 of block l+1, or ln_f after the last block).
         if (fused_ln) {
             const bool last = l + 1 == config_.n_layer;
-            const std::string next = last ? "transformer.ln_f." : "transformer.h." +
-                                                                     std::to_string(l + 1) +
-                                                                     ".ln_1.";
+            const std::string next =
+                last ? "transformer.ln_f." : "transformer.h." + std::to_string(l + 1) + ".ln_1.";
             void* ln_out = last ? act(A.lnf) : act(A.layers[l + 1].ln1);
             float* mean = last ? atf(A.f32, A.lnf_mean) : atf(A.f32, A.layers[l + 1].ln1_mean);
             float* rstd = last ? atf(A.f32, A.lnf_rstd) : atf(A.f32, A.layers[l + 1].ln1_rstd);
@@ -468,8 +487,8 @@ void GPT::forward(const int* inputs, const int* targets, int B, int T, float gra
     {
         // LM head tied to wte: logits (N,Vp) = lnf (N,C) wte(Vp,C)^T, no bias.
         OpScope op(observer_, cost::matmul_forward(N, C, Vp, ed));
-        backend_.matmul_forward(act(A.logits), act(A.lnf), w("transformer.wte.weight"), nullptr,
-                                N, C, Vp);
+        backend_.matmul_forward(act(A.logits), act(A.lnf), w("transformer.wte.weight"), nullptr, N,
+                                C, Vp);
     }
     if (!targets) return;
     // d(mean loss)/d(loss_i) = 1/N, times grad_scale (1/grad_accum).
@@ -497,12 +516,16 @@ float GPT::loss() {
     return value;
 }
 
-const float* GPT::losses_device() const { return acts_ ? atf(acts_->f32, acts_->losses) : nullptr; }
+const float* GPT::losses_device() const {
+    return acts_ ? atf(acts_->f32, acts_->losses) : nullptr;
+}
 const void* GPT::logits_device() const {
     return acts_ ? at(acts_->act, acts_->logits, backend_.compute_elem_bytes()) : nullptr;
 }
 
-void GPT::zero_grad() { backend_.memset_zero(grads_.get(), grads_.bytes()); }
+void GPT::zero_grad() {
+    backend_.memset_zero(grads_.get(), grads_.bytes());
+}
 
 void GPT::backward() {
     if (!acts_ || !have_targets_)
@@ -530,8 +553,8 @@ void GPT::backward() {
     backend_.memset_zero(grad(A.scratch), A.scratch_elems * e);
     {
         OpScope op(observer_, cost::matmul_backward(N, C, Vp, ed));
-        backend_.matmul_backward(grad(A.d_ln1), g("transformer.wte.weight"), nullptr,
-                                 act(A.logits), act(A.lnf), w("transformer.wte.weight"), N, C, Vp);
+        backend_.matmul_backward(grad(A.d_ln1), g("transformer.wte.weight"), nullptr, act(A.logits),
+                                 act(A.lnf), w("transformer.wte.weight"), N, C, Vp);
     }
     {
         OpScope op(observer_, cost::layernorm_backward(N, C, ed));
@@ -575,10 +598,9 @@ void GPT::backward() {
         }
         {
             OpScope op(observer_, cost::layernorm_backward(N, C, ed));
-            backend_.layernorm_backward(grad(A.dresidual), g(h + "ln_2.weight"),
-                                        g(h + "ln_2.bias"), grad(A.d_ln2), act(L.residual2),
-                                        w(h + "ln_2.weight"), atf(A.f32, L.ln2_mean),
-                                        atf(A.f32, L.ln2_rstd), N, C);
+            backend_.layernorm_backward(grad(A.dresidual), g(h + "ln_2.weight"), g(h + "ln_2.bias"),
+                                        grad(A.d_ln2), act(L.residual2), w(h + "ln_2.weight"),
+                                        atf(A.f32, L.ln2_mean), atf(A.f32, L.ln2_rstd), N, C);
         }
         // --- attention: residual2 = residual + c_proj(attn(c_attn(ln_1(residual)))) ---
         {
@@ -606,10 +628,9 @@ void GPT::backward() {
         }
         {
             OpScope op(observer_, cost::layernorm_backward(N, C, ed));
-            backend_.layernorm_backward(grad(A.dresidual), g(h + "ln_1.weight"),
-                                        g(h + "ln_1.bias"), grad(A.d_ln1), residual,
-                                        w(h + "ln_1.weight"), atf(A.f32, L.ln1_mean),
-                                        atf(A.f32, L.ln1_rstd), N, C);
+            backend_.layernorm_backward(grad(A.dresidual), g(h + "ln_1.weight"), g(h + "ln_1.bias"),
+                                        grad(A.d_ln1), residual, w(h + "ln_1.weight"),
+                                        atf(A.f32, L.ln1_mean), atf(A.f32, L.ln1_rstd), N, C);
         }
     }
     {
@@ -630,10 +651,9 @@ double GPT::training_flops_per_step(int B, int T) const {
     // 12 * L * C * T per token (PaLM appendix B; nanoGPT's estimate_mfu). Causal masking is not
     // discounted, as in those references, so MFU figures compare with theirs.
     const double C = config_.n_embd, L = config_.n_layer;
-    const double matmul_params = static_cast<double>(table_.total_count()) -
-                                 static_cast<double>(config_.max_seq_len) * C -
-                                 static_cast<double>(config_.padded_vocab_size() -
-                                                     config_.vocab_size) * C;
+    const double matmul_params =
+        static_cast<double>(table_.total_count()) - static_cast<double>(config_.max_seq_len) * C -
+        static_cast<double>(config_.padded_vocab_size() - config_.vocab_size) * C;
     const double per_token = 6.0 * matmul_params + 12.0 * L * C * T;
     return per_token * B * T;
 }

@@ -45,7 +45,9 @@ AdamW::AdamW(GPT& model, const AdamWConfig& config)
     backend_.memset_zero(scratch_.get(), scratch_.bytes());
 }
 
-float AdamW::current_lr() const { return learning_rate_at(config_.schedule, config_.lr, t_); }
+float AdamW::current_lr() const {
+    return learning_rate_at(config_.schedule, config_.lr, t_);
+}
 
 void AdamW::step() {
     const size_t n = model_.parameter_table().total_count();
@@ -63,8 +65,8 @@ void AdamW::step() {
     } else {
         norm_valid_ = false;
     }
-    Backend::AdamWParams hp{current_lr(), config_.beta1, config_.beta2, config_.eps,
-                            config_.weight_decay, t_ + 1};
+    Backend::AdamWParams hp{current_lr(), config_.beta1,        config_.beta2,
+                            config_.eps,  config_.weight_decay, t_ + 1};
     OpRecord rec = cost::adamw(n);
     rec.name = config_.impl == AdamWImpl::fused          ? "adamw_fused"
                : config_.impl == AdamWImpl::multi_tensor ? "adamw_multi_tensor"
