@@ -382,6 +382,7 @@ void GPT::forward(const int* inputs, const int* targets, int B, int T, float gra
     inputs_ = inputs;
     targets_ = targets;
     have_targets_ = targets != nullptr;
+    backward_ready_ = targets != nullptr;
     grad_scale_ = grad_scale;
 
     if (params_compute_.get() && params_dirty_) {
@@ -528,8 +529,9 @@ void GPT::zero_grad() {
 }
 
 void GPT::backward() {
-    if (!acts_ || !have_targets_)
-        throw std::logic_error("GPT::backward: needs a forward pass with targets first");
+    if (!acts_ || !backward_ready_)
+        throw std::logic_error(
+            "GPT::backward: needs a forward pass with targets first (one backward per forward)");
     Activations& A = *acts_;
     const int B = last_B_, T = last_T_;
     const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
@@ -639,7 +641,7 @@ void GPT::backward() {
                                   grad(A.dresidual), inputs_, B, T, C);
     }
     // The logits buffer now holds dlogits; a second backward without a forward would be wrong.
-    have_targets_ = false;
+    backward_ready_ = false;
 }
 
 // ---- analytic costs -------------------------------------------------------------------------

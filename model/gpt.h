@@ -152,7 +152,8 @@ private:
     int last_B_ = 0, last_T_ = 0;
     const int* inputs_ = nullptr;   // device pointers of the last forward, used by backward
     const int* targets_ = nullptr;
-    bool have_targets_ = false;
+    bool have_targets_ = false;   // the last forward computed a loss
+    bool backward_ready_ = false;  // ... and its backward has not run yet
     float grad_scale_ = 1.0f;
     bool params_dirty_ = true;  // bf16 copy needs refreshing
 public:
