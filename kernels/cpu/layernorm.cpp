@@ -1,0 +1,127 @@
+// LayerNorm over the channel dimension (eps = math::kLayerNormEps), as GPT-2 uses it.
+//
+// Forward, per row x (C):  mean = sum x / C,  var = sum (x - mean)^2 / C (two passes over the
+// row: the row is in L1, and the two-pass variance does not cancel catastrophically the way
+// E[x^2] - mean^2 does),  rstd = 1/sqrt(var + eps),  out = (x - mean) rstd w + b.
+// mean and rstd are saved so the backward need not recompute them.
+//
+// Backward, with xhat = (x - mean) rstd and dxhat = dout * w:
+//   dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))
+//   dw = sum_rows dout xhat,   db = sum_rows dout
+// dx is row-local (parallel over rows). dw/db reduce over rows: rather than per-thread partial
+// buffers (scratch the op would have to allocate) the second loop gives each thread a block of
+// channels and walks all rows, recomputing xhat: race-free, deterministic, and it costs one more
+// read of inp and dout.
+//
+// The fused residual variant adds the two residual inputs, writes the sum (the next block needs
+// it) and normalises it in the same pass over the row, saving one full read of the residual.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/ops.h"
+
+namespace mt::cpu {
+namespace {
+
+// Normalises one row x (C) into out, saving its mean and rstd.
+inline void layernorm_row(float* out, float* mean_out, float* rstd_out, const float* x,
+                          const float* w, const float* b, int C) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int c = 0; c < C; c++) sum += x[c];
+    const float m = sum / C;
+    float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+    for (int c = 0; c < C; c++) {
+        const float d = x[c] - m;
+        var += d * d;
+    }
+    const float s = 1.0f / std::sqrt(var / C + math::kLayerNormEps);
+#pragma omp simd
+    for (int c = 0; c < C; c++) out[c] = (x[c] - m) * s * w[c] + b[c];
+    *mean_out = m;
+    *rstd_out = s;
+}
+
+}  // namespace
+
+// Row-parallel forward; each row independent.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const long long off = static_cast<long long>(n) * C;
+        layernorm_row(out + off, mean + n, rstd + n, inp + off, w, b, C);
+    }
+}
+
+// Residual add fused into the normalisation pass: residual = inp1 + inp2 is written once and
+// normalised while it is still in cache.
+void fused_residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd,
+                                      const float* inp1, const float* inp2, const float* w,
+                                      const float* b, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const long long off = static_cast<long long>(n) * C;
+        float* r = residual + off;
+        const float* a = inp1 + off;
+        const float* bb = inp2 + off;
+        for (int c = 0; c < C; c++) r[c] = a[c] + bb[c];
+        layernorm_row(out + off, mean + n, rstd + n, r, w, b, C);
+    }
+}
+
+// Two loops: dw/db channel-block-parallel over all rows, then dinp row-parallel (in this order
+// so that dinp may alias dout: each dinp element is written after its last read).
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C) {
+    // dw, db: reductions over rows, each thread owning a block of channels.
+    constexpr int kBlock = 64;
+    const int nblocks = (C + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblocks; blk++) {
+        const int c0 = blk * kBlock, c1 = std::min(C, c0 + kBlock);
+        float accw[kBlock] = {}, accb[kBlock] = {};
+        for (int n = 0; n < N; n++) {
+            const long long off = static_cast<long long>(n) * C;
+            const float* x = inp + off;
+            const float* d = dout + off;
+            const float m = mean[n], s = rstd[n];
+#pragma omp simd
+            for (int c = c0; c < c1; c++) {
+                accw[c - c0] += d[c] * ((x[c] - m) * s);
+                accb[c - c0] += d[c];
+            }
+        }
+        for (int c = c0; c < c1; c++) {
+            dw[c] += accw[c - c0];
+            db[c] += accb[c - c0];
+        }
+    }
+    // dinp: per row, the two means of the chain rule, then the update.
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const long long off = static_cast<long long>(n) * C;
+        const float* x = inp + off;
+        const float* d = dout + off;
+        float* dx = dinp + off;
+        const float m = mean[n], s = rstd[n];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+        for (int c = 0; c < C; c++) {
+            const float xhat = (x[c] - m) * s;
+            const float dxhat = d[c] * w[c];
+            dnorm_mean += dxhat;
+            dnorm_norm_mean += dxhat * xhat;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+        for (int c = 0; c < C; c++) {
+            const float xhat = (x[c] - m) * s;
+            const float dxhat = d[c] * w[c];
+            dx[c] += (dxhat - dnorm_mean - xhat * dnorm_norm_mean) * s;
+        }
+    }
+}
+
+}  // namespace mt::cpu
