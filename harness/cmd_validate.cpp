@@ -1,0 +1,117 @@
+// `microtrain validate FILE [--set key=value]...`: parses and checks an experiment without
+// running it, then prints the base config and what each variant changes. Exit 0 when valid,
+// 2 with the SpecError message (FILE:LINE:COL: key ...: expected ..., got ...; fix) otherwise.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/commands.h"
+#include "harness/spec.h"
+
+namespace mt {
+namespace {
+
+struct ValidateArgs {
+    std::string file;
+    std::vector<std::string> overrides;
+};
+
+const char* backend_name(BackendChoice b) {
+    switch (b) {
+        case BackendChoice::cpu:
+            return "cpu";
+        case BackendChoice::cuda:
+            return "cuda";
+        case BackendChoice::auto_:
+            return "auto";
+    }
+    return "?";
+}
+
+// Where a config would run here: auto means cuda when a device answers.
+bool runs_on_cuda_here(const RunConfig& c, bool have_cuda) {
+    return c.backend == BackendChoice::cuda || (c.backend == BackendChoice::auto_ && have_cuda);
+}
+
+int run_validate(const ValidateArgs& a) {
+    ExperimentSpec spec;
+    try {
+        spec = load_experiment(a.file, a.overrides);
+    } catch (const SpecError& e) {
+        std::fprintf(stderr, "microtrain validate: %s\n", e.what());
+        return 2;
+    }
+    std::string why_no_cuda;
+    const bool have_cuda = cuda_available(&why_no_cuda);
+
+    std::printf("%s: experiment '%s', %zu variant%s, baseline '%s'\n", a.file.c_str(),
+                spec.name.c_str(), spec.variants.size(), spec.variants.size() == 1 ? "" : "s",
+                spec.baseline.c_str());
+    std::printf("compare: loss_tolerance %g (relative, mean loss)   report: out_dir %s\n",
+                spec.loss_tolerance, spec.out_dir.c_str());
+    for (const auto& o : a.overrides) std::printf("--set %s\n", o.c_str());
+
+    // The base config is what every variant starts from; the variants list only what they change.
+    // A variant's `changed` is relative to the base, so flatten(variant) minus changed == base.
+    const RunConfig& first = spec.base;
+    std::printf("\nbase config:\n");
+    for (const auto& [key, value] : flatten(spec.base))
+        std::printf("  %-24s %s\n", key.c_str(), value.c_str());
+
+    std::printf("\nvariants:\n");
+    int attributable = 0;
+    for (const auto& v : spec.variants) {
+        std::string line = "  " + v.variant;
+        if (v.variant == spec.baseline) line += " (baseline)";
+        std::printf("%s\n", line.c_str());
+        if (v.changed.empty()) {
+            std::printf("      the base config, unchanged\n");
+        } else {
+            for (const auto& [key, value] : v.changed)
+                std::printf("      %s = %s\n", key.c_str(), value.c_str());
+            if (v.changed.size() > 1)
+                std::printf("      changes %zu knobs: effect cannot be attributed to one\n",
+                            v.changed.size());
+            else
+                ++attributable;
+        }
+        const std::vector<std::string> needs = cuda_only_features(v);
+        const bool on_cuda = runs_on_cuda_here(v, have_cuda);
+        if (!needs.empty() && (!on_cuda || !have_cuda)) {
+            std::string list;
+            for (const auto& n : needs) list += (list.empty() ? "" : ", ") + n;
+            std::string reason;
+            if (v.backend == BackendChoice::cpu)
+                reason = "backend is cpu";
+            else
+                reason = "no CUDA device here: " + why_no_cuda;
+            std::printf(
+                "      note: needs a GPU (%s); %s, so this variant cannot run on this "
+                "machine as configured\n",
+                list.c_str(), reason.c_str());
+        }
+    }
+    std::printf("\nbackend %s -> %s on this machine%s\n", backend_name(first.backend),
+                runs_on_cuda_here(first, have_cuda) ? "cuda" : "cpu",
+                have_cuda ? "" : (" (" + why_no_cuda + ")").c_str());
+    std::printf("OK: %s is valid (%d of %zu variants change exactly one knob)\n", a.file.c_str(),
+                attributable, spec.variants.size());
+    return 0;
+}
+
+}  // namespace
+
+void register_validate_command(CLI::App& app, int& exit_code) {
+    auto args = std::make_shared<ValidateArgs>();
+    CLI::App* cmd = app.add_subcommand(
+        "validate", "Check an experiment file without running it; print each variant's config");
+    cmd->add_option("file", args->file, "Experiment YAML file")->required();
+    cmd->add_option("--set", args->overrides,
+                    "Override a config key before the variants apply, e.g. --set run.seed=7 "
+                    "(repeatable)")
+        ->expected(1);
+    cmd->callback([args, &exit_code] { exit_code = run_validate(*args); });
+}
+
+}  // namespace mt

@@ -1,0 +1,492 @@
+// Data: llm.c token files and the batch loader.
+//
+// Order of batches. The source is a stream of n tokens. It is cut into W = (n-1)/T row windows
+// of T+1 tokens starting at multiples of T (window w = tokens [w*T, w*T+T]; inputs are the first
+// T, targets the last T, so consecutive windows share one token). Each epoch visits every window
+// once in an order shuffled by (seed, epoch) with Fisher-Yates; global row g is window
+// perm_{g / W}[g % W], and batch i is rows i*B .. i*B+B-1 (a batch may straddle two epochs).
+// Batch i is therefore a pure function of (source, seed, B, T, i): the workers only decide
+// *when* it is built, never *what* it holds.
+//
+// Threads (workers > 0). A ring of P = prefetch slots; batch i lives in slot i % P. A worker may
+// claim batch i only once batch i-P has been released by the consumer (i < released + P), so a
+// slot is written by exactly one worker while nobody reads it. next() releases the batch it
+// returned last time, then waits until its batch is marked ready. A worker that throws stores the
+// exception; next() rethrows it. The destructor sets `stop`, wakes everyone and joins: a worker
+// blocked on a full ring or spinning in the simulated preprocessing returns promptly.
+#include "harness/data.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+namespace mt {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int32_t kTokenMagic = 20240520;
+constexpr int32_t kTokenVersion = 1;
+constexpr size_t kHeaderInts = 256;
+constexpr size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);  // 1024
+
+[[noreturn]] void data_error(const std::string& path, const std::string& what) {
+    throw DataError("'" + path + "': " + what);
+}
+
+// splitmix64: a 64-bit bijective mixer; good enough to hash (seed, position) into tokens and to
+// derive per-epoch shuffle seeds, and identical on every platform.
+uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+// Uniform integer in [0, bound) from a 64-bit engine, by rejection (no modulo bias), written out
+// so the shuffle is the same with every standard library.
+uint64_t uniform_below(std::mt19937_64& rng, uint64_t bound) {
+    const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
+    uint64_t r;
+    do r = rng();
+    while (r >= limit);
+    return r % bound;
+}
+
+// Busy-spins for `us` microseconds: SIMULATED CPU work per sample (decoding, augmentation,
+// tokenisation...). A spin, not a sleep, so it occupies a core the way real preprocessing does.
+void spin_for_us(int us, const std::atomic<bool>& stop) {
+    if (us <= 0) return;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+    while (std::chrono::steady_clock::now() < end)
+        if (stop.load(std::memory_order_relaxed)) return;
+}
+
+// Header + size checks shared by read_token_file and token_file_count; returns the count.
+size_t check_token_header(const std::string& path, std::ifstream& f) {
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec) data_error(path, "cannot read its size: " + ec.message());
+    if (size < kHeaderBytes)
+        data_error(path, "truncated: an llm.c token file starts with a " +
+                             std::to_string(kHeaderBytes) + "-byte header, expected at least " +
+                             std::to_string(kHeaderBytes) + " bytes, got " + std::to_string(size));
+    int32_t header[kHeaderInts];
+    // The format is little-endian int32; so is every machine this project targets (x86-64, ARM).
+    if (!f.read(reinterpret_cast<char*>(header), kHeaderBytes))
+        data_error(path, "cannot read the header");
+    if (header[0] != kTokenMagic)
+        data_error(path, "bad magic number " + std::to_string(header[0]) + " (expected " +
+                             std::to_string(kTokenMagic) + "): not an llm.c token file");
+    if (header[1] != kTokenVersion)
+        data_error(path, "unsupported version " + std::to_string(header[1]) + " (expected " +
+                             std::to_string(kTokenVersion) + ": uint16 tokens)");
+    if (header[2] < 0)
+        data_error(path, "negative token count " + std::to_string(header[2]) + " in the header");
+    const size_t count = static_cast<size_t>(header[2]);
+    const size_t expected = kHeaderBytes + count * sizeof(uint16_t);
+    if (size < expected)
+        data_error(path, "truncated: the header says " + std::to_string(count) +
+                             " tokens, expected " + std::to_string(expected) + " bytes, got " +
+                             std::to_string(size));
+    if (size > expected)
+        data_error(path, "the header says " + std::to_string(count) + " tokens, expected " +
+                             std::to_string(expected) + " bytes, got " + std::to_string(size) +
+                             " (trailing data: the header's count is wrong)");
+    return count;
+}
+
+// Byte offset of the first invalid UTF-8 sequence, or npos.
+size_t first_invalid_utf8(const std::vector<uint16_t>& bytes) {
+    size_t i = 0;
+    const size_t n = bytes.size();
+    while (i < n) {
+        const unsigned c = bytes[i];
+        size_t len;
+        unsigned cp;
+        if (c < 0x80) {
+            ++i;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            len = 2, cp = c & 0x1F;
+        } else if ((c & 0xF0) == 0xE0) {
+            len = 3, cp = c & 0x0F;
+        } else if ((c & 0xF8) == 0xF0) {
+            len = 4, cp = c & 0x07;
+        } else {
+            return i;
+        }
+        if (i + len > n) return i;
+        for (size_t k = 1; k < len; ++k) {
+            if ((bytes[i + k] & 0xC0) != 0x80) return i;
+            cp = (cp << 6) | (bytes[i + k] & 0x3F);
+        }
+        // Overlong encodings, surrogates and code points past U+10FFFF are invalid.
+        static const unsigned min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+        i += len;
+    }
+    return std::string::npos;
+}
+
+const char* source_name(DataSource s) {
+    switch (s) {
+        case DataSource::synthetic:
+            return "synthetic";
+        case DataSource::tokens:
+            return "tokens";
+        case DataSource::text:
+            return "text";
+    }
+    return "?";
+}
+
+}  // namespace
+
+// ---- token files ----------------------------------------------------------------------------
+
+void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens) {
+    if (tokens.size() > static_cast<size_t>(INT32_MAX))
+        data_error(path, "cannot write " + std::to_string(tokens.size()) +
+                             " tokens: the header's int32 count holds at most 2^31-1");
+    int32_t header[kHeaderInts] = {};
+    header[0] = kTokenMagic;
+    header[1] = kTokenVersion;
+    header[2] = static_cast<int32_t>(tokens.size());
+
+    // Atomic: write a temporary file beside the target, fsync it, rename it over the target.
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        data_error(path, std::string("cannot create a temporary file: ") + std::strerror(errno));
+    auto write_all = [&](const void* data, size_t bytes) {
+        const char* p = static_cast<const char*>(data);
+        while (bytes > 0) {
+            const ssize_t w = ::write(fd, p, bytes);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                const std::string err = std::strerror(errno);
+                ::close(fd);
+                ::unlink(tmp.c_str());
+                data_error(path, "write failed: " + err);
+            }
+            p += w;
+            bytes -= static_cast<size_t>(w);
+        }
+    };
+    write_all(header, kHeaderBytes);
+    write_all(tokens.data(), tokens.size() * sizeof(uint16_t));
+    if (::fsync(fd) != 0 || ::close(fd) != 0) {
+        const std::string err = std::strerror(errno);
+        ::unlink(tmp.c_str());
+        data_error(path, "cannot flush the file to disk: " + err);
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        const std::string err = std::strerror(errno);
+        ::unlink(tmp.c_str());
+        data_error(path, "cannot rename the temporary file into place: " + err);
+    }
+    // Make the rename itself durable.
+    const fs::path parent = fs::path(path).parent_path();
+    const fs::path dir = parent.empty() ? fs::path(".") : parent;
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        ::fsync(dfd);
+        ::close(dfd);
+    }
+}
+
+size_t token_file_count(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) data_error(path, std::string("cannot open: ") + std::strerror(errno));
+    return check_token_header(path, f);
+}
+
+std::vector<uint16_t> read_token_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) data_error(path, std::string("cannot open: ") + std::strerror(errno));
+    const size_t count = check_token_header(path, f);
+    std::vector<uint16_t> tokens(count);
+    if (count && !f.read(reinterpret_cast<char*>(tokens.data()), count * sizeof(uint16_t)))
+        data_error(path, "read failed after the header");
+    return tokens;
+}
+
+// ---- the loader -----------------------------------------------------------------------------
+
+struct DataLoader::Impl {
+    DataConfig cfg;
+    int vocab = 0;
+    uint64_t seed = 0;
+    Backend* backend = nullptr;
+
+    std::vector<uint16_t> tokens;  // tokens / text sources
+    size_t n = 0;                  // tokens in the stream (synthetic: nominal)
+    uint64_t windows = 0;          // W = (n-1)/T
+    uint64_t synth_seed = 0;
+
+    // Per-epoch window permutations, computed on demand and cached (a few epochs: a batch spans
+    // at most two, and the ring is short). Recomputing an evicted one gives the same result.
+    std::mutex perm_mu;
+    std::map<uint64_t, std::shared_ptr<const std::vector<uint32_t>>> perms;
+
+    struct Slot {
+        HostBuffer host;         // with a backend (pinned when asked)
+        std::vector<int> plain;  // without one
+        int* inputs = nullptr;   // (B, T)
+        int* targets = nullptr;  // (B, T)
+        uint64_t batch = 0;
+        bool ready = false;
+    };
+    std::vector<Slot> slots;
+    Batch current;
+    uint64_t consumed = 0;  // batches handed out by next()
+
+    std::mutex mu;
+    std::condition_variable cv_work, cv_ready;
+    uint64_t next_claim = 0;  // next batch a worker will build
+    uint64_t released = 0;    // batches < released are no longer read by the consumer
+    std::atomic<bool> stop{false};
+    std::exception_ptr error;
+    std::vector<std::thread> threads;
+
+    int token_at(uint64_t p) const {
+        if (cfg.source == DataSource::synthetic)
+            return static_cast<int>(splitmix64(synth_seed + p) % static_cast<uint64_t>(vocab));
+        return tokens[p];
+    }
+
+    std::shared_ptr<const std::vector<uint32_t>> perm(uint64_t epoch) {
+        std::lock_guard<std::mutex> lk(perm_mu);
+        if (auto it = perms.find(epoch); it != perms.end()) return it->second;
+        auto p = std::make_shared<std::vector<uint32_t>>(windows);
+        for (uint64_t w = 0; w < windows; ++w) (*p)[w] = static_cast<uint32_t>(w);
+        std::mt19937_64 rng(splitmix64(seed ^ splitmix64(epoch + 0x5EED)));
+        for (uint64_t i = windows - 1; i > 0; --i)
+            std::swap((*p)[i], (*p)[uniform_below(rng, i + 1)]);
+        perms[epoch] = p;
+        while (perms.size() > 4) perms.erase(perms.begin());  // the oldest epoch
+        return p;
+    }
+
+    // Builds batch i into (inputs, targets): B rows of T tokens, targets shifted by one.
+    void fill(uint64_t i, int* inputs, int* targets) {
+        const int B = cfg.batch_size, T = cfg.seq_len;
+        std::shared_ptr<const std::vector<uint32_t>> p;
+        uint64_t p_epoch = UINT64_MAX;
+        for (int r = 0; r < B; ++r) {
+            const uint64_t g = i * static_cast<uint64_t>(B) + r;
+            const uint64_t epoch = g / windows;
+            if (epoch != p_epoch) p = perm(epoch), p_epoch = epoch;
+            const uint64_t start = static_cast<uint64_t>((*p)[g % windows]) * T;
+            int* in = inputs + static_cast<size_t>(r) * T;
+            int* tg = targets + static_cast<size_t>(r) * T;
+            for (int t = 0; t < T; ++t) {
+                in[t] = token_at(start + t);
+                tg[t] = token_at(start + t + 1);
+            }
+            spin_for_us(cfg.preprocess_us, stop);  // SIMULATED per-sample preprocessing
+            if (stop.load(std::memory_order_relaxed)) return;
+        }
+    }
+
+    void worker() {
+        const uint64_t P = slots.size();
+        for (;;) {
+            uint64_t i;
+            {
+                std::unique_lock<std::mutex> lk(mu);
+                cv_work.wait(lk, [&] { return stop.load() || next_claim < released + P; });
+                if (stop.load()) return;
+                i = next_claim++;
+            }
+            Slot& s = slots[i % P];
+            try {
+                fill(i, s.inputs, s.targets);
+            } catch (...) {
+                std::lock_guard<std::mutex> lk(mu);
+                if (!error) error = std::current_exception();
+                cv_ready.notify_all();
+                return;
+            }
+            {
+                std::lock_guard<std::mutex> lk(mu);
+                s.batch = i;
+                s.ready = true;
+            }
+            cv_ready.notify_all();
+        }
+    }
+
+    void shutdown() {
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            stop = true;
+        }
+        cv_work.notify_all();
+        cv_ready.notify_all();
+        for (auto& t : threads)
+            if (t.joinable()) t.join();
+        threads.clear();
+    }
+};
+
+DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, Backend* backend)
+    : impl_(std::make_unique<Impl>()) {
+    Impl& m = *impl_;
+    m.cfg = config;
+    m.vocab = vocab_size;
+    m.seed = seed;
+    m.backend = backend;
+    const DataConfig& c = config;
+    auto bad = [](const std::string& what) { throw DataError("data config: " + what); };
+    if (c.batch_size < 1) bad("batch_size must be >= 1, got " + std::to_string(c.batch_size));
+    if (c.seq_len < 1) bad("seq_len must be >= 1, got " + std::to_string(c.seq_len));
+    if (c.workers < 0) bad("workers must be >= 0, got " + std::to_string(c.workers));
+    if (c.prefetch < 1) bad("prefetch must be >= 1, got " + std::to_string(c.prefetch));
+    if (c.preprocess_us < 0)
+        bad("preprocess_us must be >= 0, got " + std::to_string(c.preprocess_us));
+    if (vocab_size < 1) bad("vocab_size must be >= 1, got " + std::to_string(vocab_size));
+
+    const uint64_t B = c.batch_size, T = c.seq_len;
+    const uint64_t need = B * T + 1;  // B windows of T+1 tokens overlapping by one
+    switch (c.source) {
+        case DataSource::synthetic:
+            // A virtual stream of uniform tokens: token p = hash(seed, p) mod vocab (the modulo
+            // bias is below vocab / 2^64). Nominal length: 64 batches, at least 2^20 tokens.
+            m.n = std::max<uint64_t>(uint64_t{1} << 20, 64 * need);
+            m.synth_seed = splitmix64(seed ^ 0xD47A5EEDull);
+            break;
+        case DataSource::tokens: {
+            if (c.path.empty()) bad("source tokens needs a path (data.path)");
+            m.tokens = read_token_file(c.path);
+            m.n = m.tokens.size();
+            size_t bad_at = SIZE_MAX;
+            uint16_t max_tok = 0;
+            for (size_t i = 0; i < m.tokens.size(); ++i) {
+                max_tok = std::max(max_tok, m.tokens[i]);
+                if (bad_at == SIZE_MAX && m.tokens[i] >= vocab_size) bad_at = i;
+            }
+            if (bad_at != SIZE_MAX)
+                data_error(c.path, "token " + std::to_string(m.tokens[bad_at]) +
+                                       " at token offset " + std::to_string(bad_at) + " (byte " +
+                                       std::to_string(kHeaderBytes + 2 * bad_at) +
+                                       ") is >= model.vocab_size " + std::to_string(vocab_size) +
+                                       "; the file was tokenised for a larger vocabulary: set "
+                                       "model.vocab_size to at least " +
+                                       std::to_string(max_tok + 1));
+            break;
+        }
+        case DataSource::text: {
+            if (c.path.empty()) bad("source text needs a path (data.path)");
+            if (vocab_size < 256)
+                data_error(c.path, "model.vocab_size must be >= 256 for byte-level text, got " +
+                                       std::to_string(vocab_size) + "; set model.vocab_size: 256");
+            std::ifstream f(c.path, std::ios::binary);
+            if (!f) data_error(c.path, std::string("cannot open: ") + std::strerror(errno));
+            std::string bytes((std::istreambuf_iterator<char>(f)),
+                              std::istreambuf_iterator<char>());
+            m.tokens.assign(bytes.begin(), bytes.end());
+            for (auto& t : m.tokens) t &= 0xFF;  // char may be signed: keep the byte value
+            if (size_t at = first_invalid_utf8(m.tokens); at != std::string::npos)
+                data_error(c.path, "not valid UTF-8 at byte offset " + std::to_string(at) +
+                                       "; source text expects a UTF-8 text file (use source "
+                                       "tokens for an llm.c token file)");
+            m.n = m.tokens.size();
+            break;
+        }
+    }
+    if (m.n < need) {
+        const std::string name = c.source == DataSource::synthetic ? "synthetic" : c.path;
+        data_error(name, "has " + std::to_string(m.n) + " tokens, but one batch needs " +
+                             std::to_string(need) + " (batch_size " + std::to_string(B) +
+                             " x seq_len " + std::to_string(T) +
+                             " + 1); use a longer file or a smaller batch_size / seq_len");
+    }
+    m.windows = (m.n - 1) / T;
+    if (m.windows > UINT32_MAX)
+        data_error(c.path, "has " + std::to_string(m.windows) +
+                               " windows of seq_len tokens, more than this loader indexes (2^32)");
+
+    // Batch slots: one when loading synchronously, a ring of `prefetch` otherwise.
+    const size_t nslots = c.workers == 0 ? 1 : static_cast<size_t>(c.prefetch);
+    const size_t elems = static_cast<size_t>(B * T);
+    m.slots.resize(nslots);
+    for (auto& s : m.slots) {
+        int* base;
+        if (backend) {
+            s.host = HostBuffer(*backend, 2 * elems * sizeof(int), c.pin_memory);
+            base = s.host.as<int>();
+        } else {
+            s.plain.assign(2 * elems, 0);
+            base = s.plain.data();
+        }
+        s.inputs = base;
+        s.targets = base + elems;
+    }
+    for (int w = 0; w < c.workers; ++w) m.threads.emplace_back([&m] { m.worker(); });
+}
+
+DataLoader::~DataLoader() {
+    impl_->shutdown();
+}
+
+const Batch& DataLoader::next() {
+    Impl& m = *impl_;
+    const uint64_t i = m.consumed;
+    Impl::Slot* slot;
+    if (m.cfg.workers == 0) {
+        slot = &m.slots[0];
+        m.fill(i, slot->inputs, slot->targets);
+    } else {
+        std::unique_lock<std::mutex> lk(m.mu);
+        if (i > 0) {  // the batch returned last time is no longer read: its slot may be refilled
+            m.slots[(i - 1) % m.slots.size()].ready = false;
+            m.released = i;
+            m.cv_work.notify_all();
+        }
+        slot = &m.slots[i % m.slots.size()];
+        m.cv_ready.wait(lk, [&] { return m.error || (slot->ready && slot->batch == i); });
+        if (m.error) std::rethrow_exception(m.error);
+    }
+    m.current.B = m.cfg.batch_size;
+    m.current.T = m.cfg.seq_len;
+    m.current.inputs = slot->inputs;
+    m.current.targets = slot->targets;
+    m.current.index = i;
+    ++m.consumed;
+    return m.current;
+}
+
+size_t DataLoader::num_tokens() const {
+    return impl_->n;
+}
+
+std::string DataLoader::describe() const {
+    const DataConfig& c = impl_->cfg;
+    std::ostringstream os;
+    os << source_name(c.source);
+    if (c.source != DataSource::synthetic) os << " '" << c.path << "'";
+    os << " (" << impl_->n << " tokens" << (c.source == DataSource::synthetic ? ", nominal" : "")
+       << "), B" << c.batch_size << " T" << c.seq_len << ", workers " << c.workers;
+    if (c.workers > 0) os << ", prefetch " << c.prefetch;
+    if (c.pin_memory) os << ", pinned";
+    if (c.preprocess_us > 0) os << ", preprocess " << c.preprocess_us << " us/sample (simulated)";
+    return os.str();
+}
+
+}  // namespace mt
