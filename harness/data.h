@@ -29,6 +29,9 @@ struct Batch {
 void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens);
 // Reads one; throws DataError naming the file and what is wrong (magic, version, truncation).
 std::vector<uint16_t> read_token_file(const std::string& path);
+// Checks an llm.c token file's header and size without reading the tokens; returns the count.
+// Throws DataError like read_token_file.
+size_t token_file_count(const std::string& path);
 
 // Produces batches in a deterministic order (by seed) for any number of workers: workers 0
 // loads synchronously inside next(); workers > 0 fill a ring of `prefetch` batches in background

@@ -21,6 +21,7 @@ struct ExperimentSpec {
     std::string name;
     std::string source_path;            // the YAML file
     std::vector<RunConfig> variants;    // resolved, in file order; variants[i].changed filled
+    RunConfig base;                     // the file's config with --set applied, before variants
     std::string baseline;               // compare.baseline (a variant name)
     double loss_tolerance = 0.02;       // compare.loss_tolerance (relative, on the mean loss)
     std::string out_dir = "runs";       // report.out_dir
@@ -34,5 +35,11 @@ ExperimentSpec load_experiment(const std::string& path,
 
 // The effective config as a flat list of (dotted key, value) in a stable order, for reports.
 std::vector<std::pair<std::string, std::string>> flatten(const RunConfig& config);
+
+// The settings of `config` only the CUDA backend provides, as "key value" text ("backend cuda",
+// "run.precision bf16", "kernels.attention flash", "data.pin_memory true"). Empty when the config
+// runs on the CPU backend as written. (pin_memory is listed though the CPU backend merely
+// ignores it: pinned batches only mean something with a device.)
+std::vector<std::string> cuda_only_features(const RunConfig& config);
 
 }  // namespace mt
