@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     int exit_code = 0;
     mt::register_train_command(app, exit_code);
+    mt::register_step_command(app, exit_code);
     mt::register_validate_command(app, exit_code);
     try {
         app.parse(argc, argv);

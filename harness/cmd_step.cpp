@@ -1,0 +1,264 @@
+// `microtrain step`: run N AdamW steps on one given batch from given weights and write the loss,
+// the first step's gradients and the final parameters, so microtrain can be checked tensor by
+// tensor against another implementation (tools/make_reference.py writes PyTorch's answer in
+// the same format; tests/test_step_cli.cpp compares them).
+//
+//   W (--weights)  safetensors with nanoGPT names; config from its __metadata__ (see
+//                  model/checkpoint.h: a PyTorch nanoGPT state_dict loads as it is)
+//   X (--batch)    int32 `inputs` and `targets`, both (B, T), T <= max_seq_len, ids in [0, V)
+//   O (--out)      `loss` F32 [N] (the loss before each step), `grad.<name>` (gradients of the
+//                  first step), `<name>` (parameters after the last step). Tensors have the
+//                  model's shapes, except that wte and its gradient keep W's row count (a
+//                  nanoGPT wte of vocab_size rows stays unpadded). Written atomically.
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "harness/commands.h"
+#include "kernels/backend.h"
+#include "model/checkpoint.h"
+#include "model/gpt.h"
+#include "optim/adamw.h"
+
+namespace mt {
+namespace {
+
+struct StepArgs {
+    std::string weights, batch, out;
+    std::string backend = "cpu";
+    int steps = 1;
+    int threads = 0;
+    AdamWConfig optim = [] {
+        AdamWConfig c;
+        c.grad_clip = 0.0f;  // no clipping unless asked
+        return c;
+    }();
+    std::string impl = "fused";
+};
+
+struct Batch {
+    int B = 0, T = 0;
+    std::vector<int32_t> inputs, targets;
+};
+
+// Reads and validates X against the model config: both tensors present, integer, 2-D and of
+// the same shape, 1 <= T <= max_seq_len, every id in [0, vocab_size).
+Batch read_batch(const std::string& path, const GPTConfig& cfg, const std::string& weights) {
+    SafeTensorsFile x = SafeTensorsFile::open(path);
+    Batch b;
+    const TensorEntry* tensors[2] = {x.find("inputs"), x.find("targets")};
+    const char* names[2] = {"inputs", "targets"};
+    for (int i = 0; i < 2; ++i) {
+        if (!tensors[i])
+            throw CheckpointError(path + ": missing tensor '" + names[i] +
+                                  "' (expected I32 token ids of shape (B, T); the batch file "
+                                  "holds 'inputs' and 'targets')");
+        if (tensors[i]->shape.size() != 2 || tensors[i]->shape[0] < 1 || tensors[i]->shape[1] < 1)
+            throw CheckpointError(path + ": tensor '" + names[i] + "' has shape " +
+                                  shape_string(tensors[i]->shape) +
+                                  ", expected (B, T) with B >= 1 and T >= 1");
+    }
+    if (tensors[0]->shape != tensors[1]->shape)
+        throw CheckpointError(path + ": 'inputs' has shape " + shape_string(tensors[0]->shape) +
+                              " but 'targets' has shape " + shape_string(tensors[1]->shape) +
+                              "; they must have the same shape (B, T)");
+    b.B = static_cast<int>(tensors[0]->shape[0]);
+    b.T = static_cast<int>(tensors[0]->shape[1]);
+    if (b.T > cfg.max_seq_len)
+        throw CheckpointError(path + ": sequence length T=" + std::to_string(b.T) + " (shape " +
+                              shape_string(tensors[0]->shape) + ") exceeds max_seq_len=" +
+                              std::to_string(cfg.max_seq_len) + " of the model in " + weights);
+    b.inputs = x.read_i32("inputs");
+    b.targets = x.read_i32("targets");
+    for (int i = 0; i < 2; ++i) {
+        const auto& ids = i == 0 ? b.inputs : b.targets;
+        for (size_t k = 0; k < ids.size(); ++k)
+            if (ids[k] < 0 || ids[k] >= cfg.vocab_size)
+                throw CheckpointError(
+                    path + ": tensor '" + names[i] + "' has token id " + std::to_string(ids[k]) +
+                    " at (b=" + std::to_string(k / b.T) + ", t=" + std::to_string(k % b.T) +
+                    "), outside [0, vocab_size=" + std::to_string(cfg.vocab_size) +
+                    ") of the model in " + weights);
+    }
+    return b;
+}
+
+AdamWImpl parse_impl(const std::string& s) {
+    if (s == "unfused") return AdamWImpl::unfused;
+    if (s == "multi_tensor") return AdamWImpl::multi_tensor;
+    return AdamWImpl::fused;
+}
+
+std::string fmt_float(float v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+    return buf;
+}
+
+int run_step(const StepArgs& a) {
+    SafeTensorsFile w = SafeTensorsFile::open(a.weights);
+    const GPTConfig cfg = read_checkpoint_config(w);
+    const Batch batch = read_batch(a.batch, cfg, a.weights);
+
+    BackendOptions bopt;
+    bopt.num_threads = a.threads;
+    auto backend = create_backend(a.backend == "cuda" ? BackendKind::cuda : BackendKind::cpu, bopt);
+    GPT model(*backend, cfg);
+    const CheckpointLoadInfo info = load_checkpoint(w, model, nullptr);
+
+    AdamWConfig oc = a.optim;
+    oc.impl = parse_impl(a.impl);
+    oc.schedule = LRSchedule{};  // constant LR
+    AdamW opt(model, oc);
+
+    const int B = batch.B, T = batch.T;
+    const size_t n = static_cast<size_t>(B) * T;
+    model.allocate_activations(B, T);
+    DeviceBuffer d_in(*backend, n * sizeof(int32_t), MemoryCategory::data);
+    DeviceBuffer d_tg(*backend, n * sizeof(int32_t), MemoryCategory::data);
+    backend->copy_to_device(d_in.get(), batch.inputs.data(), n * sizeof(int32_t));
+    backend->copy_to_device(d_tg.get(), batch.targets.data(), n * sizeof(int32_t));
+
+    std::vector<float> losses(a.steps);
+    std::vector<float> first_grads;
+    for (int s = 0; s < a.steps; ++s) {
+        model.zero_grad();
+        model.forward(d_in.as<int>(), d_tg.as<int>(), B, T);
+        losses[s] = model.loss();
+        model.backward();
+        if (s == 0) first_grads = model.get_grads();
+        opt.step();
+    }
+    const std::vector<float> params = model.get_params();
+
+    // O: loss, grad.<name>, <name>. Spans into the host vectors above (alive until write()).
+    SafeTensorsWriter out;
+    out.add_f32("loss", {a.steps}, std::span<const float>(losses));
+    const ParameterTable& table = model.parameter_table();
+    auto shape_of = [&](const ParameterInfo& p) {
+        std::vector<int64_t> s = p.shape;
+        if (p.name == "transformer.wte.weight") s[0] = info.wte_rows;  // W's rows (maybe unpadded)
+        return s;
+    };
+    auto count_of = [](const std::vector<int64_t>& s) {
+        size_t c = 1;
+        for (auto d : s) c *= static_cast<size_t>(d);
+        return c;
+    };
+    for (const auto& p : table.tensors()) {
+        auto s = shape_of(p);
+        out.add_f32("grad." + p.name, s,
+                    std::span<const float>(first_grads.data() + p.offset, count_of(s)));
+    }
+    for (const auto& p : table.tensors()) {
+        auto s = shape_of(p);
+        out.add_f32(p.name, s, std::span<const float>(params.data() + p.offset, count_of(s)));
+    }
+    out.set_metadata("n_layer", std::to_string(cfg.n_layer));
+    out.set_metadata("n_head", std::to_string(cfg.n_head));
+    out.set_metadata("n_embd", std::to_string(cfg.n_embd));
+    out.set_metadata("vocab_size", std::to_string(cfg.vocab_size));
+    out.set_metadata("max_seq_len", std::to_string(cfg.max_seq_len));
+    out.set_metadata("steps", std::to_string(a.steps));
+    out.set_metadata("lr", fmt_float(oc.lr));
+    out.set_metadata("beta1", fmt_float(oc.beta1));
+    out.set_metadata("beta2", fmt_float(oc.beta2));
+    out.set_metadata("eps", fmt_float(oc.eps));
+    out.set_metadata("weight_decay", fmt_float(oc.weight_decay));
+    out.set_metadata("grad_clip", fmt_float(oc.grad_clip));
+    out.set_metadata("optim_impl", to_string(oc.impl));
+    out.set_metadata("device", backend->device_name());
+    out.set_metadata("source", "microtrain step");
+    out.write(a.out);
+
+    std::printf("microtrain step: %s, batch %dx%d, %d AdamW step%s (%s, lr %g) on %s\n",
+                cfg.describe().c_str(), B, T, a.steps, a.steps == 1 ? "" : "s", to_string(oc.impl),
+                static_cast<double>(oc.lr), backend->device_name().c_str());
+    for (int s = 0; s < a.steps; ++s)
+        std::printf("  loss before step %d: %.6f\n", s + 1, losses[s]);
+    std::printf("wrote %s\n", a.out.c_str());
+    for (float l : losses)
+        if (!std::isfinite(l)) {
+            std::fprintf(stderr, "microtrain step: warning: a loss is not finite\n");
+            return 1;
+        }
+    return 0;
+}
+
+}  // namespace
+
+void register_step_command(CLI::App& app, int& exit_code) {
+    auto a = std::make_shared<StepArgs>();
+    CLI::App* cmd = app.add_subcommand(
+        "step",
+        "Run N AdamW steps on one batch from given weights; write the losses, the first step's "
+        "gradients and the final parameters (to compare against another implementation)");
+    cmd->add_option("--weights", a->weights,
+                    "W.safetensors: parameters with nanoGPT names, config in __metadata__")
+        ->required()
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--batch", a->batch,
+                    "X.safetensors: int32 'inputs' and 'targets' of shape (B, T)")
+        ->required()
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--out", a->out,
+                    "O.safetensors to write: 'loss' [N], 'grad.<name>' (first step), '<name>' "
+                    "(after the last step)")
+        ->required();
+    cmd->add_option("--steps", a->steps, "Number of AdamW steps N")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--lr", a->optim.lr, "Learning rate (constant)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    const CLI::Validator unit_open(
+        [](std::string& s) -> std::string {
+            double v = 0;
+            try {
+                v = std::stod(s);
+            } catch (...) {
+                return "expected a number in [0, 1), got '" + s + "'";
+            }
+            return v >= 0 && v < 1 ? std::string() : "expected a number in [0, 1), got " + s;
+        },
+        "in [0, 1)");
+    cmd->add_option("--beta1", a->optim.beta1, "AdamW beta1")
+        ->capture_default_str()
+        ->check(unit_open);
+    cmd->add_option("--beta2", a->optim.beta2, "AdamW beta2")
+        ->capture_default_str()
+        ->check(unit_open);
+    cmd->add_option("--eps", a->optim.eps, "AdamW epsilon")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--weight-decay", a->optim.weight_decay,
+                    "Decoupled weight decay (2-D parameters only, as nanoGPT)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--grad-clip", a->optim.grad_clip,
+                    "Clip the global gradient L2 norm to this value (0 = no clipping)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--optim-impl", a->impl, "AdamW implementation")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"fused", "multi_tensor", "unfused"}));
+    cmd->add_option("--backend", a->backend, "cpu or cuda")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"cpu", "cuda"}));
+    cmd->add_option("--threads", a->threads, "CPU threads (0 = OpenMP's default)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    cmd->callback([a, &exit_code] {
+        try {
+            exit_code = run_step(*a);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "microtrain step: error: %s\n", e.what());
+            exit_code = 2;
+        }
+    });
+}
+
+}  // namespace mt

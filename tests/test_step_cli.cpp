@@ -1,0 +1,244 @@
+// `microtrain step` end to end: the binary (MT_BINARY) runs on the PyTorch-written fixtures and
+// its output file matches PyTorch's (same tolerances as tests/test_parity.cpp); every bad input
+// is rejected with a message saying what is wrong, a non-zero exit code and no output file.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "model/checkpoint.h"
+
+namespace mt {
+namespace {
+
+namespace fs = std::filesystem;
+
+#define EXPECT_CONTAINS(haystack, needle) \
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, std::string(needle), std::string(haystack))
+
+std::string data(const std::string& name) {
+    return std::string(MT_TEST_DATA_DIR) + "/" + name;
+}
+
+class TempDir {
+  public:
+    TempDir() {
+        std::string t = (fs::temp_directory_path() / "mt_step_XXXXXX").string();
+        if (!mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed");
+        path_ = t;
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path_, ec);
+    }
+    std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+  private:
+    fs::path path_;
+};
+
+struct Result {
+    int rc = -1;
+    std::string output;  // stdout + stderr
+};
+
+// Runs `microtrain <args>` through the shell, capturing stdout and stderr.
+Result run_microtrain(const std::string& args) {
+    const std::string cmd = "'" + std::string(MT_BINARY) + "' " + args + " 2>&1";
+    Result r;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) throw std::runtime_error("popen failed for: " + cmd);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+    const int status = pclose(p);
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+}
+
+std::string q(const std::string& s) {
+    return "'" + s + "'";
+}
+
+// The step arguments for a fixture case, with the hyper-parameters its expected file records.
+std::string step_args(const std::string& c, const std::string& out, const std::string& extra) {
+    SafeTensorsFile e = SafeTensorsFile::open(data(c + "_expected.safetensors"));
+    auto m = [&](const char* k) { return *e.metadata_value(k); };
+    return "step --weights " + q(data(c + "_weights.safetensors")) + " --batch " +
+           q(data(c + "_batch.safetensors")) + " --out " + q(out) + " --steps " + m("steps") +
+           " --lr " + m("lr") + " --beta1 " + m("beta1") + " --beta2 " + m("beta2") + " --eps " +
+           m("eps") + " --weight-decay " + m("weight_decay") + " --grad-clip " + m("grad_clip") +
+           " " + extra;
+}
+
+void expect_matches_reference(const std::string& out_path, const std::string& c) {
+    SafeTensorsFile got = SafeTensorsFile::open(out_path);
+    SafeTensorsFile ref = SafeTensorsFile::open(data(c + "_expected.safetensors"));
+    std::set<std::string> got_names, ref_names;
+    for (const auto& t : got.tensors()) got_names.insert(t.name);
+    for (const auto& t : ref.tensors()) ref_names.insert(t.name);
+    ASSERT_EQ(got_names, ref_names) << "the output holds exactly loss, grad.<name> and <name>";
+    for (const auto& t : ref.tensors()) {
+        const TensorEntry& g = got.at(t.name);
+        EXPECT_EQ(g.dtype, DType::F32) << t.name;
+        ASSERT_EQ(g.shape, t.shape) << t.name;
+        const auto a = got.read_f32(t.name), b = ref.read_f32(t.name);
+        double max_diff = 0, max_ref = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+            max_diff = std::max(max_diff, std::fabs(double(a[i]) - b[i]));
+            max_ref = std::max(max_ref, std::fabs(double(b[i])));
+        }
+        if (t.name == "loss")
+            EXPECT_LE(max_diff, 1e-5 * max_ref) << "loss";
+        else if (t.name.rfind("grad.", 0) == 0)
+            EXPECT_LE(max_diff, 1e-4 * max_ref) << t.name << " max|diff| " << max_diff;
+        else
+            EXPECT_LE(max_diff, 2e-5) << t.name << " max|diff| " << max_diff;
+    }
+}
+
+TEST(StepCli, OutputMatchesPyTorchOnTheTinyFixture) {
+    TempDir dir;
+    const std::string out = dir.file("o.safetensors");
+    Result r = run_microtrain(step_args("tiny", out, "--optim-impl fused"));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "loss before step 3");
+    expect_matches_reference(out, "tiny");
+}
+
+TEST(StepCli, OutputMatchesPyTorchWithUnpaddedVocabShortSequencesAndClipping) {
+    TempDir dir;
+    const std::string out = dir.file("o.safetensors");
+    Result r = run_microtrain(step_args("tiny_v200", out, "--optim-impl unfused"));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    expect_matches_reference(out, "tiny_v200");
+    // wte keeps W's 200 rows in the output (not the model's 256 padded rows).
+    SafeTensorsFile o = SafeTensorsFile::open(out);
+    EXPECT_EQ(o.at("transformer.wte.weight").shape, (std::vector<int64_t>{200, 32}));
+    EXPECT_EQ(o.at("grad.transformer.wte.weight").shape, (std::vector<int64_t>{200, 32}));
+}
+
+TEST(StepCli, RunsOneStepByDefault) {
+    TempDir dir;
+    const std::string out = dir.file("o.safetensors");
+    Result r = run_microtrain("step --weights " + q(data("tiny_weights.safetensors")) +
+                              " --batch " + q(data("tiny_batch.safetensors")) + " --out " + q(out) +
+                              " --optim-impl multi_tensor --threads 1");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    SafeTensorsFile o = SafeTensorsFile::open(out);
+    EXPECT_EQ(o.at("loss").shape, (std::vector<int64_t>{1}));
+    const float ref = SafeTensorsFile::open(data("tiny_expected.safetensors")).read_f32("loss")[0];
+    EXPECT_NEAR(o.read_f32("loss")[0], ref, 1e-5 * ref);
+    EXPECT_EQ(*o.metadata_value("optim_impl"), "multi_tensor");
+}
+
+TEST(StepCli, HelpDescribesEveryOption) {
+    Result r = run_microtrain("step --help");
+    EXPECT_EQ(r.rc, 0) << r.output;
+    for (const char* opt :
+         {"--weights", "--batch", "--out", "--steps", "--lr", "--beta1", "--beta2", "--eps",
+          "--weight-decay", "--grad-clip", "--optim-impl", "--threads"})
+        EXPECT_CONTAINS(r.output, opt);
+}
+
+// ---- rejections -----------------------------------------------------------------------
+
+// Writes a batch file with the given inputs/targets (either may be omitted).
+std::string write_batch(const TempDir& dir, const std::string& name, std::vector<int64_t> in_shape,
+                        std::vector<int32_t> in, std::vector<int64_t> tg_shape,
+                        std::vector<int32_t> tg) {
+    SafeTensorsWriter w;
+    if (!in_shape.empty()) w.add_i32("inputs", in_shape, std::move(in));
+    if (!tg_shape.empty()) w.add_i32("targets", tg_shape, std::move(tg));
+    const std::string p = dir.file(name);
+    w.write(p);
+    return p;
+}
+
+// Runs step with W = the tiny fixture and the given batch; expects failure without output.
+Result expect_rejected(const TempDir& dir, const std::string& weights, const std::string& batch,
+                       const std::string& extra = "") {
+    const std::string out = dir.file("never.safetensors");
+    Result r = run_microtrain("step --weights " + q(weights) + " --batch " + q(batch) + " --out " +
+                              q(out) + " " + extra);
+    EXPECT_NE(r.rc, 0) << r.output;
+    EXPECT_FALSE(fs::exists(out)) << "a rejected run must not write " << out;
+    return r;
+}
+
+TEST(StepCli, RejectsTokenIdsOutsideTheVocabulary) {
+    TempDir dir;
+    std::vector<int32_t> ids(2 * 8, 5);
+    ids[1 * 8 + 3] = 256;  // vocab_size is 256
+    const std::string b = write_batch(dir, "x.safetensors", {2, 8}, ids, {2, 8}, ids);
+    Result r = expect_rejected(dir, data("tiny_weights.safetensors"), b);
+    EXPECT_CONTAINS(r.output, b);
+    EXPECT_CONTAINS(r.output,
+                    "tensor 'inputs' has token id 256 at (b=1, t=3), outside [0, vocab_size=256)");
+    std::vector<int32_t> tg(2 * 8, 5);
+    tg[0] = -1;
+    const std::string b2 =
+        write_batch(dir, "x2.safetensors", {2, 8}, std::vector<int32_t>(16, 5), {2, 8}, tg);
+    EXPECT_CONTAINS(expect_rejected(dir, data("tiny_weights.safetensors"), b2).output,
+                    "tensor 'targets' has token id -1 at (b=0, t=0)");
+}
+
+TEST(StepCli, RejectsInputsAndTargetsOfDifferentShapes) {
+    TempDir dir;
+    const std::string b = write_batch(dir, "x.safetensors", {4, 32}, std::vector<int32_t>(128, 1),
+                                      {4, 31}, std::vector<int32_t>(124, 1));
+    EXPECT_CONTAINS(expect_rejected(dir, data("tiny_weights.safetensors"), b).output,
+                    "'inputs' has shape [4, 32] but 'targets' has shape [4, 31]");
+    const std::string b1 = write_batch(dir, "x1.safetensors", {64}, std::vector<int32_t>(64, 1),
+                                       {64}, std::vector<int32_t>(64, 1));
+    EXPECT_CONTAINS(expect_rejected(dir, data("tiny_weights.safetensors"), b1).output,
+                    "tensor 'inputs' has shape [64], expected (B, T)");
+}
+
+TEST(StepCli, RejectsSequencesLongerThanMaxSeqLen) {
+    TempDir dir;
+    const std::string b = write_batch(dir, "x.safetensors", {1, 33}, std::vector<int32_t>(33, 1),
+                                      {1, 33}, std::vector<int32_t>(33, 1));
+    Result r = expect_rejected(dir, data("tiny_weights.safetensors"), b);
+    EXPECT_CONTAINS(r.output, "sequence length T=33");
+    EXPECT_CONTAINS(r.output, "exceeds max_seq_len=32");
+}
+
+TEST(StepCli, RejectsMissingTensors) {
+    TempDir dir;
+    const std::string b =
+        write_batch(dir, "x.safetensors", {1, 4}, std::vector<int32_t>(4, 1), {}, {});
+    EXPECT_CONTAINS(expect_rejected(dir, data("tiny_weights.safetensors"), b).output,
+                    "missing tensor 'targets'");
+
+    // Weights without transformer.ln_f.bias: copy the fixture's tensors but that one.
+    SafeTensorsFile src = SafeTensorsFile::open(data("tiny_weights.safetensors"));
+    SafeTensorsWriter w;
+    for (const auto& t : src.tensors())
+        if (t.name != "transformer.ln_f.bias") w.add_f32(t.name, t.shape, src.read_f32(t.name));
+    for (const auto& [k, v] : src.metadata()) w.set_metadata(k, v);
+    const std::string weights = dir.file("w.safetensors");
+    w.write(weights);
+    Result r = expect_rejected(dir, weights, data("tiny_batch.safetensors"));
+    EXPECT_CONTAINS(r.output, weights);
+    EXPECT_CONTAINS(r.output, "missing tensor 'transformer.ln_f.bias' (expected F32 [64])");
+}
+
+TEST(StepCli, RejectsBadFlags) {
+    TempDir dir;
+    const std::string w = data("tiny_weights.safetensors"), b = data("tiny_batch.safetensors");
+    EXPECT_CONTAINS(expect_rejected(dir, w, b, "--optim-impl turbo").output, "--optim-impl");
+    EXPECT_CONTAINS(expect_rejected(dir, w, b, "--bogus 1").output, "--bogus");
+    EXPECT_CONTAINS(expect_rejected(dir, w, b, "--beta1 1.0").output, "in [0, 1)");
+    EXPECT_CONTAINS(expect_rejected(dir, w, b, "--steps 0").output, "--steps");
+    EXPECT_CONTAINS(expect_rejected(dir, w, dir.file("absent.safetensors")).output, "--batch");
+}
+
+}  // namespace
+}  // namespace mt
