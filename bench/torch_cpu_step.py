@@ -1,0 +1,314 @@
+#!/usr/bin/python3
+"""PyTorch eager's CPU training step, timed the way bench/cpu_step.cpp times microtrain's.
+
+    /usr/bin/python3 bench/torch_cpu_step.py --preset gpt2-mini -B 4 -T 256 --threads 2 \
+        --warmup 2 --steps 5 [--json out.json] [--probe]
+
+The model is nanoGPT's GPT (model.py, PyTorch 1.13 path: the explicit causal-mask attention,
+no flash kernel) with bias=True, dropout 0, the GELU tanh approximation, LayerNorm eps 1e-5, the
+LM head tied to wte, and the real GPT-2 vocabulary of 50257 (PyTorch does not pad; microtrain pads
+wte to 50304 rows but excludes the padding from the softmax). Init as nanoGPT. The optimizer is
+torch.optim.AdamW grouped as nanoGPT's configure_optimizers (weight decay on tensors with
+dim >= 2), lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, the default single-tensor
+implementation (PyTorch 1.13 has no fused AdamW on the CPU, and foreach defaults off there), and
+clip_grad_norm_(1.0). Everything float32.
+
+Phases (the same cut as cpu_step):
+  forward   = logits, loss = model(x, y); loss.item()
+  backward  = optimizer.zero_grad(set_to_none=True); loss.backward()
+  optimizer = clip_grad_norm_(params, 1.0); optimizer.step()
+each timed with time.perf_counter (CPU ops are synchronous).
+
+Model FLOPs per step use microtrain's formula (GPT::training_flops_per_step):
+6 * (parameters - wpe) + 12 L C T per token, times B*T, so both sides divide the same work.
+
+--probe, after the steps and with the same threads: torch.mm 1024x1024x1024 and the LM head's
+shape ((B*T, C) x (C, V)), median of 5 after 1 warm-up (this is OpenBLAS's sgemm: the script
+checks that OpenBLAS, not the reference BLAS, is the library loaded), and a 256 MiB tensor copy
+(GB/s counting read + write). Peak RSS (ru_maxrss) is read before the probes.
+"""
+
+import argparse
+import json
+import math
+import os
+import resource
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PRESETS = {  # (n_layer, n_head, n_embd, max_seq_len, vocab_size): model/gpt.cpp's presets
+    "tiny": (2, 4, 64, 32, 256),
+    "gpt2-mini": (4, 4, 256, 256, 50257),
+    "gpt2-124M": (12, 12, 768, 1024, 50257),
+    "gpt2-350M": (24, 16, 1024, 1024, 50257),
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, C, NH, maxT):
+        super().__init__()
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.c_proj = nn.Linear(C, C)
+        self.n_head = NH
+        self.register_buffer("bias", torch.tril(torch.ones(maxT, maxT)).view(1, 1, maxT, maxT))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        hs = C // self.n_head
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, C):
+        super().__init__()
+        self.c_fc = nn.Linear(C, 4 * C)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, C, NH, maxT):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(C, eps=1e-5)
+        self.attn = CausalSelfAttention(C, NH, maxT)
+        self.ln_2 = nn.LayerNorm(C, eps=1e-5)
+        self.mlp = MLP(C)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, L, NH, C, maxT, V):
+        super().__init__()
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(V, C),
+                wpe=nn.Embedding(maxT, C),
+                h=nn.ModuleList([Block(C, NH, maxT) for _ in range(L)]),
+                ln_f=nn.LayerNorm(C, eps=1e-5),
+            )
+        )
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied
+        self.apply(self._init_weights)
+        for pn, p in self.named_parameters():
+            if pn.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * L))
+
+    @staticmethod
+    def _init_weights(m):
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx, targets):
+        B, T = idx.size()
+        pos = torch.arange(0, T, dtype=torch.long)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+
+def blas_library():
+    """The BLAS shared object this process mapped (after a matmul), or None."""
+    libs = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if "blas" in os.path.basename(path):
+                libs.add(path)
+    for p in sorted(libs):
+        if "openblas" in p:
+            return p
+    return sorted(libs)[0] if libs else None
+
+
+def median(v):
+    s = sorted(v)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def series(v):
+    return {"median": median(v), "min": min(v), "max": max(v), "all": v}
+
+
+def peak_rss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def time_ms(fn, reps):
+    fn()  # warm-up
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return median(out)
+
+
+def write_atomically(path, text):
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".torch_cpu_step.", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    ap.add_argument("-B", "--batch", type=int, default=4)
+    ap.add_argument("-T", "--seq-len", type=int, default=0, help="default: the preset's max")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--json", default="", help="write the results as JSON here (atomically)")
+    ap.add_argument("--probe", action="store_true", help="sgemm and copy probes after the steps")
+    a = ap.parse_args()
+
+    L, NH, C, maxT, V = PRESETS[a.preset]
+    B, T = a.batch, a.seq_len or maxT
+    for name, val, lo in (("-B", B, 1), ("-T", T, 1), ("--threads", a.threads, 1),
+                          ("--steps", a.steps, 1), ("--warmup", a.warmup, 0)):
+        if val < lo:
+            ap.error(f"{name} must be >= {lo}, got {val}")
+    if T > maxT:
+        ap.error(f"-T {T} exceeds max_seq_len {maxT} of preset '{a.preset}'; use -T <= {maxT}")
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    torch.mm(torch.ones(64, 64), torch.ones(64, 64))  # loads the BLAS
+    blas = blas_library()
+    if blas is None or "openblas" not in blas:
+        sys.exit(
+            f"torch_cpu_step: PyTorch is not using OpenBLAS (BLAS mapped: {blas}); the "
+            "reference BLAS would make this comparison meaningless. Fix: bash tools/setup.sh "
+            "--torch (installs libopenblas0-openmp) and check `update-alternatives --display "
+            "libblas.so.3-x86_64-linux-gnu` points at openblas")
+
+    model = GPT(L, NH, C, maxT, V)
+    model.train()
+    params = [p for p in model.parameters()]  # tied wte/lm_head counted once
+    nparams = sum(p.numel() for p in params)
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+    foreach = opt.defaults.get("foreach")
+
+    g = torch.Generator().manual_seed(a.seed)
+    tokens = torch.randint(0, V, (B * T + 1,), generator=g, dtype=torch.long)
+    x = tokens[:-1].view(B, T).clone()
+    y = tokens[1:].view(B, T).clone()
+
+    # microtrain's GPT::training_flops_per_step: matmul parameters exclude wpe (a lookup).
+    flops = (6.0 * (nparams - maxT * C) + 12.0 * L * C * T) * B * T
+
+    print(f"torch_cpu_step: PyTorch {torch.__version__} {a.preset} (L{L} C{C} H{NH} T{maxT} "
+          f"V{V}), {nparams} params, B={B} T={T}, {torch.get_num_threads()} threads, BLAS {blas}")
+    fwd, bwd, optm, step, losses = [], [], [], [], []
+    for s in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        _, loss = model(x, y)
+        lv = loss.item()
+        t1 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t2 = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        t3 = time.perf_counter()
+        if not math.isfinite(lv):
+            sys.exit(f"torch_cpu_step: loss is not finite ({lv}) at step {s + 1}")
+        ms = [(t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t3 - t0) * 1e3]
+        measured = s >= a.warmup
+        print(f"  step {s + 1:2d} {'' if measured else 'warmup':7s} loss {lv:.4f}  {ms[3]:9.1f} ms "
+              f"(fwd {ms[0]:.1f} bwd {ms[1]:.1f} opt {ms[2]:.1f})", flush=True)
+        losses.append(lv)
+        if measured:
+            fwd.append(ms[0]); bwd.append(ms[1]); optm.append(ms[2]); step.append(ms[3])
+    rss = peak_rss_mib()
+    step_ms = median(step)
+    gflops = flops / (step_ms * 1e-3) / 1e9
+    out = {
+        "impl": "pytorch",
+        "torch_version": torch.__version__,
+        "blas": blas,
+        "adamw": {"foreach": foreach, "fused": False},
+        "preset": a.preset,
+        "model": {"n_layer": L, "n_head": NH, "n_embd": C, "vocab_size": V,
+                  "padded_vocab_size": V, "max_seq_len": maxT, "params": nparams},
+        "B": B, "T": T, "threads": a.threads, "warmup": a.warmup, "steps": a.steps,
+        "step_ms": series(step), "forward_ms": series(fwd), "backward_ms": series(bwd),
+        "optimizer_ms": series(optm),
+        "tokens_per_s": B * T / (step_ms * 1e-3),
+        "flops_per_step": flops, "gflops": gflops, "peak_rss_mib": rss, "losses": losses,
+    }
+    print(f"  median step {step_ms:.1f} ms  (forward {median(fwd):.1f}, backward "
+          f"{median(bwd):.1f}, optimizer {median(optm):.1f})")
+    print(f"  {B * T / (step_ms * 1e-3):.0f} tokens/s, {flops / 1e9:.3f} GFLOP/step, "
+          f"{gflops:.1f} GFLOP/s, peak RSS {rss:.0f} MiB")
+
+    if a.probe:
+        del model, opt, params, decay, no_decay, loss
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(7)
+            sq_a = torch.rand(1024, 1024, generator=gen) * 2 - 1
+            sq_b = torch.rand(1024, 1024, generator=gen) * 2 - 1
+            sq = 2.0 * 1024 ** 3 / (time_ms(lambda: torch.mm(sq_a, sq_b), 5) * 1e-3) / 1e9
+            la = torch.rand(B * T, C, generator=gen) * 2 - 1
+            lw = torch.rand(V, C, generator=gen) * 2 - 1
+            lm = 2.0 * B * T * C * V / (time_ms(lambda: torch.mm(la, lw.t()), 5) * 1e-3) / 1e9
+            n = (256 << 20) // 4
+            src = torch.ones(n)
+            dst = torch.zeros(n)
+            cp = 2.0 * n * 4 / (time_ms(lambda: dst.copy_(src), 5) * 1e-3) / 1e9
+        out["probe"] = {"sgemm_impl": f"torch.mm ({os.path.basename(blas)})",
+                        "sgemm_1024_gflops": sq, "sgemm_model_gflops": lm,
+                        "sgemm_model_shape": [B * T, C, V], "copy_gbps": cp, "copy_mib": 256}
+        print(f"  probe: sgemm 1024^3 {sq:.1f} GFLOP/s, sgemm {B * T}x{C}x{V} (LM head) "
+              f"{lm:.1f} GFLOP/s, copy {cp:.1f} GB/s (read+write); step reaches "
+              f"{100 * gflops / sq:.0f}% of the 1024^3 probe")
+    if a.json:
+        write_atomically(a.json, json.dumps(out, indent=2, sort_keys=True) + "\n")
+        print(f"  wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()
