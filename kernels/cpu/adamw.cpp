@@ -19,7 +19,10 @@
 //   from the slice that covers it (found per chunk by binary search over the sorted slices).
 //
 // Vectorising any of these does not change results: IEEE +, *, / and sqrt are correctly
-// rounded in every SIMD lane exactly as in scalar code.
+// rounded in every SIMD lane exactly as in scalar code. (mt_core is built with -fno-math-errno:
+// otherwise sqrtf's possible errno write keeps GCC from vectorising these loops.)
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -27,6 +30,27 @@
 #include "kernels/cpu/ops.h"
 
 namespace mt::cpu {
+namespace {
+
+// math::adamw_update over n contiguous elements. The decay flag is a template argument so that
+// the select inside math::adamw_update folds away and the loop is branch-free (vectorisable);
+// the scalars are a local copy so the compiler knows the stores to p, m, v cannot change them.
+template <bool Decay>
+void update_run(float* p, const float* g, float* m, float* v, size_t n, math::AdamWScalars s,
+                float grad_scale) {
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) math::adamw_update(p[i], m[i], v[i], g[i], grad_scale, s, Decay);
+}
+
+void update_run(float* p, const float* g, float* m, float* v, size_t n, const math::AdamWScalars& s,
+                float grad_scale, bool decay) {
+    if (decay)
+        update_run<true>(p, g, m, v, n, s, grad_scale);
+    else
+        update_run<false>(p, g, m, v, n, s, grad_scale);
+}
+
+}  // namespace
 
 math::AdamWScalars adamw_scalars(const Backend::AdamWParams& hp) {
     math::AdamWScalars s;
@@ -109,9 +133,14 @@ void adamw_multi_tensor(float* params, const float* grads, float* m, float* v,
         float* mt = m + t.offset;
         float* vt = v + t.offset;
         const bool decay = t.decay;
-#pragma omp parallel for simd schedule(static)
-        for (long long i = 0; i < n; i++)
-            math::adamw_update(p[i], mt[i], vt[i], g[i], grad_scale, s, decay);
+        // one parallel loop per tensor; each thread updates one contiguous share of it
+#pragma omp parallel
+        {
+            const long long nt = omp_get_num_threads(), id = omp_get_thread_num();
+            const long long i0 = n * id / nt, i1 = n * (id + 1) / nt;
+            update_run(p + i0, g + i0, mt + i0, vt + i0, static_cast<size_t>(i1 - i0), s,
+                       grad_scale, decay);
+        }
     }
 }
 
@@ -131,10 +160,7 @@ void adamw_fused(float* params, const float* grads, float* m, float* v,
         });
         for (; it != tensors.end() && it->offset < c1; ++it) {
             const size_t i0 = std::max(c0, it->offset), i1 = std::min(c1, it->offset + it->count);
-            const bool decay = it->decay;
-#pragma omp simd
-            for (size_t i = i0; i < i1; i++)
-                math::adamw_update(params[i], m[i], v[i], grads[i], grad_scale, s, decay);
+            update_run(params + i0, grads + i0, m + i0, v + i0, i1 - i0, s, grad_scale, it->decay);
         }
     }
 }
