@@ -57,10 +57,10 @@ int run_validate(const ValidateArgs& a) {
     const RunConfig& first = spec.base;
     std::printf("\nbase config:\n");
     for (const auto& [key, value] : flatten(spec.base))
-        std::printf("  %-24s %s\n", key.c_str(), value.c_str());
+        std::printf("  %-24s %s\n", key.c_str(), value.empty() ? "-" : value.c_str());
 
     std::printf("\nvariants:\n");
-    int attributable = 0;
+    int multi_knob = 0;
     for (const auto& v : spec.variants) {
         std::string line = "  " + v.variant;
         if (v.variant == spec.baseline) line += " (baseline)";
@@ -70,11 +70,11 @@ int run_validate(const ValidateArgs& a) {
         } else {
             for (const auto& [key, value] : v.changed)
                 std::printf("      %s = %s\n", key.c_str(), value.c_str());
-            if (v.changed.size() > 1)
+            if (v.changed.size() > 1) {
                 std::printf("      changes %zu knobs: effect cannot be attributed to one\n",
                             v.changed.size());
-            else
-                ++attributable;
+                ++multi_knob;
+            }
         }
         const std::vector<std::string> needs = cuda_only_features(v);
         const bool on_cuda = runs_on_cuda_here(v, have_cuda);
@@ -85,18 +85,22 @@ int run_validate(const ValidateArgs& a) {
             if (v.backend == BackendChoice::cpu)
                 reason = "backend is cpu";
             else
-                reason = "no CUDA device here: " + why_no_cuda;
-            std::printf(
-                "      note: needs a GPU (%s); %s, so this variant cannot run on this "
-                "machine as configured\n",
-                list.c_str(), reason.c_str());
+                reason = "no CUDA device here (see below)";
+            std::printf("      note: needs a GPU (%s); %s: it cannot run here as configured\n",
+                        list.c_str(), reason.c_str());
         }
     }
-    std::printf("\nbackend %s -> %s on this machine%s\n", backend_name(first.backend),
-                runs_on_cuda_here(first, have_cuda) ? "cuda" : "cpu",
-                have_cuda ? "" : (" (" + why_no_cuda + ")").c_str());
-    std::printf("OK: %s is valid (%d of %zu variants change exactly one knob)\n", a.file.c_str(),
-                attributable, spec.variants.size());
+    const char* here = runs_on_cuda_here(first, have_cuda) ? "cuda" : "cpu";
+    if (first.backend == BackendChoice::cuda && !have_cuda)
+        std::printf("\nbackend cuda: no CUDA device on this machine (%s)\n", why_no_cuda.c_str());
+    else
+        std::printf("\nbackend %s -> %s on this machine%s\n", backend_name(first.backend), here,
+                    have_cuda ? "" : (" (" + why_no_cuda + ")").c_str());
+    if (multi_knob == 0)
+        std::printf("OK: %s is valid; every variant changes at most one knob\n", a.file.c_str());
+    else
+        std::printf("OK: %s is valid; %d variant%s change%s more than one knob\n", a.file.c_str(),
+                    multi_knob, multi_knob == 1 ? "" : "s", multi_knob == 1 ? "s" : "");
     return 0;
 }
 
@@ -110,7 +114,7 @@ void register_validate_command(CLI::App& app, int& exit_code) {
     cmd->add_option("--set", args->overrides,
                     "Override a config key before the variants apply, e.g. --set run.seed=7 "
                     "(repeatable)")
-        ->expected(1);
+        ->allow_extra_args(false);
     cmd->callback([args, &exit_code] { exit_code = run_validate(*args); });
 }
 
