@@ -2,6 +2,7 @@
 // alignment, clear errors for unsupported options and bad pointers, events, device identity and
 // memory info, copies, and that ops dispatch to the attention variant the options chose.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstdint>
 #include <cstring>
@@ -133,9 +134,12 @@ TEST(CpuBackend, EventsMeasureNonNegativeElapsedTime) {
 }
 
 TEST(CpuBackend, DeviceNameNamesTheCpuAndThreadCount) {
+    const int saved_threads = omp_get_max_threads();
     mt::BackendOptions o;
     o.num_threads = 1;
     auto be = mt::create_backend(mt::BackendKind::cpu, o);
+    EXPECT_EQ(omp_get_max_threads(), 1);
+    omp_set_num_threads(saved_threads);
     const auto name = be->device_name();
     EXPECT_EQ(name.rfind("CPU: ", 0), 0u) << name;
     EXPECT_NE(name.find("(1 thread)"), std::string::npos) << name;

@@ -1,5 +1,6 @@
 // The CPU backend: Eigen GEMMs + OpenMP loops, fp32 only. One file per op family beside this
-// header (encoder.cpp, layernorm.cpp, matmul.cpp, attention.cpp, ...), the class in cpu_backend.cpp.
+// header (encoder.cpp, layernorm.cpp, matmul.cpp, attention.cpp, ...), the class in
+// cpu_backend.cpp.
 #pragma once
 
 #include <memory>
@@ -7,6 +8,8 @@
 #include "kernels/backend.h"
 
 namespace mt {
-// Throws BackendError for a precision the CPU cannot run (bf16).
+// Throws BackendError for what the CPU cannot run: precision bf16 or tf32 (fp32 only; tf32 would
+// silently be fp32), attention cudnn (naive and flash exist), num_threads < 0.
+// num_threads > 0 calls omp_set_num_threads; 0 leaves OpenMP's setting as it is.
 std::unique_ptr<Backend> create_cpu_backend(const BackendOptions& options);
 }  // namespace mt
