@@ -1,0 +1,43 @@
+// cuBLAS / cuBLASLt context of the CUDA backend and the Linear-layer GEMMs.
+#pragma once
+
+#include <map>
+#include <tuple>
+
+#include "kernels/cuda/kernels.cuh"
+
+namespace mt::cuda {
+
+// Everything a GEMM needs: the handles, the cuBLASLt workspace (reserved once by the backend,
+// category `workspace`) and the precision that picks types and the compute mode.
+struct BlasContext {
+    cublasHandle_t blas = nullptr;  // classic API (strided-batched attention GEMMs)
+    cublasLtHandle_t lt = nullptr;
+    void* lt_workspace = nullptr;
+    size_t lt_workspace_bytes = 0;
+    Precision precision = Precision::fp32;
+    // Heuristic results cached per (shape, types, epilogue, alignment): asking cuBLASLt's
+    // heuristic costs tens of microseconds, far more than a launch.
+    std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int, int>,
+             cublasLtMatmulAlgo_t>
+        algo_cache;
+    std::map<std::tuple<int, int, int, int, int, int, int, int, int, int, int, int>, bool>
+        unsupported;
+
+    cublasComputeType_t compute_type() const {
+        return precision == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    }
+    cudaDataType_t act_type() const {
+        return precision == Precision::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    }
+};
+
+// out (N,OC) = inp (N,C) W^T (+ bias); with gelu: pre_act = inp W^T + bias, out = gelu(pre_act).
+void matmul_forward(BlasContext& ctx, void* out, const void* inp, const void* weight,
+                    const void* bias, int N, int C, int OC, bool gelu, void* pre_act,
+                    cudaStream_t s);
+// dinp += dout W; dweight += dout^T inp (fp32); dbias += sum_n dout.
+void matmul_backward(BlasContext& ctx, void* dinp, float* dweight, float* dbias, const void* dout,
+                     const void* inp, const void* weight, int N, int C, int OC, cudaStream_t s);
+
+}  // namespace mt::cuda
