@@ -8,4 +8,6 @@ namespace mt {
 void register_train_command(CLI::App& app, int& exit_code);     // harness/cmd_train.cpp
 void register_step_command(CLI::App& app, int& exit_code);      // harness/cmd_step.cpp
 void register_validate_command(CLI::App& app, int& exit_code);  // harness/cmd_validate.cpp
+void register_run_command(CLI::App& app, int& exit_code);       // harness/cmd_run.cpp
+void register_compare_command(CLI::App& app, int& exit_code);   // harness/cmd_compare.cpp
 }  // namespace mt

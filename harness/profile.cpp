@@ -1,0 +1,283 @@
+// Machine peak probes, the roofline and the per-op profiler (see profile.h).
+#include "harness/profile.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "harness/report.h"
+
+namespace mt {
+namespace {
+
+constexpr int kProbeVersion = 1;  // bump when the probe changes, to invalidate old caches
+
+bool is_cpu_device(const std::string& name) {
+    return name.rfind("CPU", 0) == 0;
+}
+
+std::string cache_file() {
+    return (std::filesystem::path(peaks_cache_dir()) / "cpu_peaks.json").string();
+}
+
+nlohmann::json read_cache() {
+    std::ifstream in(cache_file());
+    if (!in) return nlohmann::json::object();
+    try {
+        nlohmann::json j = nlohmann::json::parse(in);
+        if (!j.is_object() || j.value("probe_version", 0) != kProbeVersion ||
+            !j.contains("devices") || !j["devices"].is_object())
+            return nlohmann::json::object();
+        return j;
+    } catch (const std::exception&) {
+        return nlohmann::json::object();  // a corrupt cache is re-measured and rewritten
+    }
+}
+
+std::optional<MachinePeaks> cached_peaks(const std::string& device_name) {
+    nlohmann::json j = read_cache();
+    if (!j.contains("devices") || !j["devices"].contains(device_name)) return std::nullopt;
+    const auto& e = j["devices"][device_name];
+    if (!e.contains("flops_per_s") || !e.contains("bytes_per_s")) return std::nullopt;
+    MachinePeaks p;
+    p.flops_per_s = e["flops_per_s"].get<double>();
+    p.bytes_per_s = e["bytes_per_s"].get<double>();
+    if (!(p.flops_per_s > 0) || !(p.bytes_per_s > 0)) return std::nullopt;
+    const std::string when = e.value("measured_utc", std::string("?"));
+    p.flops_source = e.value("flops_probe", std::string("measured")) + " (cached in " +
+                     cache_file() + ", measured " + when + ")";
+    p.bytes_source = e.value("bytes_probe", std::string("measured")) + " (cached)";
+    p.from_cache = true;
+    return p;
+}
+
+double median_of(std::vector<double> v) {
+    return compute_stats(std::move(v)).median;
+}
+
+std::string utc_now() {
+    std::time_t t = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+// Times `reps` runs of `work` with backend events, after one untimed warm-up run; median ms.
+template <class F>
+double time_median_ms(Backend& backend, int reps, F&& work) {
+    work();
+    backend.synchronize();
+    auto e0 = backend.create_event();
+    auto e1 = backend.create_event();
+    std::vector<double> ms;
+    for (int i = 0; i < reps; ++i) {
+        e0->record();
+        work();
+        e1->record();
+        backend.synchronize();
+        ms.push_back(e1->elapsed_ms_since(*e0));
+    }
+    return median_of(ms);
+}
+
+MachinePeaks probe(Backend& backend) {
+    const bool cpu = backend.kind() == BackendKind::cpu;
+    MachinePeaks p;
+    {
+        // out (n,n) = a (n,n) @ w(n,n)^T: 2 n^3 flops. Zeros: GEMM speed does not depend on
+        // values, and zeros are never denormal.
+        const int n = cpu ? 512 : 4096;
+        const int reps = 5;
+        const size_t bytes = static_cast<size_t>(n) * n * backend.compute_elem_bytes();
+        DeviceBuffer a(backend, bytes, MemoryCategory::workspace);
+        DeviceBuffer w(backend, bytes, MemoryCategory::workspace);
+        DeviceBuffer out(backend, bytes, MemoryCategory::workspace);
+        backend.memset_zero(a.get(), bytes);
+        backend.memset_zero(w.get(), bytes);
+        const double ms = time_median_ms(backend, reps, [&] {
+            backend.matmul_forward(out.get(), a.get(), w.get(), nullptr, n, n, n);
+        });
+        const double flops = 2.0 * n * static_cast<double>(n) * n;
+        p.flops_per_s = ms > 0 ? flops / (ms * 1e-3) : 0;
+        std::ostringstream s;
+        s << "measured: " << n << "^3 " << (cpu ? "sgemm" : "GEMM") << " via matmul_forward ("
+          << to_string(backend.precision()) << "), median of " << reps;
+        p.flops_source = s.str();
+    }
+    {
+        // copy_device of `bytes`: reads and writes each byte once -> 2 * bytes moved.
+        const size_t bytes = (cpu ? 32u : 256u) << 20;
+        const int reps = 5;
+        DeviceBuffer src(backend, bytes, MemoryCategory::workspace);
+        DeviceBuffer dst(backend, bytes, MemoryCategory::workspace);
+        backend.memset_zero(src.get(), bytes);
+        backend.memset_zero(dst.get(), bytes);
+        const double ms = time_median_ms(backend, reps,
+                                         [&] { backend.copy_device(dst.get(), src.get(), bytes); });
+        p.bytes_per_s = ms > 0 ? 2.0 * static_cast<double>(bytes) / (ms * 1e-3) : 0;
+        std::ostringstream s;
+        s << "measured: copy_device of " << (bytes >> 20) << " MiB (read + write), median of "
+          << reps;
+        p.bytes_source = s.str();
+    }
+    backend.synchronize();
+    return p;
+}
+
+}  // namespace
+
+std::string peaks_cache_dir() {
+    if (const char* d = std::getenv("MICROTRAIN_CACHE_DIR"); d && *d) return d;
+    if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d)
+        return (std::filesystem::path(d) / "microtrain").string();
+    if (const char* h = std::getenv("HOME"); h && *h)
+        return (std::filesystem::path(h) / ".cache" / "microtrain").string();
+    return (std::filesystem::temp_directory_path() / "microtrain-cache").string();
+}
+
+std::optional<double> peak_flops(const std::string& device_name, Precision precision) {
+    (void)precision;  // the CPU backend is fp32 only; the probe ran in the backend's precision
+    if (is_cpu_device(device_name)) {
+        if (auto p = cached_peaks(device_name)) return p->flops_per_s;
+        return std::nullopt;
+    }
+    // CUDA: the data-sheet table of the CUDA backend plugs in here. Until then: unknown, and the
+    // report prints MFU as n/a instead of inventing a number.
+    return std::nullopt;
+}
+
+MachinePeaks measure_peaks(Backend& backend, bool force) {
+    static std::mutex mu;
+    static std::map<std::string, MachinePeaks> in_process;  // CUDA peaks: once per process
+    std::lock_guard<std::mutex> lock(mu);
+    const std::string name = backend.device_name();
+    const bool cpu = backend.kind() == BackendKind::cpu;
+    if (!force) {
+        if (cpu) {
+            if (auto p = cached_peaks(name)) return *p;
+        } else if (auto it = in_process.find(name); it != in_process.end()) {
+            return it->second;
+        }
+    }
+    MachinePeaks p = probe(backend);
+    // The probe's buffers are freed; do not let them count towards the run's peaks.
+    backend.reset_peaks();
+    if (!cpu) {
+        in_process[name] = p;
+        return p;
+    }
+    try {
+        std::filesystem::create_directories(peaks_cache_dir());
+        nlohmann::json j = read_cache();
+        j["probe_version"] = kProbeVersion;
+        if (!j.contains("devices")) j["devices"] = nlohmann::json::object();
+        j["devices"][name] = {{"flops_per_s", p.flops_per_s},
+                              {"bytes_per_s", p.bytes_per_s},
+                              {"flops_probe", p.flops_source},
+                              {"bytes_probe", p.bytes_source},
+                              {"measured_utc", utc_now()}};
+        write_file_atomic(cache_file(), j.dump(2) + "\n");
+        p.flops_source += " (now cached in " + cache_file() + ")";
+    } catch (const std::exception& e) {
+        p.flops_source += std::string(" (not cached: ") + e.what() + ")";
+    }
+    return p;
+}
+
+const char* to_string(Bound b) {
+    switch (b) {
+        case Bound::compute:
+            return "compute";
+        case Bound::memory:
+            return "memory";
+        case Bound::unknown:
+            return "unknown";
+    }
+    return "?";
+}
+
+Bound roofline_bound(double flops_per_byte, const MachinePeaks& peaks) {
+    if (!(peaks.flops_per_s > 0) || !(peaks.bytes_per_s > 0) || !(flops_per_byte > 0))
+        return flops_per_byte == 0 && peaks.bytes_per_s > 0 ? Bound::memory : Bound::unknown;
+    return flops_per_byte < peaks.ridge() ? Bound::memory : Bound::compute;
+}
+
+double roofline_attainable(double flops_per_byte, const MachinePeaks& peaks) {
+    return std::min(peaks.flops_per_s, flops_per_byte * peaks.bytes_per_s);
+}
+
+// ---- KernelProfiler -----------------------------------------------------------------------------
+
+KernelProfiler::KernelProfiler(Backend& backend) : backend_(backend) {}
+
+TimingEvent& KernelProfiler::next_event(size_t* index) {
+    if (used_ == pool_.size()) pool_.push_back(backend_.create_event());
+    *index = used_;
+    return *pool_[used_++];
+}
+
+void KernelProfiler::op_begin(const OpRecord& op) {
+    Pending p{std::string(op.name), op.flops, op.bytes, 0, 0, false};
+    next_event(&p.begin_event).record();
+    pending_.push_back(std::move(p));
+    open_.push_back(pending_.size() - 1);
+}
+
+void KernelProfiler::op_end(const OpRecord& op) {
+    (void)op;
+    if (open_.empty()) return;  // unbalanced end: ignore rather than corrupt the table
+    Pending& p = pending_[open_.back()];
+    open_.pop_back();
+    next_event(&p.end_event).record();
+    p.closed = true;
+}
+
+void KernelProfiler::finish_step(bool accumulate, const TimingEvent& step_start) {
+    last_ops_.clear();
+    for (const Pending& p : pending_) {
+        if (!p.closed) continue;
+        const double ms = pool_[p.end_event]->elapsed_ms_since(*pool_[p.begin_event]);
+        last_ops_.push_back({p.name, pool_[p.begin_event]->elapsed_ms_since(step_start), ms});
+        if (!accumulate) continue;
+        KernelStat& k = agg_[p.name];
+        k.name = p.name;
+        k.calls += 1;
+        k.total_ms += ms;
+        k.flops += p.flops;
+        k.bytes += p.bytes;
+    }
+    pending_.clear();
+    open_.clear();
+    used_ = 0;
+}
+
+std::vector<KernelStat> KernelProfiler::table(double mean_step_ms, int measured_steps,
+                                              const MachinePeaks& peaks) const {
+    std::vector<KernelStat> out;
+    for (const auto& [name, k0] : agg_) {
+        KernelStat k = k0;
+        k.ms_per_step = measured_steps > 0 ? k.total_ms / measured_steps : 0;
+        k.pct_of_step = mean_step_ms > 0 ? 100.0 * k.ms_per_step / mean_step_ms : 0;
+        k.bound = roofline_bound(k.intensity(), peaks);
+        const double attainable = roofline_attainable(k.intensity(), peaks);
+        // Achieved / attainable. Memory-bound ops this equals achieved GB/s / bandwidth; ops with
+        // no flops (copies, casts) are measured on bandwidth directly.
+        if (k.total_ms > 0 && k.flops > 0 && attainable > 0)
+            k.pct_of_roofline = 100.0 * (k.gflops_per_s() * 1e9) / attainable;
+        else if (k.total_ms > 0 && peaks.bytes_per_s > 0)
+            k.pct_of_roofline = 100.0 * (k.gb_per_s() * 1e9) / peaks.bytes_per_s;
+        out.push_back(k);
+    }
+    std::sort(out.begin(), out.end(),
+              [](const KernelStat& a, const KernelStat& b) { return a.total_ms > b.total_ms; });
+    return out;
+}
+
+}  // namespace mt

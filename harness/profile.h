@@ -1,0 +1,118 @@
+// Per-op profiling and the machine's peaks (the roofline).
+//
+// Peaks. MFU and the roofline verdict need the device's peak FLOP/s and memory bandwidth.
+// - CPU: measured, since no table can know the build flags, the thread count and the turbo
+//   state: a GEMM probe through the backend's own matmul_forward (the Eigen sgemm the model
+//   runs, 512x512x512, a few reps, median) and a copy probe through copy_device (64 MiB, median;
+//   bandwidth counts read + write). Measured once per (device name, which includes the CPU model
+//   and thread count) and cached in $MICROTRAIN_CACHE_DIR, else $XDG_CACHE_HOME/microtrain, else
+//   ~/.cache/microtrain, file cpu_peaks.json. The report names the figure and its source. MFU
+//   on CPU is therefore relative to the achievable sgemm rate, not a data-sheet number.
+// - CUDA: MFU uses the data-sheet peak for the device and precision (peak_flops below; the table
+//   is provided by the CUDA backend — until it is, peak_flops returns nullopt on CUDA and the
+//   report prints MFU as n/a rather than a made-up number). The roofline on CUDA uses the same
+//   probes as the CPU, run through the CUDA backend (cuBLAS GEMM, device-to-device copy).
+//
+// Per-op timing (profile.kernels: true): KernelProfiler is the model's OpObserver. It records a
+// backend TimingEvent at each op begin/end (cudaEvents on CUDA, steady_clock on CPU), reads them
+// after the step's final sync, and aggregates by op name: calls, total ms, GFLOP/s, GB/s,
+// arithmetic intensity (flops / bytes) and the verdict against the ridge point
+// (peak FLOP/s / bandwidth): intensity below the ridge = memory-bound.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/timing.h"
+#include "kernels/backend.h"
+
+namespace mt {
+
+struct MachinePeaks {
+    double flops_per_s = 0;    // GEMM probe (fp32 / compute precision)
+    double bytes_per_s = 0;    // copy probe, bytes read + written per second
+    std::string flops_source;  // e.g. "measured: 512^3 sgemm, median of 5 (cached ...)"
+    std::string bytes_source;
+    bool from_cache = false;
+    double ridge() const { return bytes_per_s > 0 ? flops_per_s / bytes_per_s : 0.0; }
+};
+
+// Data-sheet / cached peak FLOP/s of a device for a precision, used for MFU. CPU device names
+// ("CPU: ...") answer from the probe cache (nullopt until measure_peaks ran once for that
+// device); other devices answer nullopt until the CUDA peak table is wired in here.
+std::optional<double> peak_flops(const std::string& device_name, Precision precision);
+
+// Directory of the probe cache (see above); created on demand by measure_peaks.
+std::string peaks_cache_dir();
+
+// Returns the peaks of `backend`'s device: from the cache when present (CPU), else measured
+// now (a fraction of a second on CPU) and, on CPU, written to the cache. `force` re-measures.
+MachinePeaks measure_peaks(Backend& backend, bool force = false);
+
+// Roofline verdict for an op of arithmetic intensity `flops_per_byte`.
+enum class Bound { compute, memory, unknown };
+const char* to_string(Bound b);
+Bound roofline_bound(double flops_per_byte, const MachinePeaks& peaks);
+// Attainable FLOP/s at that intensity: min(peak, intensity * bandwidth).
+double roofline_attainable(double flops_per_byte, const MachinePeaks& peaks);
+
+// Aggregated per-op statistics over the measured steps.
+struct KernelStat {
+    std::string name;
+    long long calls = 0;
+    double total_ms = 0;
+    double flops = 0;  // total analytic flops over all calls
+    double bytes = 0;  // total analytic bytes
+    double ms_per_step = 0;
+    double pct_of_step = 0;  // of the mean measured step wall time
+    double gflops_per_s() const { return total_ms > 0 ? flops / (total_ms * 1e-3) / 1e9 : 0; }
+    double gb_per_s() const { return total_ms > 0 ? bytes / (total_ms * 1e-3) / 1e9 : 0; }
+    double intensity() const { return bytes > 0 ? flops / bytes : 0; }
+    Bound bound = Bound::unknown;
+    double pct_of_roofline = 0;  // achieved / attainable at this intensity, percent
+};
+
+// One timed op of a step, for the trace (offset from the step-start event, ms).
+struct OpInterval {
+    std::string name;
+    double start_ms = 0;
+    double duration_ms = 0;
+};
+
+class KernelProfiler final : public OpObserver {
+  public:
+    explicit KernelProfiler(Backend& backend);
+    void op_begin(const OpRecord& op) override;
+    void op_end(const OpRecord& op) override;
+
+    // After the step's final synchronisation: reads this step's events. When `accumulate`
+    // (a measured step) they are added to the aggregate; offsets for the trace are taken against
+    // `step_start` (the PhaseTimer's step-start event, same clock as the op events).
+    void finish_step(bool accumulate, const TimingEvent& step_start);
+    const std::vector<OpInterval>& last_step_ops() const { return last_ops_; }
+    // Aggregated table sorted by total time, with % of step (of `mean_step_ms` over
+    // `measured_steps` steps) and the roofline verdict filled in.
+    std::vector<KernelStat> table(double mean_step_ms, int measured_steps,
+                                  const MachinePeaks& peaks) const;
+
+  private:
+    struct Pending {
+        std::string name;
+        double flops, bytes;
+        size_t begin_event, end_event;
+        bool closed = false;
+    };
+    TimingEvent& next_event(size_t* index);
+    Backend& backend_;
+    std::vector<std::unique_ptr<TimingEvent>> pool_;
+    size_t used_ = 0;
+    std::vector<Pending> pending_;
+    std::vector<size_t> open_;  // stack of indices into pending_ (ops may nest)
+    std::map<std::string, KernelStat> agg_;
+    std::vector<OpInterval> last_ops_;
+};
+
+}  // namespace mt

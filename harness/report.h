@@ -1,0 +1,98 @@
+// Reports: the run folder and the baseline-vs-variant comparison.
+//
+// results.json is the canonical record (schema_version 1); report.md and report.html are
+// rendered from it, and `microtrain compare` renders the same comparison table from two earlier
+// results.json files, so a table always means the same thing wherever it is printed.
+//
+// Run folder <out_dir>/<experiment>-<YYYYmmdd-HHMMSS>/ : report.md, report.html, results.json,
+// steps.csv, trace.json — each written to a temporary file, fsynced and renamed.
+//
+// Comparison conventions (DESIGN.md): delta = baseline - variant, so positive = the variant is
+// faster / leaner; speedup = baseline median / variant median. A time delta no larger than the
+// measured spread (the larger of the two IQRs) is "within noise". Loss is within tolerance when
+// |mean loss - baseline mean loss| / baseline mean loss <= loss_tolerance.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/runner.h"
+
+namespace mt {
+
+inline constexpr int kResultsSchemaVersion = 1;
+
+// Writes `content` to `path` atomically: a temporary file in the same directory, fsync, rename,
+// fsync of the directory. Throws std::runtime_error naming the path and the OS error.
+void write_file_atomic(const std::string& path, const std::string& content);
+
+// Everything the run measured, as results.json holds it.
+nlohmann::json results_to_json(const ExperimentResult& ex);
+// steps.csv: one row per step of every variant (warm-up rows flagged), per-phase columns.
+std::string steps_csv(const ExperimentResult& ex);
+// trace.json: Chrome Trace Event format; one process per variant, tracks for steps, phases and
+// (when profiled) ops, profile.trace_steps measured steps each.
+nlohmann::json trace_json(const ExperimentResult& ex);
+
+// Thrown for a results.json that cannot be used; the message names the file and the key.
+struct ReportError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct ComparisonRow {
+    std::string name;     // variant (prefixed with the file label in `compare`)
+    std::string changed;  // "run.precision=bf16" or "(baseline)"
+    int knobs_changed = 0;
+    std::string status;  // ok / failed / interrupted / skipped
+    std::string message;
+    bool is_baseline = false;
+    bool has_stats = false;  // at least one measured step
+    double median_ms = 0, p90_ms = 0, iqr_ms = 0, jitter = 0;
+    double samples_per_s = 0, tokens_per_s = 0;
+    std::optional<double> mfu;
+    double tracked_peak = 0;  // bytes
+    double device_peak = 0;   // bytes (cudaMemGetInfo used, or RSS)
+    std::string device_kind;
+    std::optional<double> final_loss, mean_loss;
+    // vs baseline (set when both have stats)
+    std::optional<double> dtime_ms, speedup, dmem_bytes;
+    bool within_noise = false;
+    std::optional<bool> loss_ok;
+    std::string verdict;
+};
+
+struct Comparison {
+    std::string baseline;
+    double loss_tolerance = 0.02;
+    std::vector<ComparisonRow> rows;  // baseline first
+    std::vector<std::string> notes;   // warnings (jitter, missing baseline, config mismatch)
+};
+
+// The comparison of every variant of one results.json against its baseline. `label` names the
+// file in error messages.
+Comparison build_comparison(const nlohmann::json& results, const std::string& label = "results");
+// `microtrain compare`: the baseline variant of `a` (its compare.baseline, or `a_variant`)
+// against every measured variant of `b` (or only `b_variant`). "What it changed" is the config
+// difference between the two. Throws ReportError for unreadable or incompatible inputs.
+Comparison compare_results(const nlohmann::json& a, const std::string& a_label,
+                           const nlohmann::json& b, const std::string& b_label,
+                           const std::string& a_variant = "", const std::string& b_variant = "");
+// Reads and checks a results.json (schema_version, variants). Throws ReportError.
+nlohmann::json load_results(const std::string& path);
+
+// The comparison table (markdown) with its legend.
+std::string render_comparison_md(const Comparison& c);
+// The full human report.
+std::string render_report_md(const nlohmann::json& results);
+// The same report as one self-contained HTML page with inline SVG charts (report_html.cpp).
+std::string render_report_html(const nlohmann::json& results);
+
+// Next-step suggestions for one variant of results.json, derived from its measurements.
+std::vector<std::string> suggestions_for(const nlohmann::json& variant);
+
+// Writes the run folder under `out_dir` and returns its path.
+std::string write_run_folder(const ExperimentResult& ex, const std::string& out_dir);
+
+}  // namespace mt
