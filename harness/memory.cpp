@@ -34,13 +34,16 @@ size_t physical_memory_bytes() {
 }
 
 std::optional<Phase> MemorySummary::peak_phase() const {
+    size_t top = 0;
+    for (const PhaseMemory& m : phases)
+        if (m.seen) top = std::max(top, m.tracked_peak_total);
     std::optional<Phase> best;
-    size_t best_bytes = 0;
+    size_t best_transient = 0;
     for (Phase p : kAllPhases) {
         const PhaseMemory& m = phases[static_cast<int>(p)];
-        if (m.seen && (!best || m.tracked_peak_total > best_bytes)) {
+        if (m.seen && m.tracked_peak_total == top && m.transient_peak > best_transient) {
             best = p;
-            best_bytes = m.tracked_peak_total;
+            best_transient = m.transient_peak;
         }
     }
     return best;
@@ -83,6 +86,7 @@ void MemoryTracker::setup_done() {
 
 void MemoryTracker::phase_begin(Phase p) {
     backend_.reset_peaks();
+    phase_begin_total_ = backend_.memory_stats().current_total;
     sample_device(&p);
 }
 
@@ -91,6 +95,8 @@ void MemoryTracker::phase_end(Phase p) {
     PhaseMemory& m = summary_.phases[static_cast<int>(p)];
     m.seen = true;
     m.tracked_peak_total = std::max(m.tracked_peak_total, s.peak_total);
+    if (s.peak_total > phase_begin_total_)
+        m.transient_peak = std::max(m.transient_peak, s.peak_total - phase_begin_total_);
     for (int c = 0; c < kMemoryCategoryCount; ++c) {
         m.tracked_peak[c] = std::max(m.tracked_peak[c], s.peak[c]);
         summary_.tracked_peak[c] = std::max(summary_.tracked_peak[c], s.peak[c]);

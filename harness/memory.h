@@ -38,6 +38,9 @@ struct PhaseMemory {
     size_t tracked_peak_total = 0;  // allocator peak of the sum inside the phase
     std::array<size_t, kMemoryCategoryCount> tracked_peak{};  // per category inside the phase
     size_t device_used_peak = 0;  // max device_memory_info().used_bytes at its boundaries
+    // Max over occurrences of (peak inside the phase - bytes live when it began): what the phase
+    // allocates transiently (or keeps, on first use) on top of what was already there.
+    size_t transient_peak = 0;
 };
 
 struct MemorySummary {
@@ -53,6 +56,9 @@ struct MemorySummary {
     size_t device_used_peak = 0;
     size_t process_peak_rss = 0;  // CPU: ru_maxrss (whole process); 0 on CUDA
     // The phase whose tracked peak is highest (nullopt before any step).
+    // (Precisely: among the phases whose peak equals the highest, the one that allocated the most
+    // on top of what was live when it began; nullopt when no phase allocates anything, i.e. the
+    // peak is what setup allocated, held through every phase.)
     std::optional<Phase> peak_phase() const;
     // The category with the most bytes at its peak.
     MemoryCategory largest_category() const;
@@ -73,6 +79,7 @@ class MemoryTracker {
   private:
     void sample_device(Phase* p);
     Backend& backend_;
+    size_t phase_begin_total_ = 0;
     MemorySummary summary_;
 };
 

@@ -11,11 +11,12 @@
 #include <sstream>
 
 #include "harness/report.h"
+#include "kernels/peak_flops.h"
 
 namespace mt {
 namespace {
 
-constexpr int kProbeVersion = 1;  // bump when the probe changes, to invalidate old caches
+constexpr int kProbeVersion = 2;  // bump when the probe changes, to invalidate old caches
 
 bool is_cpu_device(const std::string& name) {
     return name.rfind("CPU", 0) == 0;
@@ -56,9 +57,9 @@ std::optional<MachinePeaks> cached_peaks(const std::string& device_name) {
     return p;
 }
 
-double median_of(std::vector<double> v) {
-    return compute_stats(std::move(v)).median;
-}
+// The fastest of the timed runs: a peak is the best the machine does; slower runs are
+// interference (other processes, frequency ramps), which a median would partly keep.
+double best_of(const std::vector<double>& v) { return compute_stats(v).min; }
 
 std::string utc_now() {
     std::time_t t = std::time(nullptr);
@@ -69,9 +70,9 @@ std::string utc_now() {
     return buf;
 }
 
-// Times `reps` runs of `work` with backend events, after one untimed warm-up run; median ms.
+// Times `reps` runs of `work` with backend events, after one untimed warm-up run; best ms.
 template <class F>
-double time_median_ms(Backend& backend, int reps, F&& work) {
+double time_best_ms(Backend& backend, int reps, F&& work) {
     work();
     backend.synchronize();
     auto e0 = backend.create_event();
@@ -84,7 +85,7 @@ double time_median_ms(Backend& backend, int reps, F&& work) {
         backend.synchronize();
         ms.push_back(e1->elapsed_ms_since(*e0));
     }
-    return median_of(ms);
+    return best_of(ms);
 }
 
 MachinePeaks probe(Backend& backend) {
@@ -93,7 +94,7 @@ MachinePeaks probe(Backend& backend) {
     {
         // out (n,n) = a (n,n) @ w(n,n)^T: 2 n^3 flops. Zeros: GEMM speed does not depend on
         // values, and zeros are never denormal.
-        const int n = cpu ? 512 : 4096;
+        const int n = cpu ? 1024 : 4096;
         const int reps = 5;
         const size_t bytes = static_cast<size_t>(n) * n * backend.compute_elem_bytes();
         DeviceBuffer a(backend, bytes, MemoryCategory::workspace);
@@ -101,14 +102,14 @@ MachinePeaks probe(Backend& backend) {
         DeviceBuffer out(backend, bytes, MemoryCategory::workspace);
         backend.memset_zero(a.get(), bytes);
         backend.memset_zero(w.get(), bytes);
-        const double ms = time_median_ms(backend, reps, [&] {
+        const double ms = time_best_ms(backend, reps, [&] {
             backend.matmul_forward(out.get(), a.get(), w.get(), nullptr, n, n, n);
         });
         const double flops = 2.0 * n * static_cast<double>(n) * n;
         p.flops_per_s = ms > 0 ? flops / (ms * 1e-3) : 0;
         std::ostringstream s;
         s << "measured: " << n << "^3 " << (cpu ? "sgemm" : "GEMM") << " via matmul_forward ("
-          << to_string(backend.precision()) << "), median of " << reps;
+          << to_string(backend.precision()) << "), best of " << reps;
         p.flops_source = s.str();
     }
     {
@@ -119,11 +120,11 @@ MachinePeaks probe(Backend& backend) {
         DeviceBuffer dst(backend, bytes, MemoryCategory::workspace);
         backend.memset_zero(src.get(), bytes);
         backend.memset_zero(dst.get(), bytes);
-        const double ms = time_median_ms(backend, reps,
+        const double ms = time_best_ms(backend, reps,
                                          [&] { backend.copy_device(dst.get(), src.get(), bytes); });
         p.bytes_per_s = ms > 0 ? 2.0 * static_cast<double>(bytes) / (ms * 1e-3) : 0;
         std::ostringstream s;
-        s << "measured: copy_device of " << (bytes >> 20) << " MiB (read + write), median of "
+        s << "measured: copy_device of " << (bytes >> 20) << " MiB (read + write), best of "
           << reps;
         p.bytes_source = s.str();
     }
@@ -132,6 +133,22 @@ MachinePeaks probe(Backend& backend) {
 }
 
 }  // namespace
+
+std::string peak_flops_source(const std::string& device_name, Precision precision) {
+    if (is_cpu_device(device_name)) {
+        if (auto p = cached_peaks(device_name)) return p->flops_source;
+        return "no measured CPU peak for '" + device_name + "': MFU n/a";
+    }
+    const PeakFlopsEntry* e = find_peak_flops_entry(device_name);
+    if (!e)
+        return "no peak FLOP/s table entry for '" + device_name + "' (" + to_string(precision) +
+               "): MFU n/a";
+    const auto v = cuda_peak_flops(device_name, precision);
+    std::ostringstream s;
+    s << "data sheet: " << e->gpu << " " << to_string(precision) << " dense "
+      << (v ? *v / 1e12 : 0.0) << " TFLOP/s (" << e->source << ")";
+    return s.str();
+}
 
 std::string peaks_cache_dir() {
     if (const char* d = std::getenv("MICROTRAIN_CACHE_DIR"); d && *d) return d;
@@ -148,9 +165,9 @@ std::optional<double> peak_flops(const std::string& device_name, Precision preci
         if (auto p = cached_peaks(device_name)) return p->flops_per_s;
         return std::nullopt;
     }
-    // CUDA: the data-sheet table of the CUDA backend plugs in here. Until then: unknown, and the
-    // report prints MFU as n/a instead of inventing a number.
-    return std::nullopt;
+    // GPUs: the vendors' dense data-sheet figure (kernels/peak_flops.h); nullopt for a device
+    // the table does not know, and the report prints MFU as n/a instead of inventing a number.
+    return cuda_peak_flops(device_name, precision);
 }
 
 MachinePeaks measure_peaks(Backend& backend, bool force) {

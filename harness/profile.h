@@ -3,14 +3,14 @@
 // Peaks. MFU and the roofline verdict need the device's peak FLOP/s and memory bandwidth.
 // - CPU: measured, since no table can know the build flags, the thread count and the turbo
 //   state: a GEMM probe through the backend's own matmul_forward (the Eigen sgemm the model
-//   runs, 512x512x512, a few reps, median) and a copy probe through copy_device (64 MiB, median;
-//   bandwidth counts read + write). Measured once per (device name, which includes the CPU model
+//   runs, 1024^3, best of 5: a peak is the best the machine does, slower runs are interference)
+//   and a copy probe through copy_device (32 MiB, best of 5; bandwidth counts read + write). Measured once per (device name, which includes the CPU model
 //   and thread count) and cached in $MICROTRAIN_CACHE_DIR, else $XDG_CACHE_HOME/microtrain, else
 //   ~/.cache/microtrain, file cpu_peaks.json. The report names the figure and its source. MFU
 //   on CPU is therefore relative to the achievable sgemm rate, not a data-sheet number.
-// - CUDA: MFU uses the data-sheet peak for the device and precision (peak_flops below; the table
-//   is provided by the CUDA backend — until it is, peak_flops returns nullopt on CUDA and the
-//   report prints MFU as n/a rather than a made-up number). The roofline on CUDA uses the same
+// - CUDA: MFU uses the vendor's dense data-sheet peak for the device and precision
+//   (kernels/peak_flops.h; a device missing from the table gives MFU n/a, never a made-up
+//   number). The roofline on CUDA uses the same
 //   probes as the CPU, run through the CUDA backend (cuBLAS GEMM, device-to-device copy).
 //
 // Per-op timing (profile.kernels: true): KernelProfiler is the model's OpObserver. It records a
@@ -34,7 +34,7 @@ namespace mt {
 struct MachinePeaks {
     double flops_per_s = 0;    // GEMM probe (fp32 / compute precision)
     double bytes_per_s = 0;    // copy probe, bytes read + written per second
-    std::string flops_source;  // e.g. "measured: 512^3 sgemm, median of 5 (cached ...)"
+    std::string flops_source;  // e.g. "measured: 1024^3 sgemm ..., best of 5 (cached ...)"
     std::string bytes_source;
     bool from_cache = false;
     double ridge() const { return bytes_per_s > 0 ? flops_per_s / bytes_per_s : 0.0; }
@@ -42,8 +42,10 @@ struct MachinePeaks {
 
 // Data-sheet / cached peak FLOP/s of a device for a precision, used for MFU. CPU device names
 // ("CPU: ...") answer from the probe cache (nullopt until measure_peaks ran once for that
-// device); other devices answer nullopt until the CUDA peak table is wired in here.
+// device); GPUs answer from the data-sheet table in kernels/peak_flops.h (nullopt if unknown).
 std::optional<double> peak_flops(const std::string& device_name, Precision precision);
+// Where that figure comes from, in words, for the report.
+std::string peak_flops_source(const std::string& device_name, Precision precision);
 
 // Directory of the probe cache (see above); created on demand by measure_peaks.
 std::string peaks_cache_dir();

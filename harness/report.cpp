@@ -74,7 +74,10 @@ std::string mib(double bytes) {
     return f("%.1f", to_mib(bytes));
 }
 std::string signed_f(const char* spec, double x) {
-    return (x >= 0 ? "+" : "") + f(spec, x);
+    std::string s;
+    if (x >= 0) s.push_back('+');
+    s += f(spec, x);
+    return s;
 }
 std::string pct(double frac) {
     return f("%.1f%%", 100.0 * frac);
@@ -218,7 +221,8 @@ json variant_json(const RunResult& r) {
         if (!pm.seen) continue;
         ph[to_string(p)] = {{"tracked_peak_total", pm.tracked_peak_total},
                             {"tracked_peak", categories_json(pm.tracked_peak)},
-                            {"device_used_peak", pm.device_used_peak}};
+                            {"device_used_peak", pm.device_used_peak},
+                            {"transient_peak", pm.transient_peak}};
     }
     const auto peak_phase = m.peak_phase();
     v["memory"] = {{"estimate", est},
@@ -746,7 +750,15 @@ bool measured(const json& v) {
 std::string memory_peak_text(const json& v) {
     const json& m = v["memory"];
     std::string s = mib(m["tracked_peak_total"].get<double>()) + " MiB tracked";
-    if (m["peak_phase"].is_string()) s += " during " + m["peak_phase"].get<std::string>();
+    if (m["peak_phase"].is_string()) {
+        const std::string p = m["peak_phase"].get<std::string>();
+        s += " during " + p;
+        if (m["phases"].contains(p))
+            s += " (+" + mib(m["phases"][p]["transient_peak"].get<double>()) +
+                 " MiB allocated in it)";
+    } else {
+        s += ", held through every phase (allocated at setup; no phase allocates on top)";
+    }
     const std::string cat = m["largest_category"].get<std::string>();
     s += "; largest category " + cat + " (" + mib(m["tracked_peak"][cat].get<double>()) + " MiB)";
     const json& d = m["device"];
@@ -984,11 +996,15 @@ std::string render_report_md(const json& results) {
                                            : std::string("n/a"))
           << " | " << (fl["mfu"].is_number() ? pct(fl["mfu"].get<double>()) : "n/a") << " |\n";
     }
-    std::set<std::string> sources;
+    std::map<std::string, std::string> sources;  // by device: the first variant's figures
+    bool mfu_over = false;
     for (const json& v : vs)
         if (measured(v)) {
             const json& rf = v["roofline"];
-            sources.insert("`" + v["device_name"].get<std::string>() + "`: peak " +
+            if (v["flops"]["mfu"].is_number() && v["flops"]["mfu"].get<double>() > 1.0)
+                mfu_over = true;
+            if (sources.count(v["device_name"].get<std::string>())) continue;
+            sources[v["device_name"].get<std::string>()] = ("`" + v["device_name"].get<std::string>() + "`: peak " +
                            f("%.1f", rf["peak_flops_per_s"].get<double>() / 1e9) + " GFLOP/s (" +
                            rf["flops_source"].get<std::string>() + "), bandwidth " +
                            f("%.1f", rf["bandwidth_bytes_per_s"].get<double>() / 1e9) + " GB/s (" +
@@ -998,9 +1014,14 @@ std::string render_report_md(const json& results) {
         }
     if (!sources.empty()) {
         o << "\nPeaks used:\n";
-        for (const auto& s : sources) o << "\n- " << s;
+        for (const auto& [dev, s] : sources) o << "\n- " << s;
         o << "\n";
     }
+    if (mfu_over)
+        o << "\n**MFU above 100%: the training step ran faster than the measured peak, so the "
+             "peak probe was disturbed (a busy machine when it ran). Delete `"
+          << env.value("peaks_cache", std::string("the peaks cache"))
+          << "/cpu_peaks.json` to re-measure on a quiet machine.**\n";
 
     // -- memory
     o << "\n## Memory\n\nAnalytic estimate (printed before the run) beside the allocator's "

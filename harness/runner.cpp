@@ -187,10 +187,7 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
         // Peaks first, so the probe's buffers are gone (and its peaks reset) before the model.
         r.peaks = measure_peaks(*backend);
         r.peak_flops = peak_flops(r.device_name, cfg.run.precision);
-        r.peak_flops_source = r.peak_flops
-                                  ? r.peaks.flops_source
-                                  : "no peak FLOP/s table entry for '" + r.device_name + "' (" +
-                                        to_string(cfg.run.precision) + "): MFU n/a";
+        r.peak_flops_source = peak_flops_source(r.device_name, cfg.run.precision);
 
         ModelOptions mo;
         mo.kernels = cfg.kernels;
