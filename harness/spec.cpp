@@ -591,11 +591,17 @@ struct ParsedFile {
 };
 
 void unknown_key(const std::string& where, const std::string& key, const std::string& context,
-                 const std::vector<std::string>& valid, const std::string& fix_prefix = "") {
+                 const std::vector<std::string>& valid) {
     const std::string nearest = nearest_key(key, valid);
     std::string msg = where + ": unknown key '" + key + "'";
     if (!context.empty()) msg += " (" + context + ")";
-    msg += ": " + fix_prefix + "did you mean '" + nearest + "'?";
+    msg += ": did you mean '" + nearest + "'?";
+    // List the keys of the section the user was writing in, so the fix is on the screen.
+    const std::string sec = section_of(key);
+    std::vector<std::string> in_section;
+    for (const auto& v : all_keys(true))
+        if (!sec.empty() && section_of(v) == sec) in_section.push_back(leaf_of(v));
+    if (!in_section.empty()) msg += " (" + sec + " keys: " + join(in_section, ", ") + ")";
     throw SpecError(msg);
 }
 

@@ -73,6 +73,14 @@ compare: { baseline: base, loss_tolerance: 0.05 }
 report: { out_dir: out }
 )";
 
+// Unknown-key messages end with the keys of the section being written.
+const std::string kOptimKeys =
+    " (optim keys: lr, betas, eps, weight_decay, grad_clip, impl, schedule, warmup_steps, "
+    "decay_steps, min_lr_ratio)";
+const std::string kDataKeys =
+    " (data keys: source, path, batch_size, seq_len, workers, prefetch, pin_memory, "
+    "preprocess_us)";
+
 }  // namespace
 
 TEST_F(SpecTest, ValidFileResolvesEveryVariantFromTheBase) {
@@ -165,14 +173,16 @@ TEST_F(SpecTest, VariantSetAcceptsNestedSections) {
 
 TEST_F(SpecTest, UnknownKeyNamesItsPositionAndTheNearestValidKey) {
     const std::string msg = error_of("name: x\noptim:\n  lr: 1.0e-3\n  learning_rate: 3.0e-4\n");
-    EXPECT_EQ(msg, at(4, 3) + ": unknown key 'optim.learning_rate': did you mean 'optim.lr'?");
-    EXPECT_EQ(error_of("data: { batchsize: 4 }\n"),
-              at(1, 9) + ": unknown key 'data.batchsize': did you mean 'data.batch_size'?");
+    EXPECT_EQ(msg, at(4, 3) + ": unknown key 'optim.learning_rate': did you mean 'optim.lr'?" +
+                       kOptimKeys);
+    EXPECT_EQ(
+        error_of("data: { batchsize: 4 }\n"),
+        at(1, 9) + ": unknown key 'data.batchsize': did you mean 'data.batch_size'?" + kDataKeys);
     EXPECT_EQ(error_of("optimizer: { lr: 1 }\n"),
               at(1, 1) + ": unknown key 'optimizer': did you mean 'optim'?");
     // A key in the wrong section points at the section that has it.
     EXPECT_EQ(error_of("data: { lr: 1 }\n"),
-              at(1, 9) + ": unknown key 'data.lr': did you mean 'optim.lr'?");
+              at(1, 9) + ": unknown key 'data.lr': did you mean 'optim.lr'?" + kDataKeys);
 }
 
 TEST_F(SpecTest, WrongTypesSayWhatWasExpectedAndWhatWasGot) {
@@ -305,7 +315,8 @@ TEST_F(SpecTest, VariantErrorsNameTheVariant) {
     EXPECT_EQ(error_of("variants:\n  - name: a\n    set: { optim.learnin_rate: 1 }\n"),
               at(3, 12) +
                   ": unknown key 'optim.learnin_rate' (variant 'a'): did you mean "
-                  "'optim.lr'?");
+                  "'optim.lr'?" +
+                  kOptimKeys);
     EXPECT_EQ(error_of("variants:\n  - name: a\n    set: { data.seq_len: 64 }\n"),
               at(3, 26) +
                   ": key 'data.seq_len' (variant 'a'): expected data.seq_len <= "
@@ -373,7 +384,8 @@ TEST_F(SpecTest, SetOverridesTheBaseBeforeVariants) {
 TEST_F(SpecTest, SetErrorsNameTheSetArgument) {
     EXPECT_EQ(error_of(kValid, {"optim.learning_rate=1"}),
               "--set optim.learning_rate=1: unknown key 'optim.learning_rate': did you mean "
-              "'optim.lr'?");
+              "'optim.lr'?" +
+                  kOptimKeys);
     EXPECT_EQ(error_of(kValid, {"data.batch_size=abc"}),
               "--set data.batch_size=abc: key 'data.batch_size': expected an integer, got 'abc'; "
               "write a whole number without quotes or a decimal point");
