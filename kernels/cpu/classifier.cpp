@@ -5,13 +5,14 @@
 // With p = softmax(x) over a row and y its target:  loss = -log p_y = log sum_i exp(x_i) - x_y,
 // and d loss / d x_i = p_i - [i == y]. With the mean over N rows, dloss = 1/N scales every row.
 //
-// fused: one kernel per row, and no (N,Vp) probability tensor. Pass 1 over the row folds the
-//   logits into an online-softmax state (max m, sum l of exp(x - m)), block by block: each block
-//   takes its max (vectorised), sums exp(x - block max), and is merged with
-//   math::online_softmax_merge, so there is one exp per logit, not the two an element-wise
-//   online update costs. Pass 2 writes dlogits = (exp(x - m)/l - onehot) dloss over the logits
-//   in place (the row is still in cache) and zeros the padding. Traffic: one read of the logits,
-//   one write of their gradient.
+// fused: one work item per row (rows parallel across threads), and no (N,Vp) probability
+//   tensor. A row of the 50k vocabulary is 200 KiB: it comes from DRAM once and then stays in
+//   L2 for the row's sweeps, each vectorised (fast_math.h, Eigen's pexp, one exp per logit):
+//   the max; then, chunk by chunk of kChunk logits (16 KiB, in L1), x = exp(x - max) in place
+//   and its sum; then the gradient dlogits = (exp(x - max)/sum - onehot) dloss, scaling the
+//   stored exponentials in place; the padding is zeroed. With dloss == 0 (forward only) the
+//   sum is taken without writing. Traffic: one DRAM read of the logits, one write of their
+//   gradient.
 // unfused: what a framework's three ops do: softmax writes probs (N,Vp), cross-entropy reads
 //   them for the loss, the backward reads them again to write dlogits. Two extra (N,Vp) fp32
 //   tensors of traffic, and the probs tensor itself in memory.
@@ -19,6 +20,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/ops.h"
 
 namespace mt::cpu {
@@ -36,20 +38,18 @@ void check_targets(const int* targets, int N, int V, const char* op) {
     }
 }
 
-// Online-softmax state of x[0..V), one exp per element.
-inline math::OnlineSoftmax row_softmax_state(const float* x, int V) {
-    constexpr int kBlock = 256;
-    math::OnlineSoftmax state;
-    for (int i0 = 0; i0 < V; i0 += kBlock) {
-        const int i1 = std::min(V, i0 + kBlock);
-        float bm = -INFINITY;
-#pragma omp simd reduction(max : bm)
-        for (int i = i0; i < i1; i++) bm = std::max(bm, x[i]);
-        float bs = 0.0f;
-        for (int i = i0; i < i1; i++) bs += std::exp(x[i] - bm);
-        state = math::online_softmax_merge(state, math::OnlineSoftmax{bm, bs});
+constexpr int kChunk = 4096;  // logits per exp-and-sum chunk (16 KiB)
+
+// sum_i exp(x_i - m) over the row; with `store`, x_i is replaced by exp(x_i - m). Chunk sums
+// are added in chunk order (fixed for a given V).
+inline float row_exp_sum(float* x, int V, float m, bool store) {
+    float sum = 0.0f;
+    for (int i0 = 0; i0 < V; i0 += kChunk) {
+        const size_t n = static_cast<size_t>(std::min(V - i0, kChunk));
+        sum +=
+            store ? fast::exp_shift_sum_inplace(x + i0, n, m) : fast::exp_shift_sum(x + i0, n, m);
     }
-    return state;
+    return sum;
 }
 
 }  // namespace
@@ -62,12 +62,15 @@ void classifier_fused(float* losses, float* logits, const int* targets, int N, i
     for (int n = 0; n < N; n++) {
         float* x = logits + static_cast<long long>(n) * Vp;
         const int y = targets[n];
-        const math::OnlineSoftmax st = row_softmax_state(x, V);
-        losses[n] = std::log(st.sum) + st.max - x[y];
-        if (dloss == 0.0f) continue;  // forward only: the logits stay as they are
-        const float inv = 1.0f / st.sum;
-        for (int i = 0; i < V; i++) x[i] = std::exp(x[i] - st.max) * inv * dloss;
-        x[y] -= dloss;  // (p_y - 1) dloss, as p_y dloss - dloss
+        const float xy = x[y];
+        const float m = fast::max_of(x, static_cast<size_t>(V));
+        const bool grad = dloss != 0.0f;  // forward only: the logits stay as they are
+        const float sum = row_exp_sum(x, V, m, grad);
+        losses[n] = std::log(sum) + m - xy;
+        if (!grad) continue;
+        const float scale = dloss / sum;
+        Eigen::Map<Eigen::ArrayXf>(x, V) *= scale;  // p dloss, the row still in L2
+        x[y] -= dloss;                              // (p_y - 1) dloss, as p_y dloss - dloss
         std::fill(x + V, x + Vp, 0.0f);
     }
 }
@@ -78,14 +81,9 @@ void softmax_forward(float* probs, const float* logits, int N, int V, int Vp) {
     for (int n = 0; n < N; n++) {
         const float* x = logits + static_cast<long long>(n) * Vp;
         float* p = probs + static_cast<long long>(n) * Vp;
-        float maxv = -INFINITY;
-#pragma omp simd reduction(max : maxv)
-        for (int i = 0; i < V; i++) maxv = std::max(maxv, x[i]);
-        float sum = 0.0f;
-        for (int i = 0; i < V; i++) {
-            p[i] = std::exp(x[i] - maxv);
-            sum += p[i];
-        }
+        const float maxv = fast::max_of(x, static_cast<size_t>(V));
+        std::copy(x, x + V, p);
+        const float sum = row_exp_sum(p, V, maxv, true);  // the same vectorised exp as fused
         const float inv = 1.0f / sum;
 #pragma omp simd
         for (int i = 0; i < V; i++) p[i] *= inv;
