@@ -1,0 +1,291 @@
+// Step statistics, the PhaseTimer, the memory tracker, the per-op profiler and the peak cache.
+// No assertion on how fast anything is: only on arithmetic and bookkeeping.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "harness/memory.h"
+#include "harness/profile.h"
+#include "harness/timing.h"
+#include "kernels/backend.h"
+
+namespace mt {
+namespace {
+
+TEST(Statistics, PercentilesMatchNumpyLinearInterpolation) {
+    // numpy.percentile([1..10], [10, 25, 50, 75, 90]) = [1.9, 3.25, 5.5, 7.75, 9.1]
+    std::vector<double> v = {7, 3, 10, 1, 5, 9, 2, 8, 4, 6};  // unsorted on purpose
+    const SeriesStats s = compute_stats(v);
+    EXPECT_EQ(s.n, 10u);
+    EXPECT_DOUBLE_EQ(s.mean, 5.5);
+    EXPECT_DOUBLE_EQ(s.median, 5.5);
+    EXPECT_NEAR(s.p10, 1.9, 1e-12);
+    EXPECT_NEAR(s.q1, 3.25, 1e-12);
+    EXPECT_NEAR(s.q3, 7.75, 1e-12);
+    EXPECT_NEAR(s.p90, 9.1, 1e-12);
+    EXPECT_NEAR(s.iqr(), 4.5, 1e-12);
+    EXPECT_NEAR(s.iqr_over_median(), 4.5 / 5.5, 1e-12);
+    EXPECT_DOUBLE_EQ(s.min, 1);
+    EXPECT_DOUBLE_EQ(s.max, 10);
+}
+
+TEST(Statistics, SampleStandardDeviationUsesNMinusOne) {
+    const SeriesStats s = compute_stats({2, 4, 4, 4, 5, 5, 7, 9});
+    EXPECT_DOUBLE_EQ(s.mean, 5.0);
+    EXPECT_NEAR(s.std, std::sqrt(32.0 / 7.0), 1e-12);
+    EXPECT_DOUBLE_EQ(s.median, 4.5);
+}
+
+TEST(Statistics, EmptyAndSingleValueSeries) {
+    const SeriesStats e = compute_stats({});
+    EXPECT_EQ(e.n, 0u);
+    EXPECT_EQ(e.median, 0);
+    EXPECT_EQ(e.iqr_over_median(), 0);
+    const SeriesStats one = compute_stats({3.5});
+    EXPECT_EQ(one.median, 3.5);
+    EXPECT_EQ(one.p10, 3.5);
+    EXPECT_EQ(one.p90, 3.5);
+    EXPECT_EQ(one.std, 0);
+    EXPECT_THROW(percentile_sorted({}, 50), std::invalid_argument);
+}
+
+TEST(Statistics, PercentileEndpointsAreMinAndMax) {
+    const std::vector<double> v = {1, 2, 4, 8};
+    EXPECT_EQ(percentile_sorted(v, 0), 1);
+    EXPECT_EQ(percentile_sorted(v, 100), 8);
+    EXPECT_NEAR(percentile_sorted(v, 50), 3.0, 1e-12);  // halfway between 2 and 4
+}
+
+TEST(Phases, NamesRoundTrip) {
+    for (Phase p : kAllPhases) EXPECT_EQ(phase_from_string(to_string(p)), p);
+    EXPECT_FALSE(phase_from_string("other").has_value());
+}
+
+TEST(PhaseTimer, OtherIsWallMinusSumOfPhases) {
+    auto backend = create_backend(BackendKind::cpu);
+    PhaseTimer timer(*backend);
+    timer.begin_step();
+    for (Phase p : kAllPhases) {
+        timer.begin(p);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        timer.end(p);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // time in no phase
+    const PhaseTimes t = timer.finish_step();
+    double sum = 0;
+    for (Phase p : kAllPhases) {
+        EXPECT_GE(t[p], 1.0) << to_string(p);  // sleep_for sleeps at least that long
+        sum += t[p];
+    }
+    EXPECT_DOUBLE_EQ(t.phase_sum_ms(), sum);
+    EXPECT_DOUBLE_EQ(t.other_ms(), t.wall_ms - sum);
+    EXPECT_GE(t.other_ms(), 2.0);  // the 2 ms outside every phase land in `other`
+    ASSERT_EQ(timer.last_intervals().size(), static_cast<size_t>(kPhaseCount));
+    // Intervals are in order and do not overlap.
+    double prev_end = 0;
+    for (const PhaseInterval& iv : timer.last_intervals()) {
+        EXPECT_GE(iv.start_ms, prev_end - 1e-6);
+        prev_end = iv.start_ms + iv.duration_ms;
+    }
+    EXPECT_LE(prev_end, t.wall_ms + 1e-6);
+}
+
+TEST(PhaseTimer, RepeatedPhasesAccumulateAcrossMicroSteps) {
+    auto backend = create_backend(BackendKind::cpu);
+    PhaseTimer timer(*backend);
+    for (int step = 0; step < 2; ++step) {  // the event pool is reused on the second step
+        timer.begin_step();
+        for (int m = 0; m < 3; ++m) {
+            timer.begin(Phase::data);
+            std::this_thread::sleep_for(std::chrono::microseconds(300));
+            timer.end(Phase::data);
+            timer.begin(Phase::forward);
+            timer.end(Phase::forward);
+        }
+        const PhaseTimes t = timer.finish_step();
+        double data_sum = 0;
+        int micro = 0;
+        for (const PhaseInterval& iv : timer.last_intervals())
+            if (iv.phase == Phase::data) {
+                EXPECT_EQ(iv.micro_step, micro++);
+                data_sum += iv.duration_ms;
+            }
+        EXPECT_EQ(micro, 3);
+        EXPECT_NEAR(t[Phase::data], data_sum, 1e-9);
+        EXPECT_GE(t[Phase::data], 0.9);
+        EXPECT_EQ(t[Phase::h2d], 0.0);  // never entered
+    }
+}
+
+TEST(PhaseTimer, RejectsMisnestedPhases) {
+    auto backend = create_backend(BackendKind::cpu);
+    PhaseTimer timer(*backend);
+    EXPECT_THROW(timer.begin(Phase::data), std::logic_error);  // no step
+    timer.begin_step();
+    EXPECT_THROW(timer.begin_step(), std::logic_error);
+    timer.begin(Phase::data);
+    EXPECT_THROW(timer.begin(Phase::h2d), std::logic_error);  // data still open
+    EXPECT_THROW(timer.end(Phase::h2d), std::logic_error);    // not the open phase
+    EXPECT_THROW(timer.finish_step(), std::logic_error);      // data still open
+    timer.end(Phase::data);
+    EXPECT_THROW(timer.end(Phase::data), std::logic_error);  // nothing open
+    EXPECT_NO_THROW(timer.finish_step());
+}
+
+TEST(MemoryTracker, TransientAllocationInsideAPhaseIsNotMissed) {
+    auto backend = create_backend(BackendKind::cpu);
+    DeviceBuffer resident(*backend, 1 << 20, MemoryCategory::params);
+    MemoryTracker mem(*backend);
+    mem.setup_done();
+    EXPECT_GE(mem.summary().at_setup.current_total, size_t(1) << 20);
+
+    mem.phase_begin(Phase::data);
+    mem.phase_end(Phase::data);
+    mem.phase_begin(Phase::forward);
+    {
+        // Allocated and freed inside the phase: sampling at the boundaries alone would miss it.
+        DeviceBuffer scratch(*backend, 4 << 20, MemoryCategory::activations);
+    }
+    mem.phase_end(Phase::forward);
+    mem.phase_begin(Phase::backward);
+    mem.phase_end(Phase::backward);
+    mem.finish();
+
+    const MemorySummary& s = mem.summary();
+    const auto& fwd = s.phases[static_cast<int>(Phase::forward)];
+    EXPECT_TRUE(fwd.seen);
+    EXPECT_GE(fwd.tracked_peak_total, size_t(5) << 20);
+    EXPECT_GE(fwd.transient_peak, size_t(4) << 20);
+    EXPECT_GE(fwd.tracked_peak[static_cast<int>(MemoryCategory::activations)], size_t(4) << 20);
+    const auto& bwd = s.phases[static_cast<int>(Phase::backward)];
+    EXPECT_LT(bwd.tracked_peak_total, size_t(5) << 20);  // peaks were reset after forward
+    EXPECT_EQ(bwd.transient_peak, 0u);
+    EXPECT_FALSE(s.phases[static_cast<int>(Phase::sync)].seen);
+    EXPECT_EQ(s.peak_phase(), Phase::forward);
+    EXPECT_EQ(s.largest_category(), MemoryCategory::activations);
+    EXPECT_GE(s.tracked_peak_total, size_t(5) << 20);
+    EXPECT_EQ(s.device_kind, "RSS");
+    EXPECT_GT(s.process_peak_rss, 0u);
+}
+
+TEST(MemoryTracker, NoPeakPhaseWhenEverythingIsAllocatedAtSetup) {
+    auto backend = create_backend(BackendKind::cpu);
+    DeviceBuffer resident(*backend, 1 << 20, MemoryCategory::params);
+    MemoryTracker mem(*backend);
+    mem.setup_done();
+    for (Phase p : kAllPhases) {
+        mem.phase_begin(p);
+        mem.phase_end(p);
+    }
+    EXPECT_FALSE(mem.summary().peak_phase().has_value());
+}
+
+TEST(Roofline, VerdictAgainstTheRidgePoint) {
+    MachinePeaks peaks;
+    peaks.flops_per_s = 100e9;
+    peaks.bytes_per_s = 10e9;  // ridge = 10 flop/byte
+    EXPECT_DOUBLE_EQ(peaks.ridge(), 10.0);
+    EXPECT_EQ(roofline_bound(100.0, peaks), Bound::compute);
+    EXPECT_EQ(roofline_bound(1.0, peaks), Bound::memory);
+    EXPECT_EQ(roofline_bound(0.0, peaks), Bound::memory);  // pure data movement
+    EXPECT_DOUBLE_EQ(roofline_attainable(1.0, peaks), 10e9);
+    EXPECT_DOUBLE_EQ(roofline_attainable(1000.0, peaks), 100e9);
+    EXPECT_EQ(roofline_bound(5.0, MachinePeaks{}), Bound::unknown);
+}
+
+TEST(KernelProfiler, AggregatesOpsByNameOverMeasuredStepsOnly) {
+    auto backend = create_backend(BackendKind::cpu);
+    KernelProfiler prof(*backend);
+    auto start = backend->create_event();
+    const OpRecord mm{"matmul_forward", 2000.0, 20.0};  // intensity 100
+    const OpRecord gelu{"gelu_forward", 10.0, 10.0};    // intensity 1
+    for (int step = 0; step < 3; ++step) {
+        start->record();
+        for (int i = 0; i < 2; ++i) {
+            OpScope s(&prof, mm);
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        { OpScope s(&prof, gelu); }
+        prof.finish_step(/*accumulate=*/step > 0, *start);  // step 0 = warm-up
+        EXPECT_EQ(prof.last_step_ops().size(), 3u);
+        EXPECT_EQ(prof.last_step_ops()[0].name, "matmul_forward");
+    }
+    MachinePeaks peaks;
+    peaks.flops_per_s = 100e9;
+    peaks.bytes_per_s = 10e9;
+    const auto table = prof.table(/*mean_step_ms=*/10.0, /*measured_steps=*/2, peaks);
+    ASSERT_EQ(table.size(), 2u);
+    const KernelStat& k = table[0];  // sorted by total time: the sleeping matmul first
+    EXPECT_EQ(k.name, "matmul_forward");
+    EXPECT_EQ(k.calls, 4);  // 2 per step x 2 measured steps
+    EXPECT_DOUBLE_EQ(k.flops, 8000.0);
+    EXPECT_DOUBLE_EQ(k.bytes, 80.0);
+    EXPECT_DOUBLE_EQ(k.intensity(), 100.0);
+    EXPECT_EQ(k.bound, Bound::compute);
+    EXPECT_NEAR(k.ms_per_step, k.total_ms / 2, 1e-12);
+    EXPECT_NEAR(k.pct_of_step, 100.0 * k.ms_per_step / 10.0, 1e-9);
+    EXPECT_NEAR(k.gflops_per_s(), 8000.0 / (k.total_ms * 1e-3) / 1e9, 1e-9);
+    EXPECT_EQ(table[1].name, "gelu_forward");
+    EXPECT_EQ(table[1].calls, 2);
+    EXPECT_EQ(table[1].bound, Bound::memory);
+}
+
+TEST(Peaks, CpuProbeIsCachedAndAnswersPeakFlops) {
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("mt_test_peaks_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    ::setenv("MICROTRAIN_CACHE_DIR", dir.c_str(), 1);
+    BackendOptions o;
+    o.num_threads = 1;
+    auto backend = create_backend(BackendKind::cpu, o);
+    EXPECT_FALSE(peak_flops(backend->device_name(), Precision::fp32).has_value());
+    const MachinePeaks first = measure_peaks(*backend);
+    EXPECT_FALSE(first.from_cache);
+    EXPECT_GT(first.flops_per_s, 0);
+    EXPECT_GT(first.bytes_per_s, 0);
+    EXPECT_NE(first.flops_source.find("1024^3"), std::string::npos);
+    // The probe's buffers do not count towards the run's peaks.
+    EXPECT_EQ(backend->memory_stats().peak_total, 0u);
+
+    const auto file = dir / "cpu_peaks.json";
+    ASSERT_TRUE(std::filesystem::exists(file));
+    std::ifstream in(file);
+    const auto j = nlohmann::json::parse(in);
+    EXPECT_DOUBLE_EQ(j["devices"][backend->device_name()]["flops_per_s"].get<double>(),
+                     first.flops_per_s);
+
+    const MachinePeaks second = measure_peaks(*backend);
+    EXPECT_TRUE(second.from_cache);
+    EXPECT_DOUBLE_EQ(second.flops_per_s, first.flops_per_s);
+    const auto pf = peak_flops(backend->device_name(), Precision::fp32);
+    ASSERT_TRUE(pf.has_value());
+    EXPECT_DOUBLE_EQ(*pf, first.flops_per_s);
+    // Unknown GPUs get no made-up peak.
+    EXPECT_FALSE(peak_flops("Imaginary GPU 9000", Precision::bf16).has_value());
+    std::filesystem::remove_all(dir);
+}
+
+TEST(Peaks, CorruptCacheIsRemeasured) {
+    const auto dir = std::filesystem::temp_directory_path() /
+                     ("mt_test_peaks_bad_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    { std::ofstream(dir / "cpu_peaks.json") << "{ not json"; }
+    ::setenv("MICROTRAIN_CACHE_DIR", dir.c_str(), 1);
+    BackendOptions o;
+    o.num_threads = 1;
+    auto backend = create_backend(BackendKind::cpu, o);
+    EXPECT_FALSE(peak_flops(backend->device_name(), Precision::fp32).has_value());
+    const MachinePeaks p = measure_peaks(*backend);
+    EXPECT_FALSE(p.from_cache);
+    EXPECT_TRUE(peak_flops(backend->device_name(), Precision::fp32).has_value());
+    std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mt
