@@ -1,0 +1,420 @@
+// Report writers and the comparison, on hand-built results (no training): results.json fields,
+// steps.csv consistency, trace.json structure, report.md table and delta signs, verdicts,
+// compare on two results files, error messages for bad files, atomic writes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "harness/report.h"
+
+namespace mt {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+fs::path temp_dir(const std::string& tag) {
+    const fs::path d =
+        fs::temp_directory_path() / ("mt_test_report_" + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d);
+    return d;
+}
+
+std::string slurp(const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// A measured run with the given step wall times (ms), constant loss and tracked peak (bytes).
+RunResult make_run(const std::string& name, const std::vector<double>& walls, double loss,
+                   size_t peak, std::map<std::string, std::string> changed = {}) {
+    RunResult r;
+    r.config.variant = name;
+    r.config.changed = std::move(changed);
+    r.config.data.batch_size = 4;
+    r.config.data.seq_len = 64;
+    r.config.run.warmup_steps = 2;
+    r.config.run.measure_steps = static_cast<int>(walls.size());
+    r.backend = "cpu";
+    r.device_name = "CPU: Test (2 threads)";
+    r.threads = 2;
+    r.flops_per_step = 1e9;
+    r.peak_flops = 100e9;
+    r.peak_flops_source = "test";
+    r.peaks.flops_per_s = 100e9;
+    r.peaks.bytes_per_s = 10e9;
+    r.peaks.flops_source = "test flops";
+    r.peaks.bytes_source = "test bytes";
+    r.estimate.params = peak / 4;
+    r.estimate.activations = peak / 2;
+    r.memory.tracked_peak_total = peak;
+    r.memory.tracked_peak[static_cast<int>(MemoryCategory::params)] = peak / 4;
+    r.memory.tracked_peak[static_cast<int>(MemoryCategory::activations)] = peak - peak / 4;
+    r.memory.device_available = true;
+    r.memory.device_kind = "RSS";
+    r.memory.device_used_peak = peak * 2;
+    r.memory.device_total = peak * 100;
+    auto& fwd = r.memory.phases[static_cast<int>(Phase::forward)];
+    fwd.seen = true;
+    fwd.tracked_peak_total = peak;
+    fwd.transient_peak = peak / 2;
+    int step = 0;
+    auto add = [&](double wall, bool warm) {
+        StepRecord s;
+        s.step = step++;
+        s.warmup = warm;
+        s.times.wall_ms = wall;
+        s.times[Phase::data] = 0.1 * wall;
+        s.times[Phase::h2d] = 0.01 * wall;
+        s.times[Phase::forward] = 0.3 * wall;
+        s.times[Phase::backward] = 0.45 * wall;
+        s.times[Phase::optimizer] = 0.1 * wall;
+        s.times[Phase::sync] = 0.02 * wall;
+        s.loss = loss + 0.001 * s.step;
+        s.grad_norm = 1.5;
+        s.lr = 3e-4;
+        r.steps.push_back(s);
+    };
+    add(walls.front() * 3, true);  // warm-up steps are slow and must not count
+    add(walls.front() * 2, true);
+    for (double w : walls) add(w, false);
+    TraceStep ts;
+    ts.step = 2;
+    ts.wall_ms = walls.front();
+    double t = 0;
+    for (Phase p : kAllPhases) {
+        ts.phases.push_back({p, 0, t, 0.1});
+        t += 0.1;
+    }
+    ts.ops.push_back({"matmul_forward", 0.2, 0.05});
+    r.trace.push_back(ts);
+    return r;
+}
+
+ExperimentResult make_experiment() {
+    ExperimentResult ex;
+    ex.name = "unit";
+    ex.source_path = "unit.yaml";
+    ex.baseline = "baseline";
+    ex.loss_tolerance = 0.02;
+    ex.started_utc = "2026-01-01T00:00:00Z";
+    ex.runs.push_back(make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20));
+    // 2x faster, same memory: keep.
+    ex.runs.push_back(
+        make_run("fast", {5, 5.05, 4.95, 5, 5.02}, 5.0, 100 << 20, {{"optim.impl", "fused"}}));
+    // Leaner but slower: trade-off.
+    ex.runs.push_back(
+        make_run("lean", {12, 12.1, 11.9, 12, 12.05}, 5.0, 60 << 20, {{"run.recompute", "gelu"}}));
+    // Same speed within noise, loss off by 10%: reject.
+    ex.runs.push_back(
+        make_run("lossy", {10, 10.1, 9.9, 10, 10.05}, 5.5, 100 << 20, {{"optim.lr", "0.01"}}));
+    // Two knobs at once.
+    ex.runs.push_back(make_run("combo", {5, 5.05, 4.95, 5, 5.02}, 5.0, 100 << 20,
+                               {{"optim.impl", "fused"}, {"kernels.classifier", "fused"}}));
+    RunResult skipped;
+    skipped.config.variant = "gpu-only";
+    skipped.status = RunStatus::skipped;
+    skipped.message = "needs a GPU (run.precision bf16), and this machine has none";
+    ex.runs.push_back(skipped);
+    return ex;
+}
+
+const ComparisonRow& row(const Comparison& c, const std::string& name) {
+    for (const auto& r : c.rows)
+        if (r.name == name) return r;
+    throw std::runtime_error("no row " + name);
+}
+
+TEST(ResultsJson, HoldsSchemaEnvironmentAndEveryVariant) {
+    const json j = results_to_json(make_experiment());
+    EXPECT_EQ(j["schema_version"], kResultsSchemaVersion);
+    EXPECT_EQ(j["experiment"]["name"], "unit");
+    EXPECT_EQ(j["experiment"]["baseline"], "baseline");
+    EXPECT_TRUE(j["environment"].contains("hardware_threads"));
+    EXPECT_TRUE(j["environment"].contains("git_commit"));
+    ASSERT_EQ(j["variants"].size(), 6u);
+    const json& b = j["variants"][0];
+    for (const char* key :
+         {"name", "status", "config", "changed", "knobs_changed", "stats", "flops", "roofline",
+          "loss", "memory", "kernels", "steps", "batch", "device_name", "threads"})
+        EXPECT_TRUE(b.contains(key)) << key;
+    EXPECT_EQ(b["measured_steps"], 5);
+    EXPECT_EQ(b["steps"].size(), 7u);
+    EXPECT_TRUE(b["steps"][0]["warmup"].get<bool>());
+    EXPECT_FALSE(b["steps"][2]["warmup"].get<bool>());
+    // Statistics cover measured steps only (warm-up steps are 20-30 ms).
+    EXPECT_NEAR(b["stats"]["step_ms"]["median"].get<double>(), 10.0, 1e-9);
+    EXPECT_NEAR(b["stats"]["step_ms"]["max"].get<double>(), 10.1, 1e-9);
+    for (const char* p : {"data", "h2d", "forward", "backward", "optimizer", "sync", "other"})
+        EXPECT_TRUE(b["stats"]["phases_ms"].contains(p)) << p;
+    EXPECT_NEAR(b["stats"]["phases_ms"]["other"]["mean"].get<double>(),
+                0.02 * b["stats"]["step_ms"]["mean"].get<double>(), 1e-9);
+    // samples/s = B * grad_accum / median step s; tokens/s = that * T.
+    EXPECT_NEAR(b["stats"]["samples_per_s"].get<double>(), 4 / 0.010, 1e-6);
+    EXPECT_NEAR(b["stats"]["tokens_per_s"].get<double>(), 4 * 64 / 0.010, 1e-6);
+    EXPECT_NEAR(b["flops"]["mfu"].get<double>(), (1e9 / 0.010) / 100e9, 1e-12);
+    EXPECT_EQ(b["memory"]["tracked_peak_total"], 100 << 20);
+    EXPECT_EQ(b["memory"]["peak_phase"], "forward");
+    EXPECT_TRUE(b["config"].contains("optim.impl"));
+    EXPECT_EQ(j["variants"][1]["changed"]["optim.impl"], "fused");
+    EXPECT_EQ(j["variants"][4]["knobs_changed"], 2);
+    EXPECT_EQ(j["variants"][5]["status"], "skipped");
+    EXPECT_EQ(j["variants"][5]["measured_steps"], 0);
+}
+
+TEST(ResultsJson, NonFiniteLossIsNullNotInvalidJson) {
+    ExperimentResult ex = make_experiment();
+    ex.runs[0].steps.back().loss = std::nan("");
+    const std::string text = results_to_json(ex).dump();
+    const json back = json::parse(text);  // must parse
+    EXPECT_TRUE(back["variants"][0]["steps"].back()["loss"].is_null());
+    EXPECT_TRUE(back["variants"][0]["loss"]["final"].is_null());
+}
+
+TEST(StepsCsv, IsConsistentWithResultsJson) {
+    const ExperimentResult ex = make_experiment();
+    const json j = results_to_json(ex);
+    std::istringstream in(steps_csv(ex));
+    std::string header;
+    std::getline(in, header);
+    EXPECT_EQ(header,
+              "variant,step,warmup,wall_ms,data_ms,h2d_ms,forward_ms,backward_ms,optimizer_ms,"
+              "sync_ms,other_ms,loss,grad_norm,lr");
+    std::map<std::string, std::vector<std::vector<std::string>>> rows;
+    for (std::string line; std::getline(in, line);) {
+        std::vector<std::string> cells;
+        std::stringstream ls(line);
+        for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
+        ASSERT_EQ(cells.size(), 14u) << line;
+        rows[cells[0]].push_back(cells);
+    }
+    for (const json& v : j["variants"]) {
+        const auto& rs = rows[v["name"].get<std::string>()];
+        ASSERT_EQ(rs.size(), v["steps"].size()) << v["name"];
+        for (size_t i = 0; i < rs.size(); ++i) {
+            const json& s = v["steps"][i];
+            EXPECT_EQ(std::stoi(rs[i][1]), s["step"].get<int>());
+            EXPECT_EQ(rs[i][2] == "1", s["warmup"].get<bool>());
+            EXPECT_NEAR(std::stod(rs[i][3]), s["wall_ms"].get<double>(), 1e-5);
+            EXPECT_NEAR(std::stod(rs[i][6]), s["phases_ms"]["forward"].get<double>(), 1e-5);
+            EXPECT_NEAR(std::stod(rs[i][10]), s["other_ms"].get<double>(), 1e-5);
+            EXPECT_NEAR(std::stod(rs[i][11]), s["loss"].get<double>(), 1e-5);
+        }
+    }
+}
+
+TEST(TraceJson, IsChromeTraceFormatWithEveryPhase) {
+    const json t = json::parse(trace_json(make_experiment()).dump());
+    ASSERT_TRUE(t["traceEvents"].is_array());
+    std::set<std::string> phases;
+    bool has_op = false, has_step = false, has_meta = false;
+    for (const json& e : t["traceEvents"]) {
+        ASSERT_TRUE(e.contains("ph"));
+        ASSERT_TRUE(e.contains("pid"));
+        if (e["ph"] == "M") {
+            has_meta = true;
+            continue;
+        }
+        EXPECT_EQ(e["ph"], "X");
+        EXPECT_TRUE(e["ts"].is_number());
+        EXPECT_TRUE(e["dur"].is_number());
+        EXPECT_GE(e["dur"].get<double>(), 0);
+        if (e["cat"] == "phase") phases.insert(e["name"].get<std::string>());
+        if (e["cat"] == "op") has_op = true;
+        if (e["cat"] == "step") has_step = true;
+    }
+    for (Phase p : kAllPhases) EXPECT_TRUE(phases.count(to_string(p))) << to_string(p);
+    EXPECT_TRUE(has_op);
+    EXPECT_TRUE(has_step);
+    EXPECT_TRUE(has_meta);
+}
+
+TEST(Comparison, DeltasAreBaselineMinusVariantAndVerdictsFollow) {
+    const Comparison c = build_comparison(results_to_json(make_experiment()));
+    ASSERT_EQ(c.rows.front().name, "baseline");
+    EXPECT_TRUE(c.rows.front().is_baseline);
+    EXPECT_EQ(c.rows.front().verdict, "baseline");
+
+    const ComparisonRow& fast = row(c, "fast");
+    ASSERT_TRUE(fast.dtime_ms.has_value());
+    EXPECT_NEAR(*fast.dtime_ms, 5.0, 1e-9);  // positive = variant faster
+    EXPECT_NEAR(*fast.speedup, 2.0, 1e-9);
+    EXPECT_FALSE(fast.within_noise);
+    EXPECT_EQ(fast.loss_ok, true);
+    EXPECT_EQ(fast.verdict.rfind("keep", 0), 0u) << fast.verdict;
+
+    const ComparisonRow& lean = row(c, "lean");
+    EXPECT_LT(*lean.dtime_ms, 0);                          // slower
+    EXPECT_NEAR(*lean.dmem_bytes, 40.0 * (1 << 20), 1.0);  // positive = less memory
+    EXPECT_EQ(lean.verdict.rfind("trade-off", 0), 0u) << lean.verdict;
+    EXPECT_NE(lean.verdict.find("costs"), std::string::npos) << lean.verdict;
+
+    const ComparisonRow& lossy = row(c, "lossy");
+    EXPECT_TRUE(lossy.within_noise);
+    EXPECT_EQ(lossy.loss_ok, false);
+    EXPECT_EQ(lossy.verdict.rfind("reject", 0), 0u) << lossy.verdict;
+    EXPECT_NE(lossy.verdict.find("loss"), std::string::npos);
+
+    const ComparisonRow& combo = row(c, "combo");
+    EXPECT_NE(combo.verdict.find("changes 2 knobs: not attributable"), std::string::npos)
+        << combo.verdict;
+
+    const ComparisonRow& gpu = row(c, "gpu-only");
+    EXPECT_FALSE(gpu.has_stats);
+    EXPECT_NE(gpu.verdict.find("needs a GPU"), std::string::npos) << gpu.verdict;
+}
+
+TEST(Comparison, SmallDeltaInsideTheSpreadIsWithinNoise) {
+    ExperimentResult ex;
+    ex.name = "noise";
+    ex.baseline = "baseline";
+    ex.runs.push_back(make_run("baseline", {9, 10, 11, 10, 12, 8}, 5.0, 1 << 20));
+    ex.runs.push_back(make_run("tiny-gain", {8.8, 9.8, 10.8, 9.8, 11.8, 7.8}, 5.0, 1 << 20));
+    const Comparison c = build_comparison(results_to_json(ex));
+    const ComparisonRow& r = row(c, "tiny-gain");
+    EXPECT_GT(*r.dtime_ms, 0);
+    EXPECT_TRUE(r.within_noise);
+    EXPECT_EQ(r.verdict.find("keep"), std::string::npos) << r.verdict;  // not called a win
+    EXPECT_NE(r.verdict.find("within noise"), std::string::npos) << r.verdict;
+}
+
+TEST(ReportMd, HasTheTableDeltasWithSignsAndTheAnswers) {
+    const std::string md = render_report_md(results_to_json(make_experiment()));
+    for (const char* s :
+         {"| Variant | Changed | Step ms (median) | p90 ms | Samples/s | Tokens/s | MFU |",
+          "## Answers", "Where is the step slow?", "Where does memory peak?",
+          "Is the change worth keeping?", "## Phase breakdown", "## Memory",
+          "## Bottleneck and next steps", "## Effective configuration",
+          "| fast | optim.impl=fused | 5.00 |", "+5.00 (2.00x)", "-2.00 (0.83x)", "+40.0",
+          "changes 2 knobs", "needs a GPU"})
+        EXPECT_NE(md.find(s), std::string::npos) << "missing: " << s << "\n" << md;
+    EXPECT_NE(md.find("dominant phase: **backward**"), std::string::npos);
+}
+
+TEST(Suggestions, FollowTheDominantPhase) {
+    ExperimentResult ex;
+    ex.name = "s";
+    ex.baseline = "b";
+    RunResult r = make_run("b", {10, 10, 10}, 5.0, 1 << 20);
+    for (auto& s : r.steps) {  // make it data-bound
+        s.times[Phase::data] = 0.6 * s.times.wall_ms;
+        s.times[Phase::forward] = 0.1 * s.times.wall_ms;
+        s.times[Phase::backward] = 0.1 * s.times.wall_ms;
+    }
+    r.config.optim.impl = AdamWImpl::unfused;
+    ex.runs.push_back(r);
+    const json v = results_to_json(ex)["variants"][0];
+    const auto sug = suggestions_for(v);
+    std::string all;
+    for (const auto& s : sug) all += s + "\n";
+    EXPECT_NE(all.find("data-bound"), std::string::npos) << all;
+    EXPECT_NE(all.find("data.workers"), std::string::npos) << all;
+    EXPECT_EQ(all.find("compute in the model dominates"), std::string::npos) << all;
+}
+
+TEST(ReportHtml, IsSelfContainedWithCharts) {
+    const std::string html = render_report_html(results_to_json(make_experiment()));
+    EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+    size_t svgs = 0;
+    for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
+    EXPECT_EQ(svgs, 4u);  // phases, distribution, loss, memory
+    EXPECT_EQ(html.find("<script src"), std::string::npos);
+    EXPECT_EQ(html.find("<link"), std::string::npos);
+    EXPECT_EQ(html.find("<img"), std::string::npos);
+    EXPECT_NE(html.find("<table>"), std::string::npos);
+    for (const char* name : {"baseline", "fast", "lean", "lossy", "combo"})
+        EXPECT_NE(html.find(name), std::string::npos) << name;
+}
+
+TEST(RunFolder, WritesAllFilesAtomically) {
+    const fs::path dir = temp_dir("folder");
+    const std::string run = write_run_folder(make_experiment(), dir.string());
+    EXPECT_EQ(fs::path(run).parent_path(), dir);
+    EXPECT_EQ(fs::path(run).filename().string().rfind("unit-", 0), 0u);
+    for (const char* f : {"report.md", "report.html", "results.json", "steps.csv", "trace.json"})
+        EXPECT_GT(fs::file_size(fs::path(run) / f), 0u) << f;
+    for (const auto& e : fs::directory_iterator(run))  // no temporary files left behind
+        EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+    // A second run in the same second gets its own folder.
+    const std::string run2 = write_run_folder(make_experiment(), dir.string());
+    EXPECT_NE(run, run2);
+    EXPECT_NO_THROW(load_results(run + "/results.json"));
+    fs::remove_all(dir);
+}
+
+TEST(AtomicFile, ReplacesContentAndReportsErrors) {
+    const fs::path dir = temp_dir("atomic");
+    const std::string p = (dir / "x.txt").string();
+    write_file_atomic(p, "one");
+    write_file_atomic(p, "two");
+    EXPECT_EQ(slurp(p), "two");
+    try {
+        write_file_atomic((dir / "missing" / "y.txt").string(), "z");
+        FAIL() << "expected an error";
+    } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("missing/y.txt"), std::string::npos) << e.what();
+    }
+    fs::remove_all(dir);
+}
+
+TEST(Compare, TwoResultsFilesGiveTheSameTable) {
+    const fs::path dir = temp_dir("compare");
+    ExperimentResult a = make_experiment();
+    ExperimentResult b;
+    b.name = "other";
+    b.baseline = "baseline";
+    RunResult tuned = make_run("baseline", {8, 8.05, 7.95, 8, 8.02}, 5.0, 90 << 20);
+    tuned.config.optim.impl = AdamWImpl::unfused;  // differs from a's baseline (default fused)
+    b.runs.push_back(tuned);
+    const std::string ra = write_run_folder(a, (dir / "a").string());
+    const std::string rb = write_run_folder(b, (dir / "b").string());
+    const json ja = load_results(ra + "/results.json");
+    const json jb = load_results(rb + "/results.json");
+    const Comparison c = compare_results(ja, "A", jb, "B");
+    ASSERT_EQ(c.rows.size(), 2u);
+    EXPECT_EQ(c.rows[0].name, "A:baseline");
+    EXPECT_TRUE(c.rows[0].is_baseline);
+    EXPECT_EQ(c.rows[1].name, "B:baseline");
+    EXPECT_NEAR(*c.rows[1].dtime_ms, 2.0, 1e-9);
+    EXPECT_NEAR(*c.rows[1].speedup, 1.25, 1e-9);
+    EXPECT_NE(c.rows[1].changed.find("optim.impl=unfused"), std::string::npos) << c.rows[1].changed;
+    const std::string md = render_comparison_md(c);
+    EXPECT_NE(md.find("| B:baseline |"), std::string::npos) << md;
+    EXPECT_NE(md.find("+2.00 (1.25x)"), std::string::npos) << md;
+    EXPECT_THROW(compare_results(ja, "A", jb, "B", "nope"), ReportError);
+    EXPECT_THROW(compare_results(ja, "A", jb, "B", "", "nope"), ReportError);
+    fs::remove_all(dir);
+}
+
+TEST(LoadResults, BadFilesGiveClearErrors) {
+    const fs::path dir = temp_dir("bad");
+    auto expect_error = [](const std::string& path, const std::string& needle) {
+        try {
+            load_results(path);
+            ADD_FAILURE() << "no error for " << path;
+        } catch (const ReportError& e) {
+            EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+        }
+    };
+    expect_error((dir / "absent.json").string(), "cannot read");
+    { std::ofstream(dir / "garbage.json") << "{ nope"; }
+    expect_error((dir / "garbage.json").string(), "not valid JSON");
+    { std::ofstream(dir / "other.json") << R"({"hello": 1})"; }
+    expect_error((dir / "other.json").string(), "not a microtrain results.json");
+    { std::ofstream(dir / "v2.json") << R"({"schema_version": 2, "variants": []})"; }
+    expect_error((dir / "v2.json").string(), "schema_version 2");
+    json j = results_to_json(make_experiment());
+    j["variants"][1].erase("stats");
+    { std::ofstream(dir / "nostats.json") << j.dump(); }
+    expect_error((dir / "nostats.json").string(), "variants[1]: missing key 'stats'");
+    fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mt
