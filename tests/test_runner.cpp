@@ -1,0 +1,304 @@
+// The runner end to end on a tiny experiment (tiny model, 2 warm-up + 3 measured steps): a
+// complete run folder; the injected NaN and interrupt paths (report still written, marked); a
+// variant needing a GPU skipped with a reason; the `run` and `compare` commands' exit codes.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "harness/report.h"
+#include "harness/runner.h"
+#include "harness/spec.h"
+
+namespace mt {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+class RunnerTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        dir_ = fs::temp_directory_path() /
+               ("mt_test_runner_" + std::to_string(::getpid()) + "_" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        fs::remove_all(dir_);
+        fs::create_directories(dir_);
+        // One peak probe per test process, never in the user's ~/.cache.
+        const fs::path cache =
+            fs::temp_directory_path() / ("mt_test_runner_cache_" + std::to_string(::getpid()));
+        ::setenv("MICROTRAIN_CACHE_DIR", cache.c_str(), 1);
+    }
+    void TearDown() override { fs::remove_all(dir_); }
+
+    std::string write_yaml(const std::string& variants, const std::string& extra = "") {
+        const std::string path = (dir_ / "tiny.yaml").string();
+        std::ofstream(path) << "name: tiny\n"
+                               "backend: cpu\n"
+                               "model: { n_layer: 2, n_embd: 32, n_head: 2, max_seq_len: 16, "
+                               "vocab_size: 128 }\n"
+                               "data: { source: synthetic, batch_size: 2, seq_len: 16 }\n"
+                               "optim: { lr: 1.0e-3, impl: unfused }\n"
+                               "run: { seed: 7, warmup_steps: 2, measure_steps: 3, threads: 1 }\n"
+                            << extra << "variants:\n"
+                            << variants
+                            << "compare: { baseline: baseline, loss_tolerance: 0.02 }\n"
+                               "report: { out_dir: "
+                            << (dir_ / "runs").string() << " }\n";
+        return path;
+    }
+
+    static RunnerOptions quiet() {
+        RunnerOptions o;
+        o.out = nullptr;
+        o.handle_sigint = false;
+        return o;
+    }
+
+    fs::path dir_;
+};
+
+const char* kTwoVariants =
+    "  - name: baseline\n"
+    "  - name: fused\n"
+    "    set: { optim.impl: fused }\n";
+
+TEST_F(RunnerTest, EndToEndTinyExperimentWritesACompleteRunFolder) {
+    const ExperimentSpec spec =
+        load_experiment(write_yaml(kTwoVariants, "profile: { kernels: true, trace_steps: 2 }\n"));
+    const ExperimentResult ex = run_experiment(spec, quiet());
+    ASSERT_EQ(ex.runs.size(), 2u);
+    EXPECT_FALSE(ex.interrupted);
+    for (const RunResult& r : ex.runs) {
+        EXPECT_EQ(r.status, RunStatus::ok) << r.message;
+        ASSERT_EQ(r.steps.size(), 5u);
+        EXPECT_TRUE(r.steps[1].warmup);
+        EXPECT_FALSE(r.steps[2].warmup);
+        for (const StepRecord& s : r.steps) {
+            EXPECT_TRUE(std::isfinite(s.loss));
+            EXPECT_GT(s.times.wall_ms, 0);
+            EXPECT_GT(s.times[Phase::forward], 0);
+            EXPECT_GT(s.times[Phase::backward], 0);
+        }
+        EXPECT_EQ(r.trace.size(), 2u);
+        EXPECT_FALSE(r.kernels.empty());
+        EXPECT_GT(r.flops_per_step, 0);
+        EXPECT_GT(r.memory.tracked_peak_total, 0u);
+        EXPECT_GT(r.estimate.total(), 0u);
+        EXPECT_EQ(r.backend, "cpu");
+    }
+    // Same seed, same batches, same initial weights: both AdamW implementations are bitwise
+    // identical, so the losses must match exactly.
+    for (size_t i = 0; i < ex.runs[0].steps.size(); ++i)
+        EXPECT_EQ(ex.runs[0].steps[i].loss, ex.runs[1].steps[i].loss) << "step " << i;
+
+    const std::string run = write_run_folder(ex, spec.out_dir);
+    for (const char* f : {"report.md", "report.html", "results.json", "steps.csv", "trace.json"})
+        EXPECT_TRUE(fs::exists(fs::path(run) / f)) << f;
+    const json j = load_results(run + "/results.json");
+    EXPECT_EQ(j["variants"][0]["measured_steps"], 3);
+    EXPECT_EQ(j["variants"][1]["changed"]["optim.impl"], "fused");
+    EXPECT_FALSE(j["variants"][0]["kernels"].empty());
+    std::ifstream tin(fs::path(run) / "trace.json");
+    const json trace = json::parse(tin);
+    std::set<std::string> phases;
+    bool ops = false;
+    for (const json& e : trace["traceEvents"]) {
+        if (e.value("cat", "") == "phase") phases.insert(e["name"].get<std::string>());
+        if (e.value("cat", "") == "op") ops = true;
+    }
+    EXPECT_EQ(phases.size(), static_cast<size_t>(kPhaseCount));
+    EXPECT_TRUE(ops);
+    std::ifstream min(fs::path(run) / "report.md");
+    std::stringstream md;
+    md << min.rdbuf();
+    EXPECT_NE(md.str().find("| fused |"), std::string::npos);
+    EXPECT_NE(md.str().find("## Kernels: baseline"), std::string::npos);
+}
+
+TEST_F(RunnerTest, GradAccumulationRepeatsTheMicroStepPhases) {
+    const ExperimentSpec spec = load_experiment(
+        write_yaml("  - name: baseline\n", "profile: { trace_steps: 1 }\n"), {"run.grad_accum=3"});
+    const ExperimentResult ex = run_experiment(spec, quiet());
+    const RunResult& r = ex.runs.at(0);
+    ASSERT_EQ(r.status, RunStatus::ok) << r.message;
+    ASSERT_EQ(r.trace.size(), 1u);
+    int data = 0, fwd = 0, opt = 0;
+    for (const PhaseInterval& iv : r.trace[0].phases) {
+        data += iv.phase == Phase::data;
+        fwd += iv.phase == Phase::forward;
+        opt += iv.phase == Phase::optimizer;
+    }
+    EXPECT_EQ(data, 3);
+    EXPECT_EQ(fwd, 3);
+    EXPECT_EQ(opt, 1);
+    for (const StepRecord& s : r.steps) EXPECT_TRUE(std::isfinite(s.loss));
+    // The step's loss is the mean over its micro-batches: near ln(128) for a fresh model.
+    EXPECT_NEAR(r.steps[0].loss, std::log(128.0), 0.5);
+    const RunStats st = compute_run_stats(r);
+    EXPECT_NEAR(st.samples_per_s, 2 * 3 / (st.step_ms.median / 1000.0), 1e-6);
+}
+
+TEST_F(RunnerTest, InjectedNaNStopsTheVariantAndTheReportIsStillWritten) {
+    const ExperimentSpec spec = load_experiment(write_yaml(kTwoVariants));
+    RunnerOptions o = quiet();
+    o.inject_variant = "fused";
+    o.inject_nan_at_step = 3;
+    const ExperimentResult ex = run_experiment(spec, o);
+    ASSERT_EQ(ex.runs.size(), 2u);
+    EXPECT_EQ(ex.runs[0].status, RunStatus::ok);
+    const RunResult& bad = ex.runs[1];
+    EXPECT_EQ(bad.status, RunStatus::failed);
+    EXPECT_EQ(bad.failed_step, 3);
+    EXPECT_EQ(bad.failed_phase, "forward");
+    EXPECT_EQ(bad.steps.size(), 4u);  // steps 0..3 kept, nothing after
+    EXPECT_NE(bad.message.find("'fused'"), std::string::npos) << bad.message;
+    EXPECT_NE(bad.message.find("step 3"), std::string::npos) << bad.message;
+    EXPECT_NE(bad.message.find("forward"), std::string::npos) << bad.message;
+
+    const std::string run = write_run_folder(ex, spec.out_dir);
+    const json j = load_results(run + "/results.json");
+    EXPECT_EQ(j["variants"][1]["status"], "failed");
+    EXPECT_EQ(j["variants"][1]["failed_step"], 3);
+    EXPECT_TRUE(j["variants"][1]["steps"][3]["loss"].is_null());
+    std::ifstream in(fs::path(run) / "report.md");
+    std::stringstream md;
+    md << in.rdbuf();
+    EXPECT_NE(md.str().find("**Failed:"), std::string::npos);
+    EXPECT_NE(md.str().find("| fused (failed) |"), std::string::npos);
+}
+
+TEST_F(RunnerTest, InterruptStopsAfterTheCurrentStepAndMarksTheRun) {
+    const ExperimentSpec spec = load_experiment(write_yaml(kTwoVariants));
+    RunnerOptions o = quiet();
+    o.inject_variant = "baseline";
+    o.interrupt_at_step = 2;
+    const ExperimentResult ex = run_experiment(spec, o);
+    EXPECT_TRUE(ex.interrupted);
+    EXPECT_EQ(ex.runs[0].status, RunStatus::interrupted);
+    EXPECT_EQ(ex.runs[0].steps.size(), 3u);  // 2 warm-up + the step that was running
+    EXPECT_EQ(ex.runs[1].status, RunStatus::skipped);
+    EXPECT_NE(ex.runs[1].message.find("interrupted"), std::string::npos);
+    const std::string run = write_run_folder(ex, spec.out_dir);
+    const json j = load_results(run + "/results.json");
+    EXPECT_TRUE(j["interrupted"].get<bool>());
+    EXPECT_EQ(j["variants"][0]["status"], "interrupted");
+    EXPECT_EQ(j["variants"][0]["measured_steps"], 1);
+}
+
+TEST_F(RunnerTest, VariantNeedingAGpuIsSkippedWithAReason) {
+    std::string why;
+    if (cuda_available(&why)) GTEST_SKIP() << "a GPU is present: nothing to skip";
+    const ExperimentSpec spec = load_experiment(
+        write_yaml("  - name: baseline\n  - name: on-gpu\n    set: { backend: cuda }\n"));
+    const ExperimentResult ex = run_experiment(spec, quiet());
+    EXPECT_EQ(ex.runs[0].status, RunStatus::ok);
+    EXPECT_EQ(ex.runs[1].status, RunStatus::skipped);
+    EXPECT_NE(ex.runs[1].message.find("needs a GPU"), std::string::npos) << ex.runs[1].message;
+    const Comparison c = build_comparison(results_to_json(ex));
+    EXPECT_NE(c.rows[1].verdict.find("needs a GPU"), std::string::npos) << c.rows[1].verdict;
+}
+
+// ---- the CLI ----------------------------------------------------------------------------------
+
+struct Proc {
+    int code = -1;
+    std::string out;
+};
+
+Proc run_cli(const std::string& args) {
+    Proc p;
+    const std::string cmd = std::string(MT_BINARY) + " " + args + " 2>&1";
+    std::FILE* f = ::popen(cmd.c_str(), "r");
+    if (!f) return p;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) p.out.append(buf, n);
+    const int st = ::pclose(f);
+    p.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return p;
+}
+
+std::string run_folder_of(const std::string& out) {
+    const auto pos = out.find("run folder: ");
+    if (pos == std::string::npos) return "";
+    const auto end = out.find('\n', pos);
+    return out.substr(pos + 12, end - pos - 12);
+}
+
+TEST_F(RunnerTest, RunAndCompareCommandsExitCodes) {
+    const std::string yaml = write_yaml(kTwoVariants);
+    const Proc ok = run_cli("run " + yaml + " --quiet");
+    ASSERT_EQ(ok.code, 0) << ok.out;
+    EXPECT_NE(ok.out.find("| Variant | Changed |"), std::string::npos) << ok.out;
+    const std::string a = run_folder_of(ok.out);
+    ASSERT_FALSE(a.empty()) << ok.out;
+    EXPECT_TRUE(fs::exists(a + "/report.html"));
+
+    const Proc intr = run_cli("run " + yaml + " --quiet --interrupt-at-step 1");
+    EXPECT_EQ(intr.code, 130) << intr.out;
+    const std::string b = run_folder_of(intr.out);
+    ASSERT_FALSE(b.empty()) << intr.out;
+    EXPECT_TRUE(fs::exists(b + "/results.json"));
+
+    const Proc nan = run_cli("run " + yaml + " --quiet --inject-nan-at-step 2");
+    EXPECT_EQ(nan.code, 1) << nan.out;
+    EXPECT_NE(nan.out.find("non-finite loss"), std::string::npos) << nan.out;
+
+    const Proc cmp = run_cli("compare " + a + "/results.json " + a + "/results.json");
+    EXPECT_EQ(cmp.code, 0) << cmp.out;
+    EXPECT_NE(cmp.out.find("| B:fused |"), std::string::npos) << cmp.out;
+
+    const Proc bad = run_cli("compare " + a + "/results.json " + (dir_ / "nope.json").string());
+    EXPECT_EQ(bad.code, 2) << bad.out;
+    EXPECT_NE(bad.out.find("nope.json"), std::string::npos) << bad.out;
+}
+
+TEST_F(RunnerTest, RealSigintWritesTheReportAndExits130) {
+    const std::string yaml = write_yaml("  - name: baseline\n");
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        ::dup2(fds[1], 1);
+        ::dup2(fds[1], 2);
+        ::close(fds[0]);
+        ::execl(MT_BINARY, MT_BINARY, "run", yaml.c_str(), "--set", "run.measure_steps=100000",
+                static_cast<char*>(nullptr));
+        ::_exit(127);
+    }
+    ::close(fds[1]);
+    std::string out;
+    char buf[1024];
+    bool sent = false;
+    ssize_t n;
+    while ((n = ::read(fds[0], buf, sizeof buf)) > 0) {
+        out.append(buf, static_cast<size_t>(n));
+        // Once measured steps are running, press Ctrl-C.
+        if (!sent && out.find("step 4/") != std::string::npos) {
+            ::kill(pid, SIGINT);
+            sent = true;
+        }
+    }
+    ::close(fds[0]);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    ASSERT_TRUE(sent) << out;
+    ASSERT_TRUE(WIFEXITED(st)) << out;
+    EXPECT_EQ(WEXITSTATUS(st), 130) << out;
+    const std::string run = run_folder_of(out);
+    ASSERT_FALSE(run.empty()) << out;
+    const json j = load_results(run + "/results.json");
+    EXPECT_TRUE(j["interrupted"].get<bool>());
+    EXPECT_GE(j["variants"][0]["measured_steps"].get<int>(), 1);
+}
+
+}  // namespace
+}  // namespace mt
