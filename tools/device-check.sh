@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# ONE script for a machine with an NVIDIA GPU (H100/H200-class image: nvcc, CMake, ninja, Python
+# with PyTorch; no Debian -dev packages, no network). Builds microtrain from what travels with
+# the tree (.deps/, filled beforehand on a development machine by tools/pack-deps.sh), runs the
+# GPU tests, a short GPT-2 124M benchmark (fp32 and bf16; naive vs flash attention; the AdamW
+# variants) and the same model in PyTorch on the same GPU, and writes every log into LOGDIR.
+#
+#   tools/device-check.sh LOGDIR            (about 5-7 minutes on an H200)
+#
+# Every stage is logged to LOGDIR/<nn>-<stage>.log with a time limit; a failed stage is recorded
+# and the script moves on; LOGDIR/summary.md lists each stage's status at the end. Exit code:
+# 0 when every stage passed, 1 otherwise.
+# Environment: MT_DC_ARCH (default 90), MT_DC_JOBS (default nproc), MT_DC_SKIP_BENCH=1.
+set -euo pipefail
+
+LOGDIR="${1:?usage: tools/device-check.sh LOGDIR}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mkdir -p "$LOGDIR"
+LOGDIR="$(cd "$LOGDIR" && pwd)"
+DEPS="$ROOT/.deps"
+BUILD="$ROOT/build/device"
+GT_BUILD="$ROOT/build/device-gtest"
+GT_PREFIX="$ROOT/build/device-gtest-install"
+ARCH="${MT_DC_ARCH:-90}"
+JOBS="${MT_DC_JOBS:-$(nproc)}"
+PY="${PYTHON:-python3}"
+T0=$(date +%s)
+# nvcc where the CUDA image puts it, if it is not on PATH already.
+if ! command -v nvcc > /dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+export ROOT DEPS BUILD GT_BUILD GT_PREFIX ARCH JOBS PY
+declare -a NAMES=() STATUS=() SECS=()
+N=0
+
+# stage NAME TIMEOUT_S CMD...: runs CMD with a time limit, output to LOGDIR/nn-NAME.log.
+stage() {
+    local name="$1" limit="$2"
+    shift 2
+    N=$((N + 1))
+    local log
+    log="$LOGDIR/$(printf '%02d' "$N")-$name.log"
+    local t rc=0
+    t=$(date +%s)
+    echo "== [$(date -u +%H:%M:%S)] $name (limit ${limit}s) -> $(basename "$log")"
+    { echo "\$ $*"; echo; } > "$log"
+    # bash -c so exported shell functions (the multi-command stages) run under timeout too.
+    timeout --kill-after=10 "$limit" bash -c '"$@"' _ "$@" >> "$log" 2>&1 < /dev/null || rc=$?
+    local dt=$(( $(date +%s) - t ))
+    local st="ok"
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then st="TIMEOUT"; elif [[ $rc -ne 0 ]]; then st="FAIL(rc=$rc)"; fi
+    echo "   $st in ${dt}s"
+    [[ $st == ok ]] || tail -n 25 "$log" | sed 's/^/   | /'
+    NAMES+=("$name"); STATUS+=("$st"); SECS+=("$dt")
+    [[ $st == ok ]]
+}
+
+# ---- 0. environment ----
+env_info() {
+    date -u
+    uname -a
+    nvidia-smi || true
+    nvcc --version
+    cmake --version | head -1
+    ninja --version
+    g++ --version | head -1
+    "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'
+    git -C "$ROOT" log --oneline -1 || true
+    cat "$DEPS/MANIFEST"
+}
+export -f env_info
+stage env 60 env_info || true
+
+# ---- 1. GoogleTest from .deps/src/googletest ----
+build_gtest() {
+    [[ -d "$DEPS/src/googletest" ]] || { echo "no $DEPS: run tools/pack-deps.sh on a dev machine and carry .deps"; return 1; }
+    cmake -S "$DEPS/src/googletest" -B "$GT_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON -DCMAKE_INSTALL_PREFIX="$GT_PREFIX"
+    cmake --build "$GT_BUILD" -j"$JOBS"
+    cmake --install "$GT_BUILD"
+}
+export -f build_gtest
+stage gtest 180 build_gtest || true
+
+# ---- 2. configure (every find_package pointed into .deps) ----
+configure() {
+    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMT_ENABLE_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_FIND_PACKAGE_PREFER_CONFIG=ON \
+        -DEigen3_DIR="$DEPS/cmake/Eigen3" -DCLI11_DIR="$DEPS/cmake/CLI11" \
+        -Dnlohmann_json_DIR="$DEPS/cmake/nlohmann_json" -Dyaml-cpp_DIR="$DEPS/cmake/yaml-cpp" \
+        -DGTest_DIR="$GT_PREFIX/lib/cmake/GTest"
+    grep -q "MT_HAVE_CUDA" "$BUILD/CMakeCache.txt" || true
+    grep -E "^(Eigen3|CLI11|nlohmann_json|yaml-cpp|GTest)_DIR:" "$BUILD/CMakeCache.txt"
+}
+export -f configure
+stage configure 120 configure || true
+
+# ---- 3. build (Release, sm_$ARCH only) ----
+TESTS=(test_peak_flops test_cuda_backend test_cuda_ops test_cuda_attention test_cuda_training)
+export TESTS_STR="${TESTS[*]}"
+build() {
+    # shellcheck disable=SC2086
+    cmake --build "$BUILD" -j"$JOBS" --target microtrain $TESTS_STR
+    # Registers / spills of the hot kernels, for kernels/cuda/README.md.
+    local f
+    # shellcheck disable=SC2046
+    for f in attention layernorm classifier adamw; do
+        nvcc -I"$ROOT" -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_"$ARCH" -Xptxas -v \
+            $([[ $f == adamw ]] && echo --fmad=false) -c "$ROOT/kernels/cuda/$f.cu" \
+            -o /tmp/mt_ptxas_$f.o 2>&1 | grep -E "Compiling entry|registers|spill" || true
+    done
+}
+export -f build
+stage build "${MT_DC_BUILD_TIMEOUT:-420}" build || true
+
+# ---- 4. GPU tests (each binary alone, with XML results) ----
+for t in "${TESTS[@]}"; do
+    stage "$t" 240 "$BUILD/$t" --gtest_output="xml:$LOGDIR/$t.xml" || true
+done
+
+# ---- 5. benchmark: microtrain, then PyTorch on the same GPU ----
+if [[ "${MT_DC_SKIP_BENCH:-0}" != 1 ]]; then
+    stage bench-microtrain-fp32 240 "$BUILD/microtrain" run "$ROOT/bench/gpu_gpt2_124m.yaml" \
+        --out-dir "$LOGDIR/runs-fp32" || true
+    stage bench-microtrain-bf16 200 "$BUILD/microtrain" run "$ROOT/bench/gpu_gpt2_124m_bf16.yaml" \
+        --out-dir "$LOGDIR/runs-bf16" || true
+    for cfg in "fp32 math" "bf16 math" "bf16 sdpa"; do
+        prec="${cfg% *}" attn="${cfg#* }"
+        stage "bench-torch-$prec-$attn" 150 env PYTHONUNBUFFERED=1 "$PY" "$ROOT/bench/torch_gpu_step.py" \
+            --preset gpt2-124M -B 8 -T 1024 --precision "$prec" --attention "$attn" --warmup 3 \
+            --steps 10 --json "$LOGDIR/torch-$prec-$attn.json" || true
+    done
+fi
+
+# ---- summary ----
+ratio_table() {
+    "$PY" - "$LOGDIR" <<'PYEOF'
+import glob, json, os, sys
+d = sys.argv[1]
+rows = []
+for f in sorted(glob.glob(os.path.join(d, "runs-*", "**", "results.json"), recursive=True)):
+    j = json.load(open(f))
+    for v in j.get("variants", []):
+        st = v.get("stats", {})
+        rows.append((os.path.basename(os.path.dirname(os.path.dirname(f))) + "/" + v.get("name", "?"),
+                     st.get("step_ms", {}).get("median"), st.get("tokens_per_s")))
+torch = {}
+for f in sorted(glob.glob(os.path.join(d, "torch-*.json"))):
+    j = json.load(open(f))
+    torch[(j["precision"], j["attention"])] = j
+print("| run | step ms (median) | tokens/s | PyTorch ms (same precision, math attn) | ratio ours/torch |")
+print("| --- | --- | --- | --- | --- |")
+for name, ms, tps in rows:
+    prec = "bf16" if "bf16" in name else "fp32"
+    t = torch.get((prec, "math"))
+    tms = t["ms_per_step_mean"] if t else None
+    ratio = f"{ms / tms:.2f}" if (ms and tms) else "n/a"
+    print(f"| {name} | {ms if ms is None else round(ms, 2)} | {tps if tps is None else round(tps)} | "
+          f"{'n/a' if tms is None else round(tms, 2)} | {ratio} |")
+for (p, a), j in sorted(torch.items()):
+    print(f"\nPyTorch {p} {a}: {j['ms_per_step_mean']:.2f} ms/step, {j['tokens_per_s']:.0f} tokens/s, "
+          f"loss {j['final_loss']:.4f}, torch {j['torch']} on {j['device']}")
+PYEOF
+}
+{
+    echo "# device-check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo
+    echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo unknown)"
+    echo "commit: $(git -C "$ROOT" log --oneline -1 2>/dev/null || echo unknown)"
+    echo "total: $(( $(date +%s) - T0 )) s"
+    echo
+    echo "| stage | status | seconds |"
+    echo "| --- | --- | --- |"
+    for i in "${!NAMES[@]}"; do echo "| ${NAMES[$i]} | ${STATUS[$i]} | ${SECS[$i]} |"; done
+    echo
+    for t in "${TESTS[@]}"; do
+        f="$LOGDIR/$t.xml"
+        [[ -f $f ]] && echo "$t: $(grep -o '<testsuites[^>]*' "$f" | grep -oE '(tests|failures|disabled|errors)="[0-9]+"' | tr '\n' ' ')"
+        [[ -f $f ]] && echo "  skipped: $(grep -c '<skipped' "$f" || true)"
+    done
+    echo
+    ratio_table 2>&1 || echo "(no benchmark results)"
+} > "$LOGDIR/summary.md"
+cat "$LOGDIR/summary.md"
+for s in "${STATUS[@]}"; do [[ $s == ok ]] || exit 1; done
+exit 0
