@@ -13,21 +13,41 @@
 // backward variants run in one pass over the keys.
 //
 // naive: the forward keeps the probabilities, att (B,NH,T,T) (zero above the diagonal): O(T^2)
-//   memory per layer, read back by the backward.
+//   memory per layer, read back by the backward. Both directions run as GEMMs per (b,h) over
+//   blocks of queries (Eigen, single-threaded inside the parallel loop; Q, K, V, dQ, dK, dV are
+//   strided views into qkv/dqkv, row stride 3C, no copies), and the causal structure is used by
+//   block: a query block [t0, t0+nq) only meets keys [0, t0+nq), so the key blocks above the
+//   diagonal are never computed. Forward per query block:
+//     S = Q K^T scale (written into att's rows)  ->  row softmax in place over t2 <= t
+//     (vectorised exp; the rest of the row zeroed)  ->  O = P V.
+//   Backward per query block and key chunk, with a (32 x 512) dS tile on the stack:
+//     dP = dO V^T,  dS = P (dP - D) scale,  dQ += dS K,  dK += dS^T Q,  dV += P^T dO
+//   (P is zero above the diagonal, so those dS entries vanish and need no mask).
 // flash: the forward walks the keys in blocks with an online softmax (running max m and sum l,
 //   rescaling the partial output when the max grows) and keeps only lse = m + log l (B,NH,T);
 //   the backward recomputes p = exp(s - lse). O(T) memory, one extra q.k per pair in backward.
 //
-// Parallelism: forward rows (b,h,t) are independent; the triangle makes later rows costlier, so
-// rows are dealt round-robin. In the backward, every query t of a head adds into the same dk/dv
-// rows, so a thread owns a whole (b,h): race-free without atomics, and deterministic.
+// Parallelism: naive forward and backward deal whole heads (b,h) to threads; flash forward rows
+// (b,h,t) are independent and, as the triangle makes later rows costlier, dealt round-robin. In the
+// backward, every query t of a head adds into the same dk/dv rows, so a thread owns a whole (b,h):
+// race-free without atomics, and deterministic.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <Eigen/Core>
+#pragma GCC diagnostic pop
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/ops.h"
 
 namespace mt::cpu {
 namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Stride = Eigen::OuterStride<>;
+using Strided = Eigen::Map<RowMat, 0, Stride>;  // rows of a wider row-major buffer
+using CStrided = Eigen::Map<const RowMat, 0, Stride>;
 
 inline float dot(const float* a, const float* b, int n) {
     float s = 0.0f;
@@ -87,53 +107,88 @@ void attention_backward_head(float* dqkv, const float* dout, const float* qkv, c
 
 }  // namespace
 
-// naive forward: full score row, softmax, then P V; the probabilities are kept in att.
+// naive forward: per head, query blocks of kQ; S = Q K^T scale into att, softmax, O = P V.
 void attention_forward_naive(float* out, float* att, const float* qkv, int B, int T, int C,
                              int NH) {
+    constexpr int kQ = 64;  // queries per block
     const int hs = C / NH;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-#pragma omp parallel for collapse(3) schedule(static, 1)
+    const long long C3 = 3LL * C;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                const Head x(qkv, b, h, T, C, hs);
-                const float* q = x.q + t * x.C3;
-                float* row = att + ((static_cast<long long>(b) * NH + h) * T + t) * T;
-                float maxv = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float s = dot(q, x.k + t2 * x.C3, hs) * scale;
-                    row[t2] = s;
-                    maxv = std::max(maxv, s);
+            const Head x(qkv, b, h, T, C, hs);
+            float* A = att + (static_cast<long long>(b) * NH + h) * T * T;
+            float* o = out + static_cast<long long>(b) * T * C + static_cast<long long>(h) * hs;
+            for (int t0 = 0; t0 < T; t0 += kQ) {
+                const int nq = std::min(kQ, T - t0), nk = t0 + nq;  // keys this block can see
+                CStrided Q(x.q + t0 * C3, nq, hs, Stride(C3));
+                CStrided K(x.k, nk, hs, Stride(C3));
+                CStrided V(x.v, nk, hs, Stride(C3));
+                Strided S(A + static_cast<long long>(t0) * T, nq, nk, Stride(T));
+                S.noalias() = (Q * scale) * K.transpose();  // (nq,hs)(hs,nk)
+                for (int i = 0; i < nq; i++) {
+                    const int t = t0 + i;
+                    float* row = A + static_cast<long long>(t) * T;
+                    const float m = fast::max_of(row, static_cast<size_t>(t + 1));
+                    const float sum =
+                        fast::exp_shift_sum_inplace(row, static_cast<size_t>(t + 1), m);
+                    const float inv = 1.0f / sum;
+#pragma omp simd
+                    for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
+                    std::fill(row + t + 1, row + T, 0.0f);  // the masked triangle
                 }
-                float sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float e = std::exp(row[t2] - maxv);
-                    row[t2] = e;
-                    sum += e;
-                }
-                const float inv = 1.0f / sum;
-                for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
-                for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0.0f;  // the masked triangle
-                float* o =
-                    out + (static_cast<long long>(b) * T + t) * C + static_cast<long long>(h) * hs;
-                std::fill(o, o + hs, 0.0f);
-                for (int t2 = 0; t2 <= t; t2++) axpy(o, row[t2], x.v + t2 * x.C3, hs);
+                Strided O(o + static_cast<long long>(t0) * C, nq, hs, Stride(C));
+                O.noalias() = S * V;  // (nq,nk)(nk,hs); S now holds P
             }
         }
     }
 }
 
-// naive backward: p read from att.
+// naive backward: per head, query blocks of kQ x key chunks of kK through a dS tile.
 void attention_backward_naive(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* att, int B, int T, int C, int NH) {
-#pragma omp parallel for collapse(2) schedule(static)
+    constexpr int kQ = 32, kK = 512;  // the dS tile: 64 KiB on the stack
+    const int hs = C / NH;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const long long C3 = 3LL * C;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
+            const Head x(qkv, b, h, T, C, hs);
             const float* A = att + (static_cast<long long>(b) * NH + h) * T * T;
-            attention_backward_head(dqkv, dout, qkv, out, b, h, T, C, NH,
-                                    [A, T](int t, int t2, const float*, const float*, float) {
-                                        return A[static_cast<long long>(t) * T + t2];
-                                    });
+            float* dq = dqkv + static_cast<long long>(b) * T * C3 + static_cast<long long>(h) * hs;
+            float* dk = dq + C;
+            float* dv = dq + 2 * C;
+            const long long orow0 =
+                static_cast<long long>(b) * T * C + static_cast<long long>(h) * hs;
+            for (int t0 = 0; t0 < T; t0 += kQ) {
+                const int nq = std::min(kQ, T - t0), tend = t0 + nq;
+                float D[kQ];  // D_t = do_t . out_t
+                for (int i = 0; i < nq; i++) {
+                    const long long r = orow0 + static_cast<long long>(t0 + i) * C;
+                    D[i] = dot(dout + r, out + r, hs);
+                }
+                const Eigen::Map<const Eigen::ArrayXf> Dv(D, nq);
+                CStrided Q(x.q + t0 * C3, nq, hs, Stride(C3));
+                CStrided dO(dout + orow0 + static_cast<long long>(t0) * C, nq, hs, Stride(C));
+                Strided dQ(dq + t0 * C3, nq, hs, Stride(C3));
+                for (int k0 = 0; k0 < tend; k0 += kK) {
+                    const int nk = std::min(kK, tend - k0);
+                    CStrided K(x.k + k0 * C3, nk, hs, Stride(C3));
+                    CStrided V(x.v + k0 * C3, nk, hs, Stride(C3));
+                    Strided dK(dk + k0 * C3, nk, hs, Stride(C3));
+                    Strided dV(dv + k0 * C3, nk, hs, Stride(C3));
+                    CStrided P(A + static_cast<long long>(t0) * T + k0, nq, nk, Stride(T));
+                    alignas(64) float tile[kQ * kK];
+                    Eigen::Map<RowMat> dS(tile, nq, nk);
+                    dS.noalias() = dO * V.transpose();  // dP (nq,nk)
+                    dS.array() = P.array() * (dS.array().colwise() - Dv) * scale;
+                    dQ.noalias() += dS * K;              // (nq,nk)(nk,hs)
+                    dK.noalias() += dS.transpose() * Q;  // (nk,nq)(nq,hs)
+                    dV.noalias() += P.transpose() * dO;  // (nk,nq)(nq,hs)
+                }
+            }
         }
     }
 }
