@@ -136,7 +136,9 @@ TEST_P(CudaTraining, StepAndTenStepLossMatchCpu) {
         last_c = cpu2.step(true);
         last_g = gpu2.step(true);
         if (s == 0) first = last_c;
-        EXPECT_NEAR(last_g, last_c, bf16 ? 2e-2 * last_c : 1e-3 * last_c) << "step " << s;
+        // Adam normalises each update, so gradient bits that differ in the last place can move a
+        // near-zero-gradient parameter by +-lr: 2e-3 relative on the loss after 10 steps.
+        EXPECT_NEAR(last_g, last_c, bf16 ? 2e-2 * last_c : 2e-3 * last_c) << "step " << s;
     }
     EXPECT_LT(last_c, first) << "the CPU reference did not learn: the test would prove nothing";
     EXPECT_TRUE(std::isfinite(last_g));
