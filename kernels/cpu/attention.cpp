@@ -25,7 +25,8 @@
 //   (P is zero above the diagonal, so those dS entries vanish and need no mask).
 // flash: the forward walks the keys in blocks with an online softmax (running max m and sum l,
 //   rescaling the partial output when the max grows) and keeps only lse = m + log l (B,NH,T);
-//   the backward recomputes p = exp(s - lse). O(T) memory, one extra q.k per pair in backward.
+//   the backward recomputes p = exp(s - lse). O(T) memory, one extra Q K^T GEMM in backward.
+//   The same blocked GEMM structure as naive, with the score tiles on the stack.
 //
 // Parallelism: naive forward and backward deal whole heads (b,h) to threads; flash forward rows
 // (b,h,t) are independent and, as the triangle makes later rows costlier, dealt round-robin. In the
@@ -56,12 +57,6 @@ inline float dot(const float* a, const float* b, int n) {
     return s;
 }
 
-// y += a x
-inline void axpy(float* y, float a, const float* x, int n) {
-#pragma omp simd
-    for (int i = 0; i < n; i++) y[i] += a * x[i];
-}
-
 // Addresses of one head's slices. qkv row stride 3C, out/dout row stride C.
 struct Head {
     const float* q;  // row t at q + t*C3
@@ -74,36 +69,6 @@ struct Head {
           v(q + 2 * C),
           C3(3LL * C) {}
 };
-
-// Shared backward: for each query, one pass over its keys; prob(t, t2, s_fn) supplies p.
-template <class ProbFn>
-void attention_backward_head(float* dqkv, const float* dout, const float* qkv, const float* out,
-                             int b, int h, int T, int C, int NH, ProbFn prob) {
-    const int hs = C / NH;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    const Head x(qkv, b, h, T, C, hs);
-    float* dq = dqkv + static_cast<long long>(b) * T * 3 * C + static_cast<long long>(h) * hs;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const long long orow0 = static_cast<long long>(b) * T * C + static_cast<long long>(h) * hs;
-    for (int t = 0; t < T; t++) {
-        const float* q = x.q + t * x.C3;
-        const float* dO = dout + orow0 + static_cast<long long>(t) * C;
-        const float* o = out + orow0 + static_cast<long long>(t) * C;
-        float* dqt = dq + t * x.C3;
-        const float D = dot(dO, o, hs);
-        for (int t2 = 0; t2 <= t; t2++) {
-            const float* k = x.k + t2 * x.C3;
-            const float* v = x.v + t2 * x.C3;
-            const float p = prob(t, t2, q, k, scale);
-            const float dp = dot(dO, v, hs);
-            const float ds = p * (dp - D) * scale;  // d loss / d (q.k), softmax and scale folded
-            axpy(dqt, ds, k, hs);
-            axpy(dk + t2 * x.C3, ds, q, hs);
-            axpy(dv + t2 * x.C3, p, dO, hs);
-        }
-    }
-}
 
 }  // namespace
 
@@ -193,65 +158,115 @@ void attention_backward_naive(float* dqkv, const float* dout, const float* qkv, 
     }
 }
 
-// flash forward: keys in blocks of kBlock with an online softmax; the output row is the
-// accumulator (rescaled by exp(m_old - m_new) when the running max grows); keeps lse only.
+// flash forward: per head, query blocks of kQ x key blocks of kQ; the block's scores live in a
+// (kQ x kQ) tile on the stack; online softmax per query row (running max m and sum l, the
+// output rows rescaled by exp(m_old - m_new) when the max grows), O += P V per key block.
+// Keeps lse = m + log l only.
 void attention_forward_flash(float* out, float* lse, const float* qkv, int B, int T, int C,
                              int NH) {
-    constexpr int kBlock = 64;  // keys per block: the block's scores live on the stack
+    constexpr int kQ = 64;  // queries per block = keys per block
     const int hs = C / NH;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-#pragma omp parallel for collapse(3) schedule(static, 1)
+    const long long C3 = 3LL * C;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                const Head x(qkv, b, h, T, C, hs);
-                const float* q = x.q + t * x.C3;
-                float* o =
-                    out + (static_cast<long long>(b) * T + t) * C + static_cast<long long>(h) * hs;
-                std::fill(o, o + hs, 0.0f);
-                float m = -INFINITY, l = 0.0f;
-                float s[kBlock];
-                for (int k0 = 0; k0 <= t; k0 += kBlock) {
-                    const int nk = std::min(t + 1 - k0, kBlock);
-                    float bm = -INFINITY;
-                    for (int j = 0; j < nk; j++) {
-                        s[j] = dot(q, x.k + (k0 + j) * x.C3, hs) * scale;
-                        bm = std::max(bm, s[j]);
+            const Head x(qkv, b, h, T, C, hs);
+            float* o = out + static_cast<long long>(b) * T * C + static_cast<long long>(h) * hs;
+            float* L = lse + (static_cast<long long>(b) * NH + h) * T;
+            for (int t0 = 0; t0 < T; t0 += kQ) {
+                const int nq = std::min(kQ, T - t0);
+                CStrided Q(x.q + t0 * C3, nq, hs, Stride(C3));
+                Strided O(o + static_cast<long long>(t0) * C, nq, hs, Stride(C));
+                O.setZero();
+                float m[kQ], l[kQ];
+                std::fill(m, m + nq, -INFINITY);
+                std::fill(l, l + nq, 0.0f);
+                for (int k0 = 0; k0 < t0 + nq; k0 += kQ) {
+                    const int nk = std::min(kQ, t0 + nq - k0);
+                    CStrided K(x.k + k0 * C3, nk, hs, Stride(C3));
+                    CStrided V(x.v + k0 * C3, nk, hs, Stride(C3));
+                    alignas(64) float tile[kQ * kQ];
+                    Eigen::Map<RowMat> S(tile, nq, nk);
+                    S.noalias() = (Q * scale) * K.transpose();
+                    for (int i = 0; i < nq; i++) {
+                        const int nvalid = std::min(nk, t0 + i - k0 + 1);  // keys t2 <= t
+                        float* srow = tile + i * nk;
+                        if (nvalid <= 0) {  // the whole block lies above the diagonal for row i
+                            std::fill(srow, srow + nk, 0.0f);
+                            continue;
+                        }
+                        const float bm = fast::max_of(srow, static_cast<size_t>(nvalid));
+                        const float mnew = std::max(m[i], bm);
+                        const float corr = std::exp(m[i] - mnew);  // 0 on the first block
+                        l[i] = l[i] * corr +
+                               fast::exp_shift_sum_inplace(srow, static_cast<size_t>(nvalid), mnew);
+                        std::fill(srow + nvalid, srow + nk, 0.0f);
+                        O.row(i) *= corr;
+                        m[i] = mnew;
                     }
-                    const float mnew = std::max(m, bm);
-                    const float corr = std::exp(m - mnew);  // 0 on the first block (m = -inf)
-                    l *= corr;
-#pragma omp simd
-                    for (int i = 0; i < hs; i++) o[i] *= corr;
-                    for (int j = 0; j < nk; j++) {
-                        const float p = std::exp(s[j] - mnew);
-                        l += p;
-                        axpy(o, p, x.v + (k0 + j) * x.C3, hs);
-                    }
-                    m = mnew;
+                    O.noalias() += S * V;  // (nq,nk)(nk,hs), S holding exp(s - m)
                 }
-                const float inv = 1.0f / l;
-#pragma omp simd
-                for (int i = 0; i < hs; i++) o[i] *= inv;
-                lse[(static_cast<long long>(b) * NH + h) * T + t] = m + std::log(l);
+                for (int i = 0; i < nq; i++) {
+                    O.row(i) *= 1.0f / l[i];
+                    L[t0 + i] = m[i] + std::log(l[i]);
+                }
             }
         }
     }
 }
 
-// flash backward: p = exp(q.k scale - lse) recomputed for every pair.
+// flash backward: as the naive backward, with the P tile recomputed as exp(Q K^T scale - lse)
+// (zero above the diagonal) instead of read from att. Two (32 x 256) tiles on the stack.
 void attention_backward_flash(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int B, int T, int C, int NH) {
-#pragma omp parallel for collapse(2) schedule(static)
+    constexpr int kQ = 32, kK = 256;
+    const int hs = C / NH;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const long long C3 = 3LL * C;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
+            const Head x(qkv, b, h, T, C, hs);
             const float* L = lse + (static_cast<long long>(b) * NH + h) * T;
-            const int hs = C / NH;
-            attention_backward_head(
-                dqkv, dout, qkv, out, b, h, T, C, NH,
-                [L, hs](int t, int, const float* q, const float* k, float scale) {
-                    return std::exp(dot(q, k, hs) * scale - L[t]);
-                });
+            float* dq = dqkv + static_cast<long long>(b) * T * C3 + static_cast<long long>(h) * hs;
+            float* dk = dq + C;
+            float* dv = dq + 2 * C;
+            const long long orow0 =
+                static_cast<long long>(b) * T * C + static_cast<long long>(h) * hs;
+            for (int t0 = 0; t0 < T; t0 += kQ) {
+                const int nq = std::min(kQ, T - t0), tend = t0 + nq;
+                float D[kQ];
+                for (int i = 0; i < nq; i++) {
+                    const long long r = orow0 + static_cast<long long>(t0 + i) * C;
+                    D[i] = dot(dout + r, out + r, hs);
+                }
+                const Eigen::Map<const Eigen::ArrayXf> Dv(D, nq);
+                CStrided Q(x.q + t0 * C3, nq, hs, Stride(C3));
+                CStrided dO(dout + orow0 + static_cast<long long>(t0) * C, nq, hs, Stride(C));
+                Strided dQ(dq + t0 * C3, nq, hs, Stride(C3));
+                for (int k0 = 0; k0 < tend; k0 += kK) {
+                    const int nk = std::min(kK, tend - k0);
+                    CStrided K(x.k + k0 * C3, nk, hs, Stride(C3));
+                    CStrided V(x.v + k0 * C3, nk, hs, Stride(C3));
+                    Strided dK(dk + k0 * C3, nk, hs, Stride(C3));
+                    Strided dV(dv + k0 * C3, nk, hs, Stride(C3));
+                    alignas(64) float ptile[kQ * kK], dtile[kQ * kK];
+                    Eigen::Map<RowMat> P(ptile, nq, nk), dS(dtile, nq, nk);
+                    P.noalias() = (Q * scale) * K.transpose();
+                    for (int i = 0; i < nq; i++) {
+                        const int nvalid = std::clamp(t0 + i - k0 + 1, 0, nk);
+                        float* prow = ptile + i * nk;
+                        fast::exp_shift_inplace(prow, static_cast<size_t>(nvalid), L[t0 + i]);
+                        std::fill(prow + nvalid, prow + nk, 0.0f);
+                    }
+                    dS.noalias() = dO * V.transpose();  // dP
+                    dS.array() = P.array() * (dS.array().colwise() - Dv) * scale;
+                    dQ.noalias() += dS * K;
+                    dK.noalias() += dS.transpose() * Q;
+                    dV.noalias() += P.transpose() * dO;
+                }
+            }
         }
     }
 }

@@ -108,6 +108,22 @@ inline float exp_shift_sum_inplace(float* x, size_t n, float shift) {
     return sum;
 }
 
+// x[0..n) = exp(x - shift) in place.
+inline void exp_shift_inplace(float* x, size_t n, float shift) {
+    size_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        MapB xb(x + i);
+        xb = (xb - shift).exp();
+    }
+    if (i < n) {
+        alignas(64) float a[kLanes] = {};
+        std::copy(x + i, x + n, a);
+        MapB ab(a);
+        ab = (ab - shift).exp();
+        std::copy(a, a + (n - i), x + i);
+    }
+}
+
 // sum of exp(x - shift) over x[0..n), x untouched.
 inline float exp_shift_sum(const float* x, size_t n, float shift) {
     Block acc = Block::Zero();
