@@ -144,6 +144,19 @@ with open("/proc/cpuinfo") as f:
             cpu_model = line.split(":", 1)[1].strip()
             break
 now = datetime.datetime.now(datetime.timezone.utc)
+
+
+def git(*args):
+    try:
+        return subprocess.run(["git", "-C", ROOT] + list(args), capture_output=True, text=True,
+                              check=True).stdout.rstrip("\n")  # porcelain lines start with a space
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+commit = git("rev-parse", "--short", "HEAD") or "unknown"
+# Uncommitted edits of the code the benchmark measures (the build compiles the working tree).
+dirty = git("status", "--porcelain", "--", "kernels", "model", "optim", "bench/cpu_step.cpp")
 slug = re.sub(r"[^a-z0-9]+", "-", cpu_model.lower()).strip("-") + f"-{os.cpu_count()}c"
 stem = os.path.join(OUT_DIR, f"cpu-{now:%Y-%m-%dT%H%M}-{slug}")
 print(f"== {cpu_model}, {os.cpu_count()} CPUs, {THREADS} threads, {ROUNDS} rounds per config, "
@@ -177,6 +190,9 @@ L = []
 L.append(f"# CPU step: microtrain vs PyTorch eager — {now:%Y-%m-%d %H:%M} UTC\n")
 mt0 = next(iter(results.values()))["runs"]["microtrain"][0]
 pt0 = next(iter(results.values()))["runs"]["pytorch"][0]
+L.append(f"- Code: commit `{commit}`" + (
+    "; uncommitted changes in the measured code: " + ", ".join(
+        f"`{l[3:]}`" for l in dirty.splitlines()) if dirty else ", clean working tree") + ".")
 L.append(f"- Machine: {cpu_model}, {os.cpu_count()} CPUs (`{socket.gethostname()}`); "
          f"{THREADS} threads on both sides (OMP_NUM_THREADS={THREADS}), fp32.")
 L.append(f"- microtrain: `{os.path.relpath(CPU_STEP, ROOT)}` "
@@ -256,7 +272,8 @@ for v in results.values():
             r.pop("stdout", None)
 profile.pop("stdout", None)
 write_atomically(stem + ".json", json.dumps(
-    {"date_utc": now.isoformat(), "cpu_model": cpu_model, "threads": THREADS, "rounds": ROUNDS,
+    {"date_utc": now.isoformat(), "commit": commit, "uncommitted": dirty.splitlines(),
+     "cpu_model": cpu_model, "threads": THREADS, "rounds": ROUNDS,
      "configs": results, "ratios": ratios, "profile_gpt2_mini": profile}, indent=1) + "\n")
 write_atomically(stem + ".md", report)
 print()
