@@ -225,7 +225,8 @@ std::string legend(double x, double y,
     return o.str();
 }
 
-constexpr double kW = 960, kLeft = 170, kPlotW = 740;
+// Bars leave ~150 px right of the longest bar for its label.
+constexpr double kW = 960, kLeft = 170, kPlotW = 640;
 
 std::string phase_chart(const json& vs) {
     std::vector<const json*> rows;
@@ -353,7 +354,8 @@ std::string loss_chart(const json& vs) {
     auto X = [&](double step) { return left + pw * (max_step > 0 ? step / max_step : 0.5); };
     auto Y = [&](double loss) { return top + ph * (hi - loss) / (hi - lo); };
     std::ostringstream o;
-    o << "<figure><figcaption>Loss per step (shaded: warm-up, excluded from the statistics)"
+    o << "<figure><figcaption>Loss per step (shaded: warm-up, excluded from the statistics; "
+         "identical curves overlap, earlier variants are drawn wider)"
       << "</figcaption><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kW << "\" height=\""
       << h << "\" viewBox=\"0 0 " << kW << " " << h << "\">";
     if (warm > 0)
@@ -375,7 +377,11 @@ std::string loss_chart(const json& vs) {
     o << "<text x=\"" << left + pw << "\" y=\"" << top + ph + 32
       << "\" font-size=\"11\" text-anchor=\"end\">step</text>";
     std::vector<std::pair<std::string, std::string>> leg;
-    int ci = 0;
+    // Same seed and batches often give identical curves: earlier variants are drawn wider, so a
+    // curve hidden under a later one still shows as its border.
+    int n_curves = 0;
+    for (const json& v : vs) n_curves += v["steps"].empty() ? 0 : 1;
+    int ci = 0, drawn = 0;
     for (const json& v : vs) {
         const char* color = kLineColors[ci++ % 8];
         std::string pts;
@@ -385,8 +391,9 @@ std::string loss_chart(const json& vs) {
                        " ";
         if (pts.empty()) continue;
         leg.emplace_back(v["name"].get<std::string>(), color);
-        o << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"1.8\" points=\""
-          << pts << "\"/>";
+        const double width = std::max(1.6, 1.6 + 2.4 * (n_curves - 1 - drawn++));
+        o << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"" << width
+          << "\" stroke-linejoin=\"round\" points=\"" << pts << "\"/>";
     }
     o << legend(left, 18, leg) << "</svg></figure>\n";
     return o.str();
