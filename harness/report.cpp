@@ -783,6 +783,34 @@ std::string top_kernels_text(const json& v, size_t n) {
     return s;
 }
 
+// Which phases moved against the baseline (mean ms, variant - baseline), largest first, and a
+// hint when background loader threads took cores from the compute.
+std::string phase_moves_text(const json& v, const json& base) {
+    if (!measured(v) || !measured(base)) return "";
+    const Shares a = shares_of(base), b = shares_of(v);
+    std::vector<std::pair<double, int>> moves;
+    for (int i = 0; i <= kPhaseCount; ++i) moves.emplace_back(b.ms[i] - a.ms[i], i);
+    std::sort(moves.begin(), moves.end(),
+              [](const auto& x, const auto& y) { return std::fabs(x.first) > std::fabs(y.first); });
+    const double step_delta = b.step_ms - a.step_ms;
+    std::string s =
+        "- vs the baseline (mean ms, variant − baseline): step " + signed_f("%.2f", step_delta);
+    int shown = 0;
+    for (const auto& [d, i] : moves) {
+        if (shown == 3 || std::fabs(d) < 0.02 * a.step_ms) break;
+        s += std::string(shown++ ? ", " : "; ") + kPhaseNames[i] + " " + signed_f("%.2f", d);
+    }
+    s += "\n";
+    const double data_d = b.ms[0] - a.ms[0], compute_d = (b.ms[2] + b.ms[3]) - (a.ms[2] + a.ms[3]);
+    if (v.value("backend", "") == "cpu" && data_d < -0.05 * a.step_ms &&
+        compute_d > 0.5 * -data_d && cfg(v, "data.workers") != cfg(base, "data.workers"))
+        s += "- note: the data phase shrank but forward/backward grew by " + f("%.2f", compute_d) +
+             " ms: on the CPU the loader's worker threads compete with the compute threads for "
+             "the same cores, so the saved wait is spent again; the gain needs spare cores "
+             "(run.threads + data.workers <= the machine's hardware threads)\n";
+    return s;
+}
+
 }  // namespace
 
 std::vector<std::string> suggestions_for(const json& v) {
@@ -828,7 +856,6 @@ std::vector<std::string> suggestions_for(const json& v) {
         std::vector<std::string> opts;
         if (cuda && cfg(v, "run.precision") == "fp32")
             opts.push_back("`run.precision: tf32` or `bf16` (tensor cores)");
-        if (!cuda) opts.push_back("the CPU backend is fp32-only; on a GPU try tf32/bf16");
         if (cuda && cfg(v, "kernels.attention") == "naive")
             opts.push_back("`kernels.attention: flash`");
         if (cfg(v, "kernels.classifier") == "unfused")
@@ -840,9 +867,11 @@ std::vector<std::string> suggestions_for(const json& v) {
             opts.push_back(
                 "`run.recompute: none` if memory allows (recompute costs backward "
                 "FLOPs)");
-        t += "Try " + (opts.empty() ? std::string("a larger batch per step") : "");
+        if (opts.empty()) opts.push_back("a larger batch per step (fewer, bigger GEMMs)");
+        t += "Try: ";
         for (size_t i = 0; i < opts.size(); ++i) t += (i ? "; " : "") + opts[i];
         t += ".";
+        if (!cuda) t += " (The CPU backend is fp32-only: precision variants need a GPU.)";
         const json& ks = v["kernels"];
         if (!ks.empty()) {
             const json& k = ks[0];
@@ -1004,13 +1033,14 @@ std::string render_report_md(const json& results) {
             if (v["flops"]["mfu"].is_number() && v["flops"]["mfu"].get<double>() > 1.0)
                 mfu_over = true;
             if (sources.count(v["device_name"].get<std::string>())) continue;
-            sources[v["device_name"].get<std::string>()] = ("`" + v["device_name"].get<std::string>() + "`: peak " +
-                           f("%.1f", rf["peak_flops_per_s"].get<double>() / 1e9) + " GFLOP/s (" +
-                           rf["flops_source"].get<std::string>() + "), bandwidth " +
-                           f("%.1f", rf["bandwidth_bytes_per_s"].get<double>() / 1e9) + " GB/s (" +
-                           rf["bytes_source"].get<std::string>() + "), ridge " +
-                           f("%.2f", rf["ridge_flops_per_byte"].get<double>()) + " FLOP/byte. " +
-                           "MFU: " + v["flops"]["peak_source"].get<std::string>());
+            sources[v["device_name"].get<std::string>()] =
+                ("`" + v["device_name"].get<std::string>() + "`: peak " +
+                 f("%.1f", rf["peak_flops_per_s"].get<double>() / 1e9) + " GFLOP/s (" +
+                 rf["flops_source"].get<std::string>() + "), bandwidth " +
+                 f("%.1f", rf["bandwidth_bytes_per_s"].get<double>() / 1e9) + " GB/s (" +
+                 rf["bytes_source"].get<std::string>() + "), ridge " +
+                 f("%.2f", rf["ridge_flops_per_byte"].get<double>()) + " FLOP/byte. " +
+                 "MFU: " + v["flops"]["peak_source"].get<std::string>());
         }
     if (!sources.empty()) {
         o << "\nPeaks used:\n";
@@ -1112,6 +1142,8 @@ std::string render_report_md(const json& results) {
           << " of the step)\n";
         if (!v["kernels"].empty()) o << "- top ops: " << top_kernels_text(v, 5) << "\n";
         o << "- memory: " << memory_peak_text(v) << "\n";
+        if (v["name"] != cmp.baseline && ref && (*ref)["name"] == cmp.baseline)
+            o << phase_moves_text(v, *ref);
         for (const std::string& sug : suggestions_for(v)) o << "- next: " << sug << "\n";
     }
 
