@@ -537,6 +537,14 @@ void add_notes(Comparison& c) {
                               "): deltas smaller than its spread are noise; more warm-up or "
                               "measured steps, and a quiet machine, help");
     }
+    bool jittery = false;
+    for (const ComparisonRow& r : c.rows) jittery |= r.has_stats && r.jitter > kJitterWarnThreshold;
+    if (jittery)
+        c.notes.push_back(
+            "caution: variants run one after another, so a change in machine load between them "
+            "(other processes) looks like a difference between variants that no within-variant "
+            "spread can reveal; with jitter this high, re-run on a quiet machine before keeping a "
+            "variant");
 }
 
 }  // namespace
