@@ -157,8 +157,9 @@ TEST_P(CudaOps, MatmulGeluEpilogueMatchesCpu) {
                            MatmulEpilogue::gelu, pre.cf());
     m->gpu->matmul_forward(out.g.get(), inp.g.get(), w.g.get(), b.g.get(), N, C, OC,
                            MatmulEpilogue::gelu, pre.g.get());
-    // cuBLASLt's GELU epilogue evaluates tanh its own way: 1e-3 under fp32.
-    const test::Tol t = m->bf16() ? test::kBf16Tol : test::Tol{1e-3, 1e-4};
+    // cuBLASLt's GELU epilogue evaluates its GELU its own way (its docs do not pin the tanh
+    // form): 1e-3 relative + 5e-4 absolute under fp32, which also bounds erf-vs-tanh GELU.
+    const test::Tol t = m->bf16() ? test::kBf16Tol : test::Tol{1e-3, 5e-4};
     EXPECT_TRUE(m->same(pre, "pre-activation", m->tol()));
     EXPECT_TRUE(m->same(out, "gelu(out)", t));
 }
