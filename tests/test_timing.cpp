@@ -287,5 +287,31 @@ TEST(Peaks, CorruptCacheIsRemeasured) {
     std::filesystem::remove_all(dir);
 }
 
+TEST(Peaks, ReprobeKeepsTheBestFigureEverMeasured) {
+    // A probe on a busy machine under-estimates the peak; a forced re-probe that measures less
+    // than the cache must not replace it (else MFU would exceed 100% on a quiet machine).
+    const auto dir = std::filesystem::temp_directory_path() /
+                     ("mt_test_peaks_best_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    ::setenv("MICROTRAIN_CACHE_DIR", dir.c_str(), 1);
+    BackendOptions o;
+    o.num_threads = 1;
+    auto backend = create_backend(BackendKind::cpu, o);
+    const MachinePeaks first = measure_peaks(*backend);
+    const auto file = dir / "cpu_peaks.json";
+    nlohmann::json j;
+    {
+        std::ifstream in(file);
+        j = nlohmann::json::parse(in);
+    }
+    const double high = first.flops_per_s * 1000.0;  // no real probe reaches this
+    j["devices"][backend->device_name()]["flops_per_s"] = high;
+    { std::ofstream(file) << j.dump(); }
+    const MachinePeaks again = measure_peaks(*backend, /*force=*/true);
+    EXPECT_DOUBLE_EQ(again.flops_per_s, high);
+    EXPECT_DOUBLE_EQ(*peak_flops(backend->device_name(), Precision::fp32), high);
+    std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace mt
