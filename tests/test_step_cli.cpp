@@ -50,7 +50,12 @@ struct Result {
 
 // Runs `microtrain <args>` through the shell, capturing stdout and stderr.
 Result run_microtrain(const std::string& args) {
-    const std::string cmd = "'" + std::string(MT_BINARY) + "' " + args + " 2>&1";
+    // Appended piecewise: GCC 12 warns (-Wrestrict, a known false positive) on "'" + string.
+    std::string cmd = "'";
+    cmd += MT_BINARY;
+    cmd += "' ";
+    cmd += args;
+    cmd += " 2>&1";
     Result r;
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) throw std::runtime_error("popen failed for: " + cmd);
