@@ -870,7 +870,7 @@ std::vector<std::string> suggestions_for(const json& v) {
             opts.push_back("`kernels.classifier: fused` (no probability tensor)");
         if (cfg(v, "kernels.layernorm") == "separate")
             opts.push_back("`kernels.layernorm: fused_residual`");
-        if (cfg(v, "kernels.fuse_gelu") == "false") opts.push_back("`kernels.fuse_gelu: true`");
+        if (cfg(v, "kernels.matmul_gelu") == "false") opts.push_back("`kernels.matmul_gelu: true`");
         if (cfg(v, "run.recompute") != "none" && !cfg(v, "run.recompute").empty())
             opts.push_back(
                 "`run.recompute: none` if memory allows (recompute costs backward "

@@ -420,10 +420,13 @@ TEST_F(SpecTest, CudaOnlyFeaturesAreListed) {
     RunConfig c;
     c.backend = BackendChoice::cpu;
     EXPECT_TRUE(cuda_only_features(c).empty());
+    c.kernels.attention = AttentionImpl::flash;  // the CPU backend has flash attention too
+    c.data.pin_memory = true;                    // a no-op on CPU, not a GPU requirement
+    EXPECT_TRUE(cuda_only_features(c).empty());
     c.run.precision = Precision::bf16;
-    c.kernels.attention = AttentionImpl::flash;
+    c.kernels.attention = AttentionImpl::cudnn;
     EXPECT_EQ(cuda_only_features(c),
-              (std::vector<std::string>{"run.precision bf16", "kernels.attention flash"}));
+              (std::vector<std::string>{"run.precision bf16", "kernels.attention cudnn"}));
 }
 
 TEST_F(SpecTest, EveryShippedConfigValidates) {
