@@ -525,6 +525,7 @@ const void* GPT::logits_device() const {
 }
 
 void GPT::zero_grad() {
+    OpScope op(observer_, {"zero_grad", 0.0, static_cast<double>(grads_.bytes())});
     backend_.memset_zero(grads_.get(), grads_.bytes());
 }
 
@@ -551,8 +552,12 @@ void GPT::backward() {
                                                Vp, grad_scale_ / static_cast<float>(N));
     }
     // (fused: the logits buffer already holds dlogits, written by the forward's single pass.)
-    backend_.memset_zero(grad(A.dresidual), NC * e);
-    backend_.memset_zero(grad(A.scratch), A.scratch_elems * e);
+    {
+        OpScope op(observer_,
+                   {"zero_activation_grads", 0.0, static_cast<double>((NC + A.scratch_elems) * e)});
+        backend_.memset_zero(grad(A.dresidual), NC * e);
+        backend_.memset_zero(grad(A.scratch), A.scratch_elems * e);
+    }
     {
         OpScope op(observer_, cost::matmul_backward(N, C, Vp, ed));
         backend_.matmul_backward(grad(A.d_ln1), g("transformer.wte.weight"), nullptr, act(A.logits),
@@ -569,7 +574,11 @@ void GPT::backward() {
         const auto& L = A.layers[l];
         const std::string h = "transformer.h." + std::to_string(l) + ".";
         const void* residual = l == 0 ? act(A.encoded) : act(A.layers[l - 1].residual3);
-        backend_.memset_zero(grad(A.scratch), A.scratch_elems * e);
+        {
+            OpScope op(observer_,
+                       {"zero_activation_grads", 0.0, static_cast<double>(A.scratch_elems * e)});
+            backend_.memset_zero(grad(A.scratch), A.scratch_elems * e);
+        }
 
         // --- MLP: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2)))) ---
         if (recompute_gelu) {
