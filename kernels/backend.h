@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace mt {
 
@@ -63,8 +64,8 @@ struct KernelChoice {
 struct BackendOptions {
     Precision precision = Precision::fp32;
     KernelChoice kernels;
-    int num_threads = 0;    // CPU: OpenMP threads (0 = OpenMP's default)
-    int device_index = 0;   // CUDA device
+    int num_threads = 0;   // CPU: OpenMP threads (0 = OpenMP's default)
+    int device_index = 0;  // CUDA device
 };
 
 // ---- errors ---------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ struct DeviceMemoryInfo {
 // synchronous). CUDA: a cudaEvent recorded on the compute stream. elapsed_ms is only valid after
 // the work up to both events is complete (after Backend::synchronize()).
 class TimingEvent {
-public:
+  public:
     virtual ~TimingEvent() = default;
     virtual void record() = 0;
     virtual double elapsed_ms_since(const TimingEvent& start) const = 0;
@@ -119,7 +120,7 @@ struct OpRecord {
     double bytes = 0;       // analytic bytes read + written from/to main memory
 };
 class OpObserver {
-public:
+  public:
     virtual ~OpObserver() = default;
     virtual void op_begin(const OpRecord& op) = 0;
     virtual void op_end(const OpRecord& op) = 0;
@@ -128,7 +129,7 @@ public:
 // RAII: tells the observer (if any) that an op starts and ends. Used by the model around each
 // backend call, so op granularity matches what a user reads in the profile.
 class OpScope {
-public:
+  public:
     OpScope(OpObserver* obs, OpRecord rec) : obs_(obs), rec_(rec) {
         if (obs_) obs_->op_begin(rec_);
     }
@@ -138,7 +139,7 @@ public:
     OpScope(const OpScope&) = delete;
     OpScope& operator=(const OpScope&) = delete;
 
-private:
+  private:
     OpObserver* obs_;
     OpRecord rec_;
 };
@@ -146,7 +147,7 @@ private:
 // ---- the interface --------------------------------------------------------------------------
 
 class Backend {
-public:
+  public:
     virtual ~Backend() = default;
 
     // -- identity --
@@ -171,9 +172,9 @@ public:
 
     // -- data movement & synchronisation --
     virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;  // h2d, ordered
-                                                                                 // before later ops
-    virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;  // blocking d2h
-    virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;   // d2d
+                                                                                // before later ops
+    virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;    // blocking d2h
+    virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;     // d2d
     virtual void memset_zero(void* dst, size_t bytes) = 0;
     virtual void synchronize() = 0;
     virtual std::unique_ptr<TimingEvent> create_event() = 0;
@@ -187,11 +188,11 @@ public:
 
     // -- encoder --
     // out (B,T,C) = wte[inp[b,t]] + wpe[t]
-    virtual void encoder_forward(void* out, const int* inp, const void* wte, const void* wpe,
-                                 int B, int T, int C) = 0;
+    virtual void encoder_forward(void* out, const int* inp, const void* wte, const void* wpe, int B,
+                                 int T, int C) = 0;
     // dwte[inp[b,t]] += dout[b,t]; dwpe[t] += sum_b dout[b,t]
-    virtual void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* inp,
-                                  int B, int T, int C) = 0;
+    virtual void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* inp, int B,
+                                  int T, int C) = 0;
 
     // -- layernorm (eps 1e-5) --
     // out (N,C) = (inp - mean) * rstd * weight + bias; stores mean (N), rstd (N) for backward.
@@ -211,7 +212,8 @@ public:
     // out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC) [bias may be null].
     // epilogue gelu: pre_act (N,OC) receives the pre-activation and out = gelu(pre_act).
     virtual void matmul_forward(void* out, const void* inp, const void* weight, const void* bias,
-                                int N, int C, int OC, MatmulEpilogue epilogue = MatmulEpilogue::none,
+                                int N, int C, int OC,
+                                MatmulEpilogue epilogue = MatmulEpilogue::none,
                                 void* pre_act = nullptr) = 0;
     // dinp (N,C) += dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += sum_n dout.
     // dinp / dbias may be null (not needed).
@@ -227,9 +229,8 @@ public:
     virtual void attention_forward(void* out, float* saved, const void* qkv, int B, int T, int C,
                                    int NH) = 0;
     // dqkv (B,T,3C) += d/dqkv given dout (B,T,C).
-    virtual void attention_backward(void* dqkv, const void* dout, const void* qkv,
-                                    const void* out, const float* saved, int B, int T, int C,
-                                    int NH) = 0;
+    virtual void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                                    const float* saved, int B, int T, int C, int NH) = 0;
 
     // -- pointwise --
     // out = 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))    (n elements)
@@ -250,8 +251,8 @@ public:
     // unfused, three ops as a framework would: probs (N,Vp, fp32) = softmax(logits[:, :V]);
     virtual void softmax_forward(float* probs, const void* logits, int N, int V, int Vp) = 0;
     // losses (N) = -log probs[n, targets[n]]
-    virtual void crossentropy_forward(float* losses, const float* probs, const int* targets,
-                                      int N, int Vp) = 0;
+    virtual void crossentropy_forward(float* losses, const float* probs, const int* targets, int N,
+                                      int Vp) = 0;
     // dlogits (N,Vp) = (probs - onehot) * dloss  (overwrites; zero in padded columns)
     virtual void crossentropy_softmax_backward(void* dlogits, const float* probs,
                                                const int* targets, int N, int V, int Vp,
@@ -280,13 +281,13 @@ public:
         float lr, beta1, beta2, eps, weight_decay;
         int step;  // t, 1-based, for bias correction
     };
-    virtual void adamw_update(AdamWImpl impl, float* params, const float* grads, float* m,
-                              float* v, std::span<const TensorSlice> tensors, size_t total,
+    virtual void adamw_update(AdamWImpl impl, float* params, const float* grads, float* m, float* v,
+                              std::span<const TensorSlice> tensors, size_t total,
                               const AdamWParams& hp, const float* grad_scale_device) = 0;
     // scale_out[0] = min(1, max_norm / (sqrt(norm_sq[0]) + 1e-6)) on the device.
     virtual void clip_scale(float* scale_out, const float* norm_sq, float max_norm) = 0;
 
-protected:
+  protected:
     explicit Backend(BackendOptions options) : options_(options) {}
     // Allocator accounting helpers for implementations.
     void account_alloc(MemoryCategory c, size_t bytes);
@@ -302,18 +303,17 @@ std::unique_ptr<Backend> create_backend(BackendKind kind, const BackendOptions& 
 // True when this build has the CUDA backend and a device answers.
 bool cuda_available(std::string* why_not = nullptr);
 
-// ---- RAII buffer ----------------------------------------------------------------------------
+// ---- RAII buffers ---------------------------------------------------------------------------
 
-// A device allocation owned by a backend. Move-only.
-class DeviceBuffer {
-public:
-    DeviceBuffer() = default;
-    DeviceBuffer(Backend& backend, size_t bytes, MemoryCategory category)
-        : backend_(&backend), bytes_(bytes),
-          ptr_(bytes ? backend.allocate(bytes, category) : nullptr) {}
-    ~DeviceBuffer() { reset(); }
-    DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
-    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+// Move-only ownership of one allocation made by a backend: device memory (kHost = false,
+// released with deallocate) or host memory (kHost = true, released with deallocate_host).
+template <bool kHost>
+class BackendBuffer {
+  public:
+    BackendBuffer() = default;
+    ~BackendBuffer() { reset(); }
+    BackendBuffer(BackendBuffer&& o) noexcept { *this = std::move(o); }
+    BackendBuffer& operator=(BackendBuffer&& o) noexcept {
         if (this != &o) {
             reset();
             backend_ = o.backend_;
@@ -324,11 +324,16 @@ public:
         }
         return *this;
     }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    BackendBuffer(const BackendBuffer&) = delete;
+    BackendBuffer& operator=(const BackendBuffer&) = delete;
 
     void reset() {
-        if (ptr_) backend_->deallocate(ptr_);
+        if (ptr_) {
+            if constexpr (kHost)
+                backend_->deallocate_host(ptr_);
+            else
+                backend_->deallocate(ptr_);
+        }
         ptr_ = nullptr;
         bytes_ = 0;
     }
@@ -339,49 +344,30 @@ public:
     }
     size_t bytes() const { return bytes_; }
 
-private:
+  protected:
+    BackendBuffer(Backend* backend, size_t bytes, void* ptr)
+        : backend_(backend), bytes_(bytes), ptr_(ptr) {}
+
+  private:
     Backend* backend_ = nullptr;
     size_t bytes_ = 0;
     void* ptr_ = nullptr;
 };
 
-// A host allocation (pinned on CUDA when asked) owned by a backend. Move-only.
-class HostBuffer {
-public:
+// A device allocation tagged with its memory category.
+class DeviceBuffer : public BackendBuffer<false> {
+  public:
+    DeviceBuffer() = default;
+    DeviceBuffer(Backend& backend, size_t bytes, MemoryCategory category)
+        : BackendBuffer(&backend, bytes, bytes ? backend.allocate(bytes, category) : nullptr) {}
+};
+
+// A host allocation (pinned on CUDA when asked), tracked under `data`.
+class HostBuffer : public BackendBuffer<true> {
+  public:
     HostBuffer() = default;
     HostBuffer(Backend& backend, size_t bytes, bool pinned)
-        : backend_(&backend), bytes_(bytes), ptr_(backend.allocate_host(bytes, pinned)) {}
-    ~HostBuffer() { reset(); }
-    HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
-    HostBuffer& operator=(HostBuffer&& o) noexcept {
-        if (this != &o) {
-            reset();
-            backend_ = o.backend_;
-            bytes_ = o.bytes_;
-            ptr_ = o.ptr_;
-            o.ptr_ = nullptr;
-            o.bytes_ = 0;
-        }
-        return *this;
-    }
-    HostBuffer(const HostBuffer&) = delete;
-    HostBuffer& operator=(const HostBuffer&) = delete;
-    void reset() {
-        if (ptr_) backend_->deallocate_host(ptr_);
-        ptr_ = nullptr;
-        bytes_ = 0;
-    }
-    void* get() const { return ptr_; }
-    template <class T>
-    T* as() const {
-        return static_cast<T*>(ptr_);
-    }
-    size_t bytes() const { return bytes_; }
-
-private:
-    Backend* backend_ = nullptr;
-    size_t bytes_ = 0;
-    void* ptr_ = nullptr;
+        : BackendBuffer(&backend, bytes, backend.allocate_host(bytes, pinned)) {}
 };
 
 }  // namespace mt
