@@ -59,6 +59,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/op_costs.h"
+#include "model/atomic_file.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
 
@@ -101,21 +102,6 @@ std::string cpu_model() {
             return s.substr(std::min(s.size(), s.find_first_not_of(" \t")));
         }
     return "unknown";
-}
-
-// Writes `text` to `path` atomically: a temporary file beside it, fsync, rename.
-void write_atomically(const std::string& path, const std::string& text) {
-    const std::string tmp = path + ".tmp." + std::to_string(getpid());
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f)
-        throw std::runtime_error("cannot open '" + tmp + "' for writing: " + std::strerror(errno));
-    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() &&
-                    std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-    std::fclose(f);
-    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::remove(tmp.c_str());
-        throw std::runtime_error("cannot write '" + path + "': " + std::strerror(errno));
-    }
 }
 
 // ---- probes -----------------------------------------------------------------------------------
@@ -527,7 +513,7 @@ int run(const Args& a) {
     }
 
     if (!a.json_path.empty()) {
-        write_atomically(a.json_path, out.dump(2) + "\n");
+        mt::write_file_atomic(a.json_path, out.dump(2) + "\n");
         std::printf("  wrote %s\n", a.json_path.c_str());
     }
     return 0;

@@ -33,6 +33,8 @@
 #include <sstream>
 #include <thread>
 
+#include "model/atomic_file.h"
+
 namespace mt {
 
 namespace {
@@ -168,45 +170,12 @@ void write_token_file(const std::string& path, const std::vector<uint16_t>& toke
     header[1] = kTokenVersion;
     header[2] = static_cast<int32_t>(tokens.size());
 
-    // Atomic: write a temporary file beside the target, fsync it, rename it over the target.
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        data_error(path, std::string("cannot create a temporary file: ") + std::strerror(errno));
-    auto write_all = [&](const void* data, size_t bytes) {
-        const char* p = static_cast<const char*>(data);
-        while (bytes > 0) {
-            const ssize_t w = ::write(fd, p, bytes);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) {
-                const std::string err = std::strerror(errno);
-                ::close(fd);
-                ::unlink(tmp.c_str());
-                data_error(path, "write failed: " + err);
-            }
-            p += w;
-            bytes -= static_cast<size_t>(w);
-        }
-    };
-    write_all(header, kHeaderBytes);
-    write_all(tokens.data(), tokens.size() * sizeof(uint16_t));
-    if (::fsync(fd) != 0 || ::close(fd) != 0) {
-        const std::string err = std::strerror(errno);
-        ::unlink(tmp.c_str());
-        data_error(path, "cannot flush the file to disk: " + err);
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        const std::string err = std::strerror(errno);
-        ::unlink(tmp.c_str());
-        data_error(path, "cannot rename the temporary file into place: " + err);
-    }
-    // Make the rename itself durable.
-    const fs::path parent = fs::path(path).parent_path();
-    const fs::path dir = parent.empty() ? fs::path(".") : parent;
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
+    const std::span<const std::byte> pieces[] = {
+        std::as_bytes(std::span(header)), std::as_bytes(std::span(tokens.data(), tokens.size()))};
+    try {
+        write_file_atomic(path, pieces);
+    } catch (const std::runtime_error& e) {
+        throw DataError(e.what());
     }
 }
 

@@ -23,44 +23,6 @@ namespace mt {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-// ---- atomic files -------------------------------------------------------------------------------
-
-void write_file_atomic(const std::string& path, const std::string& content) {
-    const fs::path target(path);
-    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-    const std::string tmp =
-        (dir / ("." + target.filename().string() + ".tmp." + std::to_string(getpid()))).string();
-    auto fail = [&](const char* what) {
-        const std::string err = std::strerror(errno);
-        ::unlink(tmp.c_str());
-        throw std::runtime_error("cannot write '" + path + "': " + what + ": " + err);
-    };
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) fail("open of the temporary file failed");
-    size_t done = 0;
-    while (done < content.size()) {
-        const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            ::close(fd);
-            fail("write failed");
-        }
-        done += static_cast<size_t>(n);
-    }
-    if (::fsync(fd) != 0) {
-        ::close(fd);
-        fail("fsync failed");
-    }
-    if (::close(fd) != 0) fail("close failed");
-    if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename failed");
-    // Make the rename itself durable.
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
-    }
-}
-
 namespace {
 
 // ---- small formatting helpers -------------------------------------------------------------------

@@ -19,14 +19,13 @@
 #include <vector>
 
 #include "harness/runner.h"
+#include "model/atomic_file.h"
 
 namespace mt {
 
 inline constexpr int kResultsSchemaVersion = 1;
 
-// Writes `content` to `path` atomically: a temporary file in the same directory, fsync, rename,
-// fsync of the directory. Throws std::runtime_error naming the path and the OS error.
-void write_file_atomic(const std::string& path, const std::string& content);
+// write_file_atomic (model/atomic_file.h) writes every file of the run folder.
 
 // Everything the run measured, as results.json holds it.
 nlohmann::json results_to_json(const ExperimentResult& ex);

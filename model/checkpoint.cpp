@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 
+#include "model/atomic_file.h"
 #include "optim/adamw.h"
 
 namespace mt {
@@ -34,10 +35,6 @@ const char* const kConfigKeys[] = {"n_layer", "n_head", "n_embd", "vocab_size", 
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
     throw CheckpointError(path + ": " + what);
-}
-
-std::string os_error(const std::string& what) {
-    return what + " failed: " + std::strerror(errno);
 }
 
 bool parse_dtype(const std::string& s, DType* out) {
@@ -545,54 +542,6 @@ void SafeTensorsWriter::set_metadata(const std::string& key, const std::string& 
     metadata_[key] = value;
 }
 
-namespace {
-
-// The temporary file of an atomic write: closed and unlinked unless committed.
-class TempFile {
-  public:
-    explicit TempFile(const std::string& target) : name_(target + ".tmp.XXXXXX") {
-        fd_ = mkstemp(name_.data());
-        if (fd_ < 0)
-            throw CheckpointError(target + ": cannot write: " +
-                                  os_error("creating a temporary file next to it (mkstemp)"));
-        fchmod(fd_, 0644);  // mkstemp creates 0600; a checkpoint is an ordinary data file
-    }
-    ~TempFile() {
-        if (fd_ >= 0) ::close(fd_);
-        if (!committed_) ::unlink(name_.c_str());
-    }
-    TempFile(const TempFile&) = delete;
-    TempFile& operator=(const TempFile&) = delete;
-    int fd() const { return fd_; }
-    const std::string& name() const { return name_; }
-    int close() {
-        const int r = ::close(fd_);
-        fd_ = -1;
-        return r;
-    }
-    void commit() { committed_ = true; }
-
-  private:
-    std::string name_;
-    int fd_ = -1;
-    bool committed_ = false;
-};
-
-void write_all(int fd, const void* data, size_t n, const std::string& target) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-        const ssize_t w = ::write(fd, p, std::min<size_t>(n, 1u << 30));
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            throw CheckpointError(target + ": cannot write: " + os_error("write"));
-        }
-        p += w;
-        n -= static_cast<size_t>(w);
-    }
-}
-
-}  // namespace
-
 void SafeTensorsWriter::write(const std::string& path) const {
     // Header in data order (ordered_json keeps insertion order, easier to read with `head`).
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -612,23 +561,14 @@ void SafeTensorsWriter::write(const std::string& path) const {
     h.append((8 - h.size() % 8) % 8, ' ');  // align the data region to 8 bytes, as safetensors
     const uint64_t n = h.size();
 
-    TempFile tmp(path);
-    write_all(tmp.fd(), &n, sizeof n, path);
-    write_all(tmp.fd(), h.data(), h.size(), path);
-    for (const auto& it : items_) write_all(tmp.fd(), it.bytes.data(), it.bytes.size(), path);
-    if (fsync(tmp.fd()) != 0) throw CheckpointError(path + ": cannot write: " + os_error("fsync"));
-    if (tmp.close() != 0) throw CheckpointError(path + ": cannot write: " + os_error("close"));
-    if (std::rename(tmp.name().c_str(), path.c_str()) != 0)
-        throw CheckpointError(path +
-                              ": cannot write: " + os_error("renaming " + tmp.name() + " over it"));
-    tmp.commit();
-    // Persist the rename itself: fsync the directory entry.
-    const size_t slash = path.find_last_of('/');
-    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        ::close(dfd);
+    std::vector<std::span<const std::byte>> pieces;
+    pieces.push_back(std::as_bytes(std::span(&n, 1)));
+    pieces.push_back(std::as_bytes(std::span(h.data(), h.size())));
+    for (const auto& it : items_) pieces.push_back(it.bytes);
+    try {
+        write_file_atomic(path, pieces);
+    } catch (const std::runtime_error& e) {
+        throw CheckpointError(e.what());
     }
 }
 
