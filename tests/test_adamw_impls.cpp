@@ -64,7 +64,7 @@ TEST(AdamWImpls, UnfusedMultiTensorAndFusedAreBitwiseIdenticalOverSteps) {
     const float clip = 0.37f;
     for (int step = 1; step <= 5; step++) {
         const auto grads = random_vec(total, rng, -2, 2);
-        const auto s = mt::cpu::adamw_scalars(hparams(step));
+        const auto s = mt::adamw_scalars(hparams(step));
         mt::cpu::adamw_unfused(a.p.data(), grads.data(), a.m.data(), a.v.data(), tmp.data(), slices,
                                s, clip);
         mt::cpu::adamw_multi_tensor(b.p.data(), grads.data(), b.m.data(), b.v.data(), slices, s,
@@ -99,7 +99,7 @@ TEST(AdamWImpls, FusedMatchesDoublePrecisionReference) {
         const auto grads = random_vec(total, rng, -1, 1);
         const auto hp = hparams(step);
         mt::cpu::adamw_fused(p.data(), grads.data(), m.data(), v.data(), slices, total,
-                             mt::cpu::adamw_scalars(hp), clip);
+                             mt::adamw_scalars(hp), clip);
         const double bc1 = 1 - std::pow(0.9, step), bc2 = 1 - std::pow(0.95, step);
         for (const Slice& s : slices)
             for (size_t i = s.offset; i < s.offset + s.count; i++) {
@@ -125,7 +125,7 @@ TEST(AdamWImpls, FusedMatchesDoublePrecisionReference) {
 TEST(AdamWImpls, SliceTableErrorsNameTheSliceAndTheRule) {
     const std::vector<Slice> overlap = {{0, 10, true}, {5, 10, false}};
     try {
-        mt::cpu::check_adamw_slices(overlap, 100);
+        mt::check_adamw_slices(overlap, 100);
         FAIL() << "overlapping slices must be rejected";
     } catch (const mt::BackendError& e) {
         EXPECT_NE(std::string(e.what()).find("slice 1"), std::string::npos) << e.what();
@@ -133,14 +133,14 @@ TEST(AdamWImpls, SliceTableErrorsNameTheSliceAndTheRule) {
     }
     const std::vector<Slice> past_end = {{0, 10, true}, {10, 91, false}};
     try {
-        mt::cpu::check_adamw_slices(past_end, 100);
+        mt::check_adamw_slices(past_end, 100);
         FAIL() << "a slice past the buffer must be rejected";
     } catch (const mt::BackendError& e) {
         EXPECT_NE(std::string(e.what()).find("past the buffer of 100"), std::string::npos)
             << e.what();
     }
     EXPECT_NO_THROW(
-        mt::cpu::check_adamw_slices(std::vector<Slice>{{0, 10, true}, {10, 90, false}}, 100));
+        mt::check_adamw_slices(std::vector<Slice>{{0, 10, true}, {10, 90, false}}, 100));
 }
 
 TEST(AdamWImpls, BackendVariantsAgreeAndUnfusedTemporaryIsTrackedWorkspace) {

@@ -52,39 +52,6 @@ void update_run(float* p, const float* g, float* m, float* v, size_t n, const ma
 
 }  // namespace
 
-math::AdamWScalars adamw_scalars(const Backend::AdamWParams& hp) {
-    math::AdamWScalars s;
-    s.lr = hp.lr;
-    s.beta1 = hp.beta1;
-    s.beta2 = hp.beta2;
-    s.eps = hp.eps;
-    s.weight_decay = hp.weight_decay;
-    s.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta1), hp.step));
-    s.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(hp.beta2), hp.step));
-    return s;
-}
-
-void check_adamw_slices(std::span<const TensorSlice> tensors, size_t total) {
-    size_t end_prev = 0;
-    for (size_t i = 0; i < tensors.size(); i++) {
-        const TensorSlice& t = tensors[i];
-        if (t.offset < end_prev) {
-            throw BackendError("adamw_update: tensor slice " + std::to_string(i) + " (offset " +
-                               std::to_string(t.offset) +
-                               ") starts before the previous slice ends (" +
-                               std::to_string(end_prev) +
-                               "); slices must be sorted by offset and must not overlap");
-        }
-        if (t.offset > total || t.count > total - t.offset) {
-            throw BackendError("adamw_update: tensor slice " + std::to_string(i) + " [" +
-                               std::to_string(t.offset) + ", " +
-                               std::to_string(t.offset + t.count) + ") ends past the buffer of " +
-                               std::to_string(total) + " floats");
-        }
-        end_prev = t.offset + t.count;
-    }
-}
-
 size_t adamw_unfused_workspace_elems(std::span<const TensorSlice> tensors) {
     size_t n = 0;
     for (const TensorSlice& t : tensors) n = std::max(n, t.count);

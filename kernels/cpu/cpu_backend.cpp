@@ -273,12 +273,7 @@ class CpuBackend final : public Backend {
     void adamw_update(AdamWImpl impl, float* params, const float* grads, float* m, float* v,
                       std::span<const TensorSlice> tensors, size_t total, const AdamWParams& hp,
                       const float* grad_scale_device) override {
-        if (hp.step < 1)
-            throw BackendError(
-                "adamw_update: step must be >= 1 (1-based, for bias correction), got " +
-                std::to_string(hp.step));
-        cpu::check_adamw_slices(tensors, total);
-        const math::AdamWScalars s = cpu::adamw_scalars(hp);
+        const math::AdamWScalars s = prepare_adamw(tensors, total, hp);
         const float scale = grad_scale_device ? grad_scale_device[0] : 1.0f;
         switch (impl) {
             case AdamWImpl::unfused: {

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <span>
 
+#include "kernels/adamw_common.h"
 #include "kernels/backend.h"
 #include "kernels/math.h"
 
@@ -97,13 +98,7 @@ void global_norm_squared(float* out, const float* g, size_t n);
 void clip_scale(float* scale_out, const float* norm_sq, float max_norm);
 
 // ---- adamw.cpp ------------------------------------------------------------------------------
-using TensorSlice = Backend::TensorSlice;
-// The per-step scalars of math::adamw_update (bias corrections 1 - beta^t, in double, rounded
-// once to float).
-math::AdamWScalars adamw_scalars(const Backend::AdamWParams& hp);
-// Throws BackendError unless the slices are sorted by offset, do not overlap and end within
-// `total`. Elements of [0,total) that no slice covers are never touched.
-void check_adamw_slices(std::span<const TensorSlice> tensors, size_t total);
+// adamw_scalars, check_adamw_slices, prepare_adamw: kernels/adamw_common.h.
 // Largest slice count: the unfused variant's temporary needs this many floats.
 size_t adamw_unfused_workspace_elems(std::span<const TensorSlice> tensors);
 // unfused: per tensor, one pass per term as an unfused framework step does: g = grad*scale into

@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/adamw_common.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/matmul.cuh"
 
@@ -425,30 +426,9 @@ class CudaBackend final : public Backend {
     void adamw_update(AdamWImpl impl, float* params, const float* grads, float* m, float* v,
                       std::span<const TensorSlice> tensors, size_t total, const AdamWParams& hp,
                       const float* grad_scale_device) override {
-        if (hp.step < 1)
-            throw BackendError(
-                "adamw_update: step must be >= 1 (1-based, for bias correction); "
-                "got " +
-                std::to_string(hp.step));
+        const math::AdamWScalars s = prepare_adamw(tensors, total, hp);
         slices_.clear();
-        for (size_t i = 0; i < tensors.size(); ++i) {
-            const TensorSlice& t = tensors[i];
-            if (t.offset > total || t.count > total - t.offset)
-                throw BackendError("adamw_update: tensor slice " + std::to_string(i) + " (offset " +
-                                   std::to_string(t.offset) + ", count " + std::to_string(t.count) +
-                                   ") runs past the buffer of " + std::to_string(total) +
-                                   " elements");
-            slices_.push_back({t.offset, t.count, t.decay});
-        }
-        math::AdamWScalars s;
-        s.lr = hp.lr;
-        s.beta1 = hp.beta1;
-        s.beta2 = hp.beta2;
-        s.eps = hp.eps;
-        s.weight_decay = hp.weight_decay;
-        // Same host arithmetic as the CPU backend (double pow, rounded once).
-        s.bias_correction1 = static_cast<float>(1.0 - std::pow(double(hp.beta1), hp.step));
-        s.bias_correction2 = static_cast<float>(1.0 - std::pow(double(hp.beta2), hp.step));
+        for (const TensorSlice& t : tensors) slices_.push_back({t.offset, t.count, t.decay});
         const cuda::AdamWVariant var = impl == AdamWImpl::unfused ? cuda::AdamWVariant::unfused
                                        : impl == AdamWImpl::multi_tensor
                                            ? cuda::AdamWVariant::multi_tensor
