@@ -1,4 +1,5 @@
-// The CPU backend: Eigen GEMMs + OpenMP loops, fp32 only. One file per op family beside this
+// The CPU backend: our packed AVX-512 GEMM (Eigen's where AVX-512 is not compiled) + OpenMP
+// loops, fp32 only. One file per op family beside this
 // header (encoder.cpp, layernorm.cpp, matmul.cpp, attention.cpp, ...), the class in
 // cpu_backend.cpp.
 #pragma once

@@ -6,9 +6,10 @@
 // - Row-major, last index fastest; N = B*T rows, C channels, OC output channels, NH heads.
 // - Linear weights are PyTorch's (OC, C) layout.
 // - Every backward ACCUMULATES (+=) into the gradients it is given.
-// - No op allocates memory it does not get from its caller (Eigen's GEMM packs its panels in
-//   buffers of its own; see matmul.cpp). Parallel loops use OpenMP; every reduction is done in a
-//   fixed order, so the result does not depend on how threads are scheduled.
+// - No op allocates memory it does not get from its caller (the GEMM packs its panels in
+//   per-thread buffers obtained once, on a thread's first GEMM; see gemm.cpp). Parallel loops use
+//   OpenMP; every reduction is done in a fixed order, so the result does not depend on how
+//   threads are scheduled.
 #pragma once
 
 #include <cstddef>

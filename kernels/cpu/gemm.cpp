@@ -1,0 +1,433 @@
+// The CPU GEMM engine: C (M,N) (+)= A (M,K) B (K,N) in fp32. See gemm.h for the interface.
+//
+// Almost all of GPT-2's FLOPs are GEMMs (the Linear layers and the LM head), so this file is
+// where the CPU step time is decided. Two implementations live here side by side.
+//
+// gemm_packed — the BLIS/GotoBLAS recipe, written for AVX-512 (32 zmm registers, 16 floats each):
+//
+//   for each M block of MC rows                      (A block, MC x KC, shared: lives in L3)
+//     for each K chunk of KC                         (the only split of the sum over k)
+//       pack A block -> panels of MR=12 rows, k-major: Ap[panel][k][0..11]
+//       for each N block of NC columns (threads take these, dynamic schedule)
+//         pack B block -> panels of NR=32 columns, k-major: Bp[panel][k][0..31]  (thread's L2)
+//         for each A panel (12 x KC, stays in L1)
+//           for each B panel (KC x 32, streamed from L2)
+//             micro-kernel: a 12x32 tile of C in 24 zmm accumulators; per k, 2 vector loads
+//             of B, 12 broadcasts of A, 24 FMAs (64 flops per cycle per core at 2 FMA pipes)
+//
+//   Why packing: the micro-kernel then reads both operands as unit-stride streams, whatever the
+//   layout of the caller's matrices (X W^T in the forward, dY W and dY^T X in the backward), and
+//   each packed element is reused MR or NR times from a cache level that can feed the FMAs.
+//   Traffic per micro-kernel call: KC*(12+32)*4 bytes in, 2*12*32*KC flops out, i.e. 4.4
+//   flops per byte from L1/L2, and C is read and written once per K chunk.
+//   The transposed operands (W (OC,C) read as W^T in the forward, dY (N,OC) as dY^T) are packed
+//   with 16x16 in-register transposes, so no operand is ever read with a large stride one float
+//   at a time.
+//
+//   Determinism: the sum over k is split into chunks that depend only on K, and inside a chunk
+//   the micro-kernel adds in k order; threads only split M and N. So the result is bitwise the
+//   same for any thread count.
+//   Memory: each thread packs into two buffers of its own (thread_local, fixed maximum sizes,
+//   obtained once on the thread's first GEMM and reused for the life of the thread); no GEMM
+//   allocates after that.
+//
+// gemm_eigen — Eigen's GEMM (itself cache-blocked and packed, with a generic SIMD kernel) on
+//   shape-determined pieces of C, one single-threaded Eigen GEMM per piece. Eigen's own parallel
+//   GEMM makes the threads share packed panels and spin at every panel, which on 2 cores measured
+//   1.3-1.7x slower for the LM-head shapes. The portable fallback where AVX-512 is not compiled,
+//   and the peer bench/cpu_gemm.cpp compares gemm_packed with.
+//
+// GCC 12 reports a false -Wmaybe-uninitialized inside its own avx512fintrin.h when Eigen's
+// AVX-512 panel packing is inlined here; the warning is about the intrinsic's unused lane
+// operand, not our code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "kernels/cpu/gemm.h"
+
+#include <omp.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace mt::cpu {
+namespace {
+
+// Zeroes C (M,N) for the K = 0 product.
+void zero_rows(float* C, long ldc, int M, int N) {
+    for (int i = 0; i < M; i++) std::fill_n(C + i * ldc, N, 0.0f);
+}
+
+// ---- gemm_eigen -------------------------------------------------------------------------------
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Stride = Eigen::OuterStride<>;
+using CMap = Eigen::Map<const RowMat, 0, Stride>;
+using Map = Eigen::Map<RowMat, 0, Stride>;
+
+// Calls f with the Eigen expression for rows [r0, r0+nr) of logical A (M,K).
+template <class F>
+void with_a_rows(GemmOperand A, int r0, int nr, int K, F f) {
+    if (A.transposed)
+        f(CMap(A.data + r0, K, nr, Stride(A.ld)).transpose());
+    else
+        f(CMap(A.data + r0 * A.ld, nr, K, Stride(A.ld)));
+}
+
+// Calls f with the Eigen expression for columns [c0, c0+nc) of logical B (K,N).
+template <class F>
+void with_b_cols(GemmOperand B, int c0, int nc, int K, F f) {
+    if (B.transposed)
+        f(CMap(B.data + c0 * B.ld, nc, K, Stride(B.ld)).transpose());
+    else
+        f(CMap(B.data + c0, K, nc, Stride(B.ld)));
+}
+
+// Runs block(r0, nr, c0, nc) over a partition of the (rows, cols) output into pieces along its
+// longer side: up to 8 pieces, each a multiple of 16 long (column pieces start on a 64-byte
+// boundary) and at least 64, fewer when the side is short. The pieces depend only on the shape.
+template <class Block>
+void parallel_pieces(int rows, int cols, Block block) {
+    constexpr int kMaxPieces = 8, kMinPiece = 64, kAlign = 16;
+    const bool by_rows = rows >= cols;
+    const int n = by_rows ? rows : cols;
+    int step = (n + kMaxPieces - 1) / kMaxPieces;
+    step = std::max(kMinPiece, (step + kAlign - 1) / kAlign * kAlign);
+    const int pieces = (n + step - 1) / step;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int p = 0; p < pieces; p++) {
+        const int a = p * step, len = std::min(n, a + step) - a;
+        if (by_rows)
+            block(a, len, 0, cols);
+        else
+            block(0, rows, a, len);
+    }
+}
+
+}  // namespace
+
+void gemm_eigen(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
+                bool accumulate) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!accumulate) zero_rows(C, ldc, M, N);
+        return;
+    }
+    parallel_pieces(M, N, [&](int r0, int nr, int c0, int nc) {
+        Map c(C + r0 * ldc + c0, nr, nc, Stride(ldc));
+        with_a_rows(A, r0, nr, K, [&](const auto& a) {
+            with_b_cols(B, c0, nc, K, [&](const auto& b) {
+                if (accumulate)
+                    c.noalias() += a * b;
+                else
+                    c.noalias() = a * b;
+            });
+        });
+    });
+}
+
+// ---- gemm_packed --------------------------------------------------------------------------------
+
+#if defined(__AVX512F__)
+namespace {
+
+constexpr int kMR = 12;       // rows of the register tile (A broadcasts)
+constexpr int kNR = 32;       // columns of the register tile (two zmm of B)
+constexpr int kKCMax = 384;   // K chunk: an A panel is 12*384*4 = 18 KiB (L1 is 48 KiB)
+constexpr int kNCMax = 384;   // N block: a packed B block is 384*384*4 = 576 KiB (L2 is 1 MiB)
+constexpr int kMCMax = 1536;  // M block: a packed A block is 1536*384*4 = 2.25 MiB (in L3)
+static_assert(kMCMax % kMR == 0 && kNCMax % kNR == 0);
+
+// A 64-byte aligned float buffer of a fixed size, obtained on first use. One per thread.
+class PackBuffer {
+  public:
+    explicit PackBuffer(size_t floats) : floats_(floats) {}
+    PackBuffer(const PackBuffer&) = delete;
+    PackBuffer& operator=(const PackBuffer&) = delete;
+    ~PackBuffer() { std::free(p_); }
+    float* get() {
+        if (!p_) {
+            p_ = static_cast<float*>(std::aligned_alloc(64, floats_ * sizeof(float)));
+            if (!p_) throw std::bad_alloc();
+        }
+        return p_;
+    }
+
+  private:
+    size_t floats_;
+    float* p_ = nullptr;
+};
+
+float* a_pack_buffer() {
+    thread_local PackBuffer buf(static_cast<size_t>(kMCMax) * kKCMax);
+    return buf.get();
+}
+float* b_pack_buffer() {
+    thread_local PackBuffer buf(static_cast<size_t>(kKCMax) * kNCMax);
+    return buf.get();
+}
+
+// Lanes [0, n) set; none for n <= 0, all for n >= 16.
+inline __mmask16 first_lanes(int n) {
+    if (n <= 0) return 0;
+    return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// In-register transpose of a 16x16 block: r[i] lane j  ->  r[j] lane i.
+// Stage 1 interleaves pairs of rows (unpack), stage 2 builds 4x4 transposes inside each 128-bit
+// lane (shuffle), stages 3-4 move the 128-bit lanes to their final rows (shuffle_f32x4).
+inline void transpose16x16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4g+c], 128-bit lane L: column 4L+c of rows 4g..4g+3.
+    for (int g = 0; g < 4; g++) {
+        r[4 * g + 0] = _mm512_shuffle_ps(t[4 * g + 0], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g + 0], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);  // lanes 0,2 of groups 0,1
+        const __m512 v1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);  // lanes 1,3 of groups 0,1
+        const __m512 w0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        const __m512 w1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+        t[c] = _mm512_shuffle_f32x4(v0, w0, 0x88);       // column c
+        t[8 + c] = _mm512_shuffle_f32x4(v0, w0, 0xDD);   // column 8+c
+        t[4 + c] = _mm512_shuffle_f32x4(v1, w1, 0x88);   // column 4+c
+        t[12 + c] = _mm512_shuffle_f32x4(v1, w1, 0xDD);  // column 12+c
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+// Packs rows [i0, i0+mr) x k [p0, p0+kc) of logical A into one panel: dst[k*12 + i], rows
+// beyond mr zero (the micro-kernel always computes 12 rows; the store drops the padding).
+void pack_a_panel(float* dst, GemmOperand A, int i0, int mr, int p0, int kc) {
+    constexpr __mmask16 kPanel = (1u << kMR) - 1u;
+    if (A.transposed) {  // A stored (K,M): the 12 values for one k are contiguous
+        const __mmask16 rows = first_lanes(mr);
+        for (int k = 0; k < kc; k++) {
+            const __m512 v = _mm512_maskz_loadu_ps(rows, A.data + (p0 + k) * A.ld + i0);
+            _mm512_mask_storeu_ps(dst + k * kMR, kPanel, v);
+        }
+        return;
+    }
+    // A stored (M,K): load 16 k from each row, transpose, store 12 lanes per k.
+    for (int k0 = 0; k0 < kc; k0 += 16) {
+        const int kk = std::min(16, kc - k0);
+        const __mmask16 kmask = first_lanes(kk);
+        __m512 r[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = i < mr ? _mm512_maskz_loadu_ps(kmask, A.data + (i0 + i) * A.ld + p0 + k0)
+                          : _mm512_setzero_ps();
+        transpose16x16(r);
+        for (int t = 0; t < kk; t++) _mm512_mask_storeu_ps(dst + (k0 + t) * kMR, kPanel, r[t]);
+    }
+}
+
+// Packs columns [j0, j0+nr) x k [p0, p0+kc) of logical B into one panel: dst[k*32 + j] (dst is
+// 64-byte aligned), columns beyond nr zero.
+void pack_b_panel(float* dst, GemmOperand B, int j0, int nr, int p0, int kc) {
+    if (!B.transposed) {  // B stored (K,N): the 32 values for one k are contiguous
+        const __mmask16 m0 = first_lanes(nr), m1 = first_lanes(nr - 16);
+        for (int k = 0; k < kc; k++) {
+            const float* src = B.data + (p0 + k) * B.ld + j0;
+            _mm512_store_ps(dst + k * kNR, _mm512_maskz_loadu_ps(m0, src));
+            _mm512_store_ps(dst + k * kNR + 16, _mm512_maskz_loadu_ps(m1, src + 16));
+        }
+        return;
+    }
+    // B stored (N,K) (a PyTorch weight read as W^T): 16 columns at a time, 16 k per transpose.
+    for (int h = 0; h < 2; h++) {
+        const int cols = std::clamp(nr - 16 * h, 0, 16);
+        for (int k0 = 0; k0 < kc; k0 += 16) {
+            const int kk = std::min(16, kc - k0);
+            const __mmask16 kmask = first_lanes(kk);
+            __m512 r[16];
+            for (int j = 0; j < 16; j++)
+                r[j] = j < cols ? _mm512_maskz_loadu_ps(kmask,
+                                                        B.data + (j0 + 16 * h + j) * B.ld + p0 + k0)
+                                : _mm512_setzero_ps();
+            transpose16x16(r);
+            for (int t = 0; t < kk; t++) _mm512_store_ps(dst + (k0 + t) * kNR + 16 * h, r[t]);
+        }
+    }
+}
+
+// The register tile: C[0..mr) x [0..nr) (+)= Ap (12 x kc) Bp (kc x 32).
+// 24 accumulators + 2 B vectors + 1 broadcast = 27 of the 32 zmm registers; per k, 2 loads and
+// 12 broadcast-FMA pairs keep both FMA pipes busy (the 24 independent chains hide the 4-cycle
+// FMA latency).
+void micro_kernel_12x32(int kc, const float* __restrict ap, const float* __restrict bp,
+                        float* __restrict c, long ldc, int mr, int nr, bool accumulate) {
+    __m512 acc[kMR][2];
+#pragma GCC unroll 12
+    for (int i = 0; i < kMR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int i = 0; i < mr; i++) {  // C's tile is needed at the end: start fetching it now
+        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + kNR - 1), _MM_HINT_T0);
+    }
+#pragma GCC unroll 2
+    for (int k = 0; k < kc; k++) {
+        const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
+#pragma GCC unroll 12
+        for (int i = 0; i < kMR; i++) {
+            const __m512 a = _mm512_set1_ps(ap[i]);
+            acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+        }
+        ap += kMR;
+        bp += kNR;
+    }
+    if (mr == kMR && nr == kNR) {
+#pragma GCC unroll 12
+        for (int i = 0; i < kMR; i++) {
+            float* row = c + i * ldc;
+            if (accumulate) {
+                acc[i][0] = _mm512_add_ps(_mm512_loadu_ps(row), acc[i][0]);
+                acc[i][1] = _mm512_add_ps(_mm512_loadu_ps(row + 16), acc[i][1]);
+            }
+            _mm512_storeu_ps(row, acc[i][0]);
+            _mm512_storeu_ps(row + 16, acc[i][1]);
+        }
+        return;
+    }
+    const __mmask16 m0 = first_lanes(nr), m1 = first_lanes(nr - 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < kMR; i++) {
+        if (i >= mr) break;
+        float* row = c + i * ldc;
+        if (accumulate) {
+            acc[i][0] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), acc[i][0]);
+            acc[i][1] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), acc[i][1]);
+        }
+        _mm512_mask_storeu_ps(row, m0, acc[i][0]);
+        _mm512_mask_storeu_ps(row + 16, m1, acc[i][1]);
+    }
+}
+
+inline int ceil_div(int a, int b) {
+    return (a + b - 1) / b;
+}
+
+}  // namespace
+
+bool gemm_packed_available() {
+    return true;
+}
+
+void gemm_packed(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
+                 bool accumulate) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!accumulate) zero_rows(C, ldc, M, N);
+        return;
+    }
+    // K chunks: as equal as possible, each <= kKCMax; a function of K alone (determinism).
+    const int kchunks = ceil_div(K, kKCMax);
+    const int kc_step = ceil_div(K, kchunks);
+    // N blocks: at most kNCMax wide, and a multiple of the thread count in number where N
+    // allows, so every thread gets the same share (N = 1024 on 2 threads: 4 x 256, not
+    // 384+384+256). This only decides who computes which columns, never the order of a sum,
+    // so it may depend on the threads.
+    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    const int want_blocks = threads * ceil_div(N, threads * kNCMax);
+    const int nc = std::clamp(ceil_div(ceil_div(N, want_blocks), kNR) * kNR, kNR, kNCMax);
+    const int nblocks = ceil_div(N, nc);
+    const int mc = std::min(kMCMax, ceil_div(M, kMR) * kMR);
+    float* const apack = a_pack_buffer();  // shared by the team: packed together, read by all
+
+#pragma omp parallel num_threads(std::min(threads, nblocks))
+    {
+        float* const bpack = b_pack_buffer();  // this thread's
+        for (int i0 = 0; i0 < M; i0 += mc) {
+            const int mcur = std::min(mc, M - i0), apanels = ceil_div(mcur, kMR);
+            for (int p0 = 0; p0 < K; p0 += kc_step) {
+                const int kc = std::min(K, p0 + kc_step) - p0;
+                const bool acc = accumulate || p0 > 0;
+#pragma omp for schedule(static)
+                for (int ip = 0; ip < apanels; ip++)
+                    pack_a_panel(apack + ip * kMR * kc, A, i0 + ip * kMR,
+                                 std::min(kMR, mcur - ip * kMR), p0, kc);
+                    // (implicit barrier: the A block is complete before anyone reads it)
+#pragma omp for schedule(dynamic, 1)
+                for (int jb = 0; jb < nblocks; jb++) {
+                    const int j0 = jb * nc, ncur = std::min(nc, N - j0);
+                    const int bpanels = ceil_div(ncur, kNR);
+                    for (int q = 0; q < bpanels; q++)
+                        pack_b_panel(bpack + q * kNR * kc, B, j0 + q * kNR,
+                                     std::min(kNR, ncur - q * kNR), p0, kc);
+                    for (int ip = 0; ip < apanels; ip++) {
+                        const int i = i0 + ip * kMR;
+                        for (int q = 0; q < bpanels; q++)
+                            micro_kernel_12x32(kc, apack + ip * kMR * kc, bpack + q * kNR * kc,
+                                               C + i * ldc + j0 + q * kNR, ldc,
+                                               std::min(kMR, M - i), std::min(kNR, ncur - q * kNR),
+                                               acc);
+                    }
+                }
+                // (implicit barrier: nobody still reads the A block when it is repacked)
+            }
+        }
+    }
+}
+
+#endif  // __AVX512F__
+
+// ---- the dispatch -------------------------------------------------------------------------------
+// The packed kernel wherever it is compiled, unless the build asked for a BLAS (MT_USE_BLAS ->
+// EIGEN_USE_BLAS): then gemm() is Eigen's front end over that BLAS, as asked.
+
+#if defined(__AVX512F__) && !defined(EIGEN_USE_BLAS)
+
+const char* gemm_impl_name() {
+    return "packed-avx512";
+}
+
+void gemm(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc, bool accumulate) {
+    gemm_packed(M, N, K, A, B, C, ldc, accumulate);
+}
+
+#else
+
+#if defined(EIGEN_USE_BLAS)
+const char* gemm_impl_name() {
+    return "eigen+blas";
+}
+#else
+const char* gemm_impl_name() {
+    return "eigen";
+}
+#endif
+
+void gemm(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc, bool accumulate) {
+    gemm_eigen(M, N, K, A, B, C, ldc, accumulate);
+}
+
+#endif
+
+#if !defined(__AVX512F__)
+
+bool gemm_packed_available() {
+    return false;
+}
+
+void gemm_packed(int, int, int, GemmOperand, GemmOperand, float*, long, bool) {
+    throw std::logic_error(
+        "gemm_packed: this build does not target AVX-512F (configure with MT_NATIVE=ON on an "
+        "AVX-512 machine); use gemm() or gemm_eigen()");
+}
+
+#endif
+
+}  // namespace mt::cpu
+
+#pragma GCC diagnostic pop

@@ -1,0 +1,39 @@
+// The CPU GEMM engine under matmul.cpp: C (M,N) (+)= A (M,K) B (K,N), fp32, row-major buffers.
+//
+// Two implementations, side by side in gemm.cpp:
+// - gemm_packed: our own cache-blocked GEMM with an AVX-512 12x32 register micro-kernel
+//   (compiled where the compiler targets AVX-512F; the default there);
+// - gemm_eigen: Eigen's GEMM on shape-determined pieces (the portable fallback, and the peer
+//   bench/cpu_gemm.cpp measures the packed one against).
+// Both give results that do not depend on the thread count (the sum over k is split into
+// chunks that depend only on K, and threads split only M and N).
+#pragma once
+
+namespace mt::cpu {
+
+// One GEMM operand: a row-major buffer with leading dimension `ld` (elements between rows),
+// holding either the logical matrix (transposed = false) or its transpose (transposed = true).
+// Logical A (M,K): A[i,k] = data[i*ld + k], or data[k*ld + i] when transposed.
+// Logical B (K,N): B[k,j] = data[k*ld + j], or data[j*ld + k] when transposed.
+struct GemmOperand {
+    const float* data;
+    long ld;
+    bool transposed;
+};
+
+// C (M,N), row-major with leading dimension ldc:  C = A B  (accumulate = false)  or  C += A B.
+// Uses gemm_packed where it is compiled, else gemm_eigen.
+void gemm(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc, bool accumulate);
+
+void gemm_eigen(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
+                bool accumulate);
+
+// False where the build does not target AVX-512F; gemm_packed then throws std::logic_error.
+bool gemm_packed_available();
+void gemm_packed(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
+                 bool accumulate);
+
+// "packed-avx512" or "eigen": what gemm() runs, for reports and probes.
+const char* gemm_impl_name();
+
+}  // namespace mt::cpu
