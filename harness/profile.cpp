@@ -19,7 +19,7 @@
 namespace mt {
 namespace {
 
-constexpr int kProbeVersion = 3;  // bump when the probe changes, to invalidate old caches
+constexpr int kProbeVersion = 4;  // bump when the probe changes, to invalidate old caches
 
 bool is_cpu_device(const std::string& name) {
     return name.rfind("CPU", 0) == 0;

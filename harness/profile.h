@@ -2,12 +2,12 @@
 //
 // Peaks. MFU and the roofline verdict need the device's peak FLOP/s and memory bandwidth.
 // - CPU: measured, since no table can know the build flags, the thread count and the turbo
-//   state: a GEMM probe through the backend's own matmul_forward (the Eigen sgemm the model
-//   runs, 1024^3; the best of at least 5 runs and up to ~1 s of them: a peak is the best the
-//   machine does, slower runs are interference) and a copy probe (64 MiB memcpy split over all
-//   threads, best of the same; bandwidth counts read + write). Measured once per (device name,
-//   which includes the CPU model and thread count) and cached in $MICROTRAIN_CACHE_DIR, else
-//   $XDG_CACHE_HOME/microtrain, else
+//   state: a GEMM probe through the backend's own matmul_forward (the sgemm the model runs,
+//   kernels/cpu/gemm.h, 1024^3; the best of at least 5 runs and up to ~1 s of them: a peak is
+//   the best the machine does, slower runs are interference) and a copy probe (64 MiB memcpy
+//   split over all threads, best of the same; bandwidth counts read + write). Measured once per
+//   device name (which includes the CPU model, the thread count and the GEMM implementation)
+//   and cached in $MICROTRAIN_CACHE_DIR, else $XDG_CACHE_HOME/microtrain, else
 //   ~/.cache/microtrain, file cpu_peaks.json. The report names the figure and its source. MFU
 //   on CPU is therefore relative to the achievable sgemm rate, not a data-sheet number.
 // - CUDA: MFU uses the vendor's dense data-sheet peak for the device and precision

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
 namespace {
@@ -133,7 +134,7 @@ TEST(CpuBackend, EventsMeasureNonNegativeElapsedTime) {
     EXPECT_THROW(unrecorded->elapsed_ms_since(*start), mt::BackendError);
 }
 
-TEST(CpuBackend, DeviceNameNamesTheCpuAndThreadCount) {
+TEST(CpuBackend, DeviceNameNamesTheCpuThreadCountAndGemm) {
     const int saved_threads = omp_get_max_threads();
     mt::BackendOptions o;
     o.num_threads = 1;
@@ -142,7 +143,9 @@ TEST(CpuBackend, DeviceNameNamesTheCpuAndThreadCount) {
     omp_set_num_threads(saved_threads);
     const auto name = be->device_name();
     EXPECT_EQ(name.rfind("CPU: ", 0), 0u) << name;
-    EXPECT_NE(name.find("(1 thread)"), std::string::npos) << name;
+    EXPECT_NE(name.find("(1 thread, " + std::string(mt::cpu::gemm_impl_name()) + " GEMM)"),
+              std::string::npos)
+        << name;
     o.num_threads = -2;
     EXPECT_NE(construction_error(o).find("num_threads"), std::string::npos);
 }

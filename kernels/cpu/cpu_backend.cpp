@@ -14,6 +14,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
 namespace mt {
@@ -99,8 +100,10 @@ class CpuBackend final : public Backend {
                                std::to_string(o.num_threads));
         if (o.num_threads > 0) omp_set_num_threads(o.num_threads);
         threads_ = omp_get_max_threads();
+        // The GEMM implementation is part of the name: it decides the step time and the
+        // measured sgemm peak, which harness/profile.cpp caches per device name.
         name_ = "CPU: " + cpu_model_name() + " (" + std::to_string(threads_) +
-                (threads_ == 1 ? " thread)" : " threads)");
+                (threads_ == 1 ? " thread, " : " threads, ") + cpu::gemm_impl_name() + " GEMM)";
     }
     ~CpuBackend() override {
         // Whatever is still allocated (the unfused AdamW workspace, anything leaked) is freed.
