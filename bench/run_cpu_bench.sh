@@ -204,7 +204,7 @@ L.append(f"- Machine: {cpu_model}, {os.cpu_count()} CPUs (`{socket.gethostname()
          f"{THREADS} threads on both sides (OMP_NUM_THREADS={THREADS}), fp32.")
 L.append(f"- microtrain: `{os.path.relpath(CPU_STEP, ROOT)}` "
          f"(kernels: {', '.join(f'{k}={v}' for k, v in mt0['kernels'].items())}), "
-         "fused AdamW, sgemm probe = Eigen through the backend's matmul_forward.")
+         f"fused AdamW, sgemm probe = {mt0['probe']['sgemm_impl']}.")
 L.append(f"- PyTorch {pt0['torch_version']} eager, BLAS `{pt0['blas']}`, torch.optim.AdamW "
          f"(foreach={pt0['adamw']['foreach']}, not fused), sgemm probe = torch.mm (OpenBLAS).")
 L.append(f"- Same model (nanoGPT GPT-2, GELU tanh, tied LM head), same AdamW (lr 3e-4, betas "
@@ -242,12 +242,15 @@ for preset, v in results.items():
     m, p = v["summary"]["microtrain"], v["summary"]["pytorch"]
     ratios[preset] = m["step_ms"] / p["step_ms"]
 L.append("")
-L.append("| config | microtrain / PyTorch step time | target ≤ 0.5 | microtrain % of best sgemm "
-         "probe (target ≥ 75%) | RSS microtrain / PyTorch (target ≤ 1) |")
+L.append("| config | microtrain / PyTorch step time | target ≤ 0.5 | microtrain % of the best sgemm "
+         "probe, any side, any shape (target ≥ 75%) | RSS microtrain / PyTorch (target ≤ 1) |")
 L.append("|---|---|---|---|---|")
 for preset, v in results.items():
     m, p = v["summary"]["microtrain"], v["summary"]["pytorch"]
-    best = max(m["sgemm_probe_gflops"], p["sgemm_probe_gflops"])
+    # The strictest reference: the fastest of the four GEMM probes (1024³ and the LM-head shape,
+    # microtrain's GEMM and torch.mm) measured in this config's runs.
+    best = max(m["sgemm_probe_gflops"], p["sgemm_probe_gflops"],
+               m["sgemm_lm_head_probe_gflops"], p["sgemm_lm_head_probe_gflops"])
     r = ratios[preset]
     speed = f"{1 / r:.2f}× faster" if r < 1 else f"{r:.2f}× slower"
     qm, qp = m["quiet_step_ms"], p["quiet_step_ms"]

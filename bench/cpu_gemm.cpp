@@ -1,0 +1,183 @@
+// cpu_gemm: microtrain's own packed AVX-512 GEMM (kernels/cpu/gemm.cpp, gemm_packed) side by
+// side with Eigen's GEMM (gemm_eigen, the portable fallback and the peer) on the GEMMs a
+// training step really runs, in one process, alternating which goes first. A benchmark, not a
+// test: it prints numbers and asserts nothing about them.
+//
+//   cpu_gemm [--threads 2] [--reps 7] [--preset gpt2-124M -B 4 -T 128] [--json out.json]
+//
+// Shapes: for every distinct linear layer of the preset (qkv, attn proj, fc, fc proj, LM head)
+// the three GEMMs of matmul.cpp — forward  out (N,OC) = inp (N,C) W^T,
+//                                  dinp     (N,C)  += dout (N,OC) W,
+//                                  dweight  (OC,C) += dout^T (OC,N) inp (N,C)  — with N = B*T,
+// plus a square 1024^3. Each (shape, impl) is timed `reps` times after one warm-up; the table
+// gives the median ms, GFLOP/s (2 M N K per call) and the spread (min..max), and the ratio
+// packed / Eigen of the medians (< 1 = packed faster).
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "model/atomic_file.h"
+#include "model/gpt.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using mt::cpu::GemmOperand;
+
+struct Shape {
+    std::string name;
+    int M, N, K;
+    bool a_transposed, b_transposed, accumulate;
+    long lda, ldb;  // leading dimensions of the stored buffers
+};
+
+struct Series {
+    std::vector<double> ms;
+    double median() const {
+        std::vector<double> v = ms;
+        std::sort(v.begin(), v.end());
+        const size_t n = v.size();
+        return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    }
+    double min() const { return *std::min_element(ms.begin(), ms.end()); }
+    double max() const { return *std::max_element(ms.begin(), ms.end()); }
+};
+
+// The three GEMMs of one linear layer inp (N,C) -> out (N,OC), stored exactly as matmul.cpp
+// hands them to gemm(): W is (OC,C) row-major.
+void add_linear(std::vector<Shape>& shapes, const std::string& layer, int N, int C, int OC) {
+    shapes.push_back({layer + " fwd", N, OC, C, false, true, false, C, C});
+    shapes.push_back({layer + " dinp", N, C, OC, false, false, true, OC, C});
+    shapes.push_back({layer + " dW", OC, C, N, true, false, true, OC, C});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"microtrain packed GEMM vs Eigen GEMM on a training step's shapes"};
+    int threads = 2, reps = 7, B = 4, T = 128;
+    std::string preset = "gpt2-124M", json_path;
+    app.add_option("--threads", threads, "OpenMP threads for both")->check(CLI::PositiveNumber);
+    app.add_option("--reps", reps, "timed calls per (shape, impl)")->check(CLI::Range(3, 1000));
+    app.add_option("--preset", preset, "model preset whose layer shapes are timed");
+    app.add_option("-B", B, "batch size")->check(CLI::PositiveNumber);
+    app.add_option("-T", T, "sequence length")->check(CLI::PositiveNumber);
+    app.add_option("--json", json_path, "also write the results here (atomically)");
+    CLI11_PARSE(app, argc, argv);
+
+    if (!mt::cpu::gemm_packed_available()) {
+        std::fprintf(stderr,
+                     "cpu_gemm: this build does not target AVX-512F, so only Eigen's GEMM is "
+                     "compiled; nothing to compare (build with -DMT_NATIVE=ON on an AVX-512 "
+                     "machine)\n");
+        return 2;
+    }
+    omp_set_num_threads(threads);
+
+    const auto found = mt::gpt_preset(preset);
+    if (!found) {
+        std::string names;
+        for (const auto& n : mt::gpt_preset_names()) names += (names.empty() ? "" : ", ") + n;
+        std::fprintf(stderr, "cpu_gemm: unknown --preset '%s'; expected one of: %s\n",
+                     preset.c_str(), names.c_str());
+        return 2;
+    }
+    const mt::GPTConfig cfg = *found;
+    const int N = B * T, C = cfg.n_embd, Vp = cfg.padded_vocab_size();
+    std::vector<Shape> shapes;
+    add_linear(shapes, "qkv", N, C, 3 * C);
+    add_linear(shapes, "attn_proj", N, C, C);
+    add_linear(shapes, "fc", N, C, 4 * C);
+    add_linear(shapes, "fc_proj", N, 4 * C, C);
+    add_linear(shapes, "lm_head", N, C, Vp);
+    shapes.push_back({"square 1024^3", 1024, 1024, 1024, false, false, false, 1024, 1024});
+
+    std::mt19937 rng(1234);
+    std::uniform_real_distribution<float> uni(-1.f, 1.f);
+    auto random_buffer = [&](size_t n) {
+        std::vector<float> v(n);
+        for (float& x : v) x = uni(rng);
+        return v;
+    };
+
+    std::printf("cpu_gemm: preset %s B%d T%d (N = %d tokens), %d threads, %d reps, packed = %s\n",
+                preset.c_str(), B, T, N, threads, reps, mt::cpu::gemm_impl_name());
+    std::printf("%-18s %6s %6s %6s | %9s %7s %15s | %9s %7s %15s | %6s\n", "gemm", "M", "N", "K",
+                "packed ms", "GFLOP/s", "spread ms", "eigen ms", "GFLOP/s", "spread ms", "ratio");
+    nlohmann::json rows = nlohmann::json::array();
+    double total_packed = 0, total_eigen = 0, step_flops = 0;
+    for (const Shape& s : shapes) {
+        const size_t a_size = static_cast<size_t>(s.M) * s.K,
+                     b_size = static_cast<size_t>(s.K) * s.N;
+        const std::vector<float> a = random_buffer(a_size), b = random_buffer(b_size);
+        std::vector<float> c(static_cast<size_t>(s.M) * s.N, 0.f);
+        const GemmOperand A{a.data(), s.lda, s.a_transposed}, Bop{b.data(), s.ldb, s.b_transposed};
+        auto time_one = [&](bool packed) {
+            const auto t0 = Clock::now();
+            if (packed)
+                mt::cpu::gemm_packed(s.M, s.N, s.K, A, Bop, c.data(), s.N, s.accumulate);
+            else
+                mt::cpu::gemm_eigen(s.M, s.N, s.K, A, Bop, c.data(), s.N, s.accumulate);
+            return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        };
+        time_one(true), time_one(false);  // warm-up: page in, fill the pack buffers
+        Series packed, eigen;
+        for (int r = 0; r < reps; ++r) {
+            // Alternate which goes first so a slow-then-fast machine favours neither.
+            if (r % 2 == 0) {
+                packed.ms.push_back(time_one(true));
+                eigen.ms.push_back(time_one(false));
+            } else {
+                eigen.ms.push_back(time_one(false));
+                packed.ms.push_back(time_one(true));
+            }
+        }
+        const double flops = 2.0 * s.M * s.N * s.K;
+        const double pm = packed.median(), em = eigen.median();
+        std::printf(
+            "%-18s %6d %6d %6d | %9.2f %7.1f %6.2f..%-7.2f | %9.2f %7.1f %6.2f..%-7.2f | %6.3f\n",
+            s.name.c_str(), s.M, s.N, s.K, pm, flops / pm * 1e-6, packed.min(), packed.max(), em,
+            flops / em * 1e-6, eigen.min(), eigen.max(), pm / em);
+        rows.push_back({{"gemm", s.name},
+                        {"M", s.M},
+                        {"N", s.N},
+                        {"K", s.K},
+                        {"packed_ms", packed.ms},
+                        {"eigen_ms", eigen.ms},
+                        {"packed_median_ms", pm},
+                        {"eigen_median_ms", em},
+                        {"ratio_packed_over_eigen", pm / em}});
+        if (s.name.rfind("square", 0) != 0) {
+            // Per training step: every transformer layer's GEMMs once per layer, the LM head once.
+            const int times = s.name.rfind("lm_head", 0) == 0 ? 1 : cfg.n_layer;
+            total_packed += times * pm;
+            total_eigen += times * em;
+            step_flops += times * flops;
+        }
+    }
+    std::printf(
+        "step's GEMMs (x%d layers + LM head): packed %.1f ms (%.1f GFLOP/s), eigen %.1f ms (%.1f "
+        "GFLOP/s), ratio %.3f\n",
+        cfg.n_layer, total_packed, step_flops / total_packed * 1e-6, total_eigen,
+        step_flops / total_eigen * 1e-6, total_packed / total_eigen);
+    if (!json_path.empty()) {
+        nlohmann::json out = {{"preset", preset},
+                              {"B", B},
+                              {"T", T},
+                              {"threads", threads},
+                              {"reps", reps},
+                              {"gemms", rows},
+                              {"step_gemm_ms_packed", total_packed},
+                              {"step_gemm_ms_eigen", total_eigen}};
+        mt::write_file_atomic(json_path, out.dump(2) + "\n");
+    }
+    return 0;
+}
