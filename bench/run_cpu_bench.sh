@@ -31,6 +31,7 @@ THREADS=${MT_BENCH_THREADS:-2}
 BUILD_DIR=${MT_BENCH_BUILD_DIR:-build/bench}
 if [[ -z "${CPU_STEP:-}" ]]; then
     echo "== building cpu_step in $BUILD_DIR"
+    mkdir -p "$BUILD_DIR"  # a clean clone has no build/ yet: the configure log goes beside it
     # shellcheck disable=SC2086
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMT_ENABLE_CUDA=OFF \
         -DMT_BUILD_TESTS=OFF ${MT_BENCH_CMAKE_ARGS:-} >"$BUILD_DIR.configure.log" 2>&1 ||
