@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
-#include "model/atomic_file.h"
+#include "io/atomic_file.h"
 #include "model/gpt.h"
 
 namespace {

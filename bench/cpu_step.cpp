@@ -62,7 +62,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/op_costs.h"
-#include "model/atomic_file.h"
+#include "io/atomic_file.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
 

@@ -33,7 +33,7 @@
 #include <sstream>
 #include <thread>
 
-#include "model/atomic_file.h"
+#include "io/atomic_file.h"
 
 namespace mt {
 

@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "harness/report.h"
-#include "kernels/peak_flops.h"
+#include "harness/peak_flops.h"
 
 namespace mt {
 namespace {
@@ -195,7 +195,7 @@ std::optional<double> peak_flops(const std::string& device_name, Precision preci
         if (auto p = cached_peaks(device_name)) return p->flops_per_s;
         return std::nullopt;
     }
-    // GPUs: the vendors' dense data-sheet figure (kernels/peak_flops.h); nullopt for a device
+    // GPUs: the vendors' dense data-sheet figure (harness/peak_flops.h); nullopt for a device
     // the table does not know, and the report prints MFU as n/a instead of inventing a number.
     return cuda_peak_flops(device_name, precision);
 }

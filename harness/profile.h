@@ -11,7 +11,7 @@
 //   ~/.cache/microtrain, file cpu_peaks.json. The report names the figure and its source. MFU
 //   on CPU is therefore relative to the achievable sgemm rate, not a data-sheet number.
 // - CUDA: MFU uses the vendor's dense data-sheet peak for the device and precision
-//   (kernels/peak_flops.h; a device missing from the table gives MFU n/a, never a made-up
+//   (harness/peak_flops.h; a device missing from the table gives MFU n/a, never a made-up
 //   number). The roofline on CUDA uses the same
 //   probes as the CPU, run through the CUDA backend (cuBLAS GEMM, device-to-device copy).
 //
@@ -44,7 +44,7 @@ struct MachinePeaks {
 
 // Data-sheet / cached peak FLOP/s of a device for a precision, used for MFU. CPU device names
 // ("CPU: ...") answer from the probe cache (nullopt until measure_peaks ran once for that
-// device); GPUs answer from the data-sheet table in kernels/peak_flops.h (nullopt if unknown).
+// device); GPUs answer from the data-sheet table in harness/peak_flops.h (nullopt if unknown).
 std::optional<double> peak_flops(const std::string& device_name, Precision precision);
 // Where that figure comes from, in words, for the report.
 std::string peak_flops_source(const std::string& device_name, Precision precision);

@@ -19,13 +19,13 @@
 #include <vector>
 
 #include "harness/runner.h"
-#include "model/atomic_file.h"
+#include "io/atomic_file.h"
 
 namespace mt {
 
 inline constexpr int kResultsSchemaVersion = 1;
 
-// write_file_atomic (model/atomic_file.h) writes every file of the run folder.
+// write_file_atomic (io/atomic_file.h) writes every file of the run folder.
 
 // Everything the run measured, as results.json holds it.
 nlohmann::json results_to_json(const ExperimentResult& ex);

@@ -16,16 +16,24 @@ namespace mt {
 
 enum class BackendChoice { cpu, cuda, auto_ };
 enum class DataSource { synthetic, tokens, text };
+template <>
+struct EnumSpelling<BackendChoice> {
+    static constexpr std::array<std::string_view, 3> names{"cpu", "cuda", "auto"};
+};
+template <>
+struct EnumSpelling<DataSource> {
+    static constexpr std::array<std::string_view, 3> names{"synthetic", "tokens", "text"};
+};
 
 struct DataConfig {
     DataSource source = DataSource::synthetic;
-    std::string path;        // tokens / text file (relative paths resolve against the YAML's dir)
-    int batch_size = 4;      // B
-    int seq_len = 64;        // T
-    int workers = 0;         // background loader threads; 0 = load synchronously in the step
-    int prefetch = 2;        // ring size of ready batches when workers > 0
-    bool pin_memory = false; // pinned host batches (CUDA only; ignored on CPU with a note)
-    int preprocess_us = 0;   // SIMULATED per-sample CPU work, to reproduce a data-bound step
+    std::string path;         // tokens / text file (relative paths resolve against the YAML's dir)
+    int batch_size = 4;       // B
+    int seq_len = 64;         // T
+    int workers = 0;          // background loader threads; 0 = load synchronously in the step
+    int prefetch = 2;         // ring size of ready batches when workers > 0
+    bool pin_memory = false;  // pinned host batches (CUDA only; ignored on CPU with a note)
+    int preprocess_us = 0;    // SIMULATED per-sample CPU work, to reproduce a data-bound step
 };
 
 struct RunSettings {
@@ -45,9 +53,9 @@ struct ProfileConfig {
 };
 
 struct RunConfig {
-    std::string variant;      // variant name
+    std::string variant;  // variant name
     BackendChoice backend = BackendChoice::auto_;
-    std::string model_preset; // empty when explicit dims were given
+    std::string model_preset;  // empty when explicit dims were given
     GPTConfig model;
     DataConfig data;
     AdamWConfig optim;

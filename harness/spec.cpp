@@ -310,17 +310,13 @@ KeyDef bool_key(std::string key, std::function<bool&(RunConfig&)> ref) {
     return k;
 }
 
-// An enum whose values are declared in the same order as `names`.
+// An enum key: its choices are the enum's spellings (EnumSpelling, beside the enum).
 template <class E>
-KeyDef enum_key(std::string key, std::vector<std::string> names,
-                std::function<E&(RunConfig&)> ref) {
-    KeyDef k{std::move(key), Kind::choice, names, nullptr, nullptr, nullptr};
-    k.set = [ref, names](RunConfig& c, const Value& v) {
-        auto it = std::find(names.begin(), names.end(), v.s);
-        ref(c) = static_cast<E>(it - names.begin());
-    };
-    k.get = [ref, names](const RunConfig& c) {
-        return names[static_cast<size_t>(ref(const_cast<RunConfig&>(c)))];
+KeyDef enum_key(std::string key, std::function<E&(RunConfig&)> ref) {
+    KeyDef k{std::move(key), Kind::choice, enum_names<E>(), nullptr, nullptr, nullptr};
+    k.set = [ref](RunConfig& c, const Value& v) { ref(c) = *parse_enum<E>(v.s); };
+    k.get = [ref](const RunConfig& c) {
+        return std::string(enum_name(ref(const_cast<RunConfig&>(c))));
     };
     return k;
 }
@@ -328,9 +324,8 @@ KeyDef enum_key(std::string key, std::vector<std::string> names,
 const std::vector<KeyDef>& knob_table() {
     static const std::vector<KeyDef> table = [] {
         std::vector<KeyDef> t;
-        t.push_back(
-            enum_key<BackendChoice>("backend", {"cpu", "cuda", "auto"},
-                                    [](RunConfig& c) -> BackendChoice& { return c.backend; }));
+        t.push_back(enum_key<BackendChoice>(
+            "backend", [](RunConfig& c) -> BackendChoice& { return c.backend; }));
         // model.preset: applied before the explicit dims (resolve() handles it specially).
         {
             KeyDef k{"model.preset", Kind::choice, gpt_preset_names(), nullptr, nullptr, nullptr};
@@ -355,9 +350,8 @@ const std::vector<KeyDef>& knob_table() {
             "model.vocab_size", 1, [](RunConfig& c) -> int& { return c.model.vocab_size; },
             dim_fix));
 
-        t.push_back(
-            enum_key<DataSource>("data.source", {"synthetic", "tokens", "text"},
-                                 [](RunConfig& c) -> DataSource& { return c.data.source; }));
+        t.push_back(enum_key<DataSource>(
+            "data.source", [](RunConfig& c) -> DataSource& { return c.data.source; }));
         {
             KeyDef k{"data.path", Kind::string, {}, nullptr, nullptr, nullptr};
             k.set = [](RunConfig& c, const Value& v) { c.data.path = v.s; };
@@ -413,10 +407,10 @@ const std::vector<KeyDef>& knob_table() {
         t.push_back(float_key(
             "optim.grad_clip", [](double x) { return x >= 0; }, "a number >= 0",
             [](RunConfig& c) -> float& { return c.optim.grad_clip; }, "use 0 to disable clipping"));
-        t.push_back(enum_key<AdamWImpl>("optim.impl", {"unfused", "multi_tensor", "fused"},
+        t.push_back(enum_key<AdamWImpl>("optim.impl",
                                         [](RunConfig& c) -> AdamWImpl& { return c.optim.impl; }));
         t.push_back(enum_key<LRSchedule::Kind>(
-            "optim.schedule", {"constant", "cosine"},
+            "optim.schedule",
             [](RunConfig& c) -> LRSchedule::Kind& { return c.optim.schedule.kind; }));
         t.push_back(int_key(
             "optim.warmup_steps", 0,
@@ -443,12 +437,10 @@ const std::vector<KeyDef>& knob_table() {
         t.push_back(int_key(
             "run.measure_steps", 1, [](RunConfig& c) -> int& { return c.run.measure_steps; },
             "statistics need at least one measured step (20 or more is better)"));
-        t.push_back(
-            enum_key<Precision>("run.precision", {"fp32", "tf32", "bf16"},
-                                [](RunConfig& c) -> Precision& { return c.run.precision; }));
-        t.push_back(
-            enum_key<Recompute>("run.recompute", {"none", "gelu", "layernorm_gelu"},
-                                [](RunConfig& c) -> Recompute& { return c.run.recompute; }));
+        t.push_back(enum_key<Precision>(
+            "run.precision", [](RunConfig& c) -> Precision& { return c.run.precision; }));
+        t.push_back(enum_key<Recompute>(
+            "run.recompute", [](RunConfig& c) -> Recompute& { return c.run.recompute; }));
         t.push_back(int_key(
             "run.grad_accum", 1, [](RunConfig& c) -> int& { return c.run.grad_accum; },
             "use 1 for no gradient accumulation"));
@@ -457,13 +449,13 @@ const std::vector<KeyDef>& knob_table() {
             "use 0 for all cores"));
 
         t.push_back(enum_key<AttentionImpl>(
-            "kernels.attention", {"naive", "flash", "cudnn"},
+            "kernels.attention",
             [](RunConfig& c) -> AttentionImpl& { return c.kernels.attention; }));
         t.push_back(enum_key<ClassifierImpl>(
-            "kernels.classifier", {"unfused", "fused"},
+            "kernels.classifier",
             [](RunConfig& c) -> ClassifierImpl& { return c.kernels.classifier; }));
         t.push_back(enum_key<LayerNormImpl>(
-            "kernels.layernorm", {"separate", "fused_residual"},
+            "kernels.layernorm",
             [](RunConfig& c) -> LayerNormImpl& { return c.kernels.layernorm; }));
         t.push_back(bool_key("kernels.matmul_gelu",
                              [](RunConfig& c) -> bool& { return c.kernels.fuse_gelu; }));

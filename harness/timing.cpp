@@ -8,24 +8,6 @@
 
 namespace mt {
 
-const char* to_string(Phase p) {
-    switch (p) {
-        case Phase::data:
-            return "data";
-        case Phase::h2d:
-            return "h2d";
-        case Phase::forward:
-            return "forward";
-        case Phase::backward:
-            return "backward";
-        case Phase::optimizer:
-            return "optimizer";
-        case Phase::sync:
-            return "sync";
-    }
-    return "?";
-}
-
 std::optional<Phase> phase_from_string(const std::string& name) {
     for (Phase p : kAllPhases)
         if (name == to_string(p)) return p;

@@ -29,7 +29,11 @@ enum class Phase : int { data, h2d, forward, backward, optimizer, sync };
 inline constexpr int kPhaseCount = 6;
 inline constexpr std::array<Phase, kPhaseCount> kAllPhases = {
     Phase::data, Phase::h2d, Phase::forward, Phase::backward, Phase::optimizer, Phase::sync};
-const char* to_string(Phase p);
+template <>
+struct EnumSpelling<Phase> {
+    static constexpr std::array<std::string_view, kPhaseCount> names{
+        "data", "h2d", "forward", "backward", "optimizer", "sync"};
+};
 // Parses a phase name ("data", ..., "sync"); nullopt for anything else (including "other").
 std::optional<Phase> phase_from_string(const std::string& name);
 

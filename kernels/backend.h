@@ -29,6 +29,8 @@
 #include <string_view>
 #include <utility>
 
+#include "kernels/enum_names.h"
+
 namespace mt {
 
 // ---- enums shared by config, backend and reports --------------------------------------------
@@ -45,13 +47,44 @@ enum class MatmulEpilogue { none, gelu };               // gelu: out = gelu(x W^
 enum class MemoryCategory : int { params, grads, optimizer, activations, workspace, data };
 inline constexpr int kMemoryCategoryCount = 6;
 
-const char* to_string(BackendKind);
-const char* to_string(Precision);
-const char* to_string(AttentionImpl);
-const char* to_string(ClassifierImpl);
-const char* to_string(AdamWImpl);
-const char* to_string(LayerNormImpl);
-const char* to_string(MemoryCategory);
+// Spellings (kernels/enum_names.h), as the YAML file, the reports and results.json write them.
+template <>
+struct EnumSpelling<BackendKind> {
+    static constexpr std::array<std::string_view, 2> names{"cpu", "cuda"};
+};
+template <>
+struct EnumSpelling<Precision> {
+    static constexpr std::array<std::string_view, 3> names{"fp32", "tf32", "bf16"};
+};
+template <>
+struct EnumSpelling<AttentionImpl> {
+    static constexpr std::array<std::string_view, 3> names{"naive", "flash", "cudnn"};
+};
+template <>
+struct EnumSpelling<ClassifierImpl> {
+    static constexpr std::array<std::string_view, 2> names{"unfused", "fused"};
+};
+template <>
+struct EnumSpelling<AdamWImpl> {
+    static constexpr std::array<std::string_view, 3> names{"unfused", "multi_tensor", "fused"};
+};
+template <>
+struct EnumSpelling<LayerNormImpl> {
+    static constexpr std::array<std::string_view, 2> names{"separate", "fused_residual"};
+};
+template <>
+struct EnumSpelling<MemoryCategory> {
+    static constexpr std::array<std::string_view, kMemoryCategoryCount> names{
+        "params", "grads", "optimizer", "activations", "workspace", "data"};
+};
+// to_string(e): the spelling as a C string (every spelling is a literal, so NUL-terminated).
+template <class E>
+requires requires {
+    EnumSpelling<E>::names;
+}
+const char* to_string(E e) {
+    return enum_name(e).data();
+}
 
 // Which implementation each op family uses (the YAML `kernels:` section).
 struct KernelChoice {

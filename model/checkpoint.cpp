@@ -17,7 +17,7 @@
 #include <set>
 #include <sstream>
 
-#include "model/atomic_file.h"
+#include "io/atomic_file.h"
 #include "optim/adamw.h"
 
 namespace mt {

@@ -30,18 +30,6 @@
 
 namespace mt {
 
-const char* to_string(Recompute r) {
-    switch (r) {
-        case Recompute::none:
-            return "none";
-        case Recompute::gelu:
-            return "gelu";
-        case Recompute::layernorm_gelu:
-            return "layernorm_gelu";
-    }
-    return "?";
-}
-
 // ---- config -----------------------------------------------------------------------------------
 
 void GPTConfig::validate() const {

@@ -37,23 +37,23 @@ std::optional<GPTConfig> gpt_preset(const std::string& name);
 std::vector<std::string> gpt_preset_names();
 
 struct ParameterInfo {
-    std::string name;           // nanoGPT state_dict name, e.g. "transformer.h.0.attn.c_attn.weight"
+    std::string name;  // nanoGPT state_dict name, e.g. "transformer.h.0.attn.c_attn.weight"
     std::vector<int64_t> shape;  // PyTorch shape; Linear weights (out_features, in_features)
-    size_t offset = 0;          // element offset into the flat buffer
-    size_t count = 0;           // number of elements
-    bool decay = false;         // AdamW weight decay applies (2-D tensors: embeddings, Linear W)
+    size_t offset = 0;           // element offset into the flat buffer
+    size_t count = 0;            // number of elements
+    bool decay = false;          // AdamW weight decay applies (2-D tensors: embeddings, Linear W)
 };
 
 // The parameter table: every tensor of the model in a fixed order with its offset.
 class ParameterTable {
-public:
+  public:
     explicit ParameterTable(const GPTConfig& config);
     const std::vector<ParameterInfo>& tensors() const { return tensors_; }
     const ParameterInfo* find(const std::string& name) const;  // nullptr if absent
     const ParameterInfo& at(const std::string& name) const;    // throws if absent
     size_t total_count() const { return total_; }
 
-private:
+  private:
     std::vector<ParameterInfo> tensors_;
     size_t total_ = 0;
 };
@@ -63,7 +63,10 @@ private:
 //   layernorm_gelu: additionally ln_1/ln_2 outputs (N,C) per layer are recomputed from the
 //   residual stream and the saved mean/rstd.
 enum class Recompute { none, gelu, layernorm_gelu };
-const char* to_string(Recompute);
+template <>
+struct EnumSpelling<Recompute> {
+    static constexpr std::array<std::string_view, 3> names{"none", "gelu", "layernorm_gelu"};
+};
 
 // What the model needs to know about how to run (from RunConfig).
 struct ModelOptions {
@@ -78,7 +81,7 @@ struct MemoryEstimate {
 };
 
 class GPT {
-public:
+  public:
     GPT(Backend& backend, const GPTConfig& config, ModelOptions options = {});
     ~GPT();
     GPT(const GPT&) = delete;
@@ -106,9 +109,10 @@ public:
     void allocate_activations(int B, int T);
 
     // Forward to the mean loss. inputs/targets: device int32 (B, T), T <= max_seq_len; they
-    // must stay valid until backward() returns. targets may be null (logits only). With targets and the fused classifier, the gradient of
-    // the loss w.r.t. the logits is written in the same pass, scaled by grad_scale/(B*T)
-    // (grad_scale = 1/grad_accum for accumulation; 0 = no gradient wanted). Asynchronous: loss() reads it back.
+    // must stay valid until backward() returns. targets may be null (logits only). With targets and
+    // the fused classifier, the gradient of the loss w.r.t. the logits is written in the same pass,
+    // scaled by grad_scale/(B*T) (grad_scale = 1/grad_accum for accumulation; 0 = no gradient
+    // wanted). Asynchronous: loss() reads it back.
     void forward(const int* inputs, const int* targets, int B, int T, float grad_scale = 1.0f);
     // Mean loss of the last forward; synchronises with the device.
     float loss();
@@ -133,7 +137,7 @@ public:
     static MemoryEstimate estimate_memory(const GPTConfig& config, const ModelOptions& options,
                                           int B, int T, const Backend& backend);
 
-private:
+  private:
     struct Activations;
     void forward_block(int l, int B, int T);
     void backward_block(int l, int B, int T);
@@ -150,13 +154,13 @@ private:
     std::unique_ptr<Activations> acts_;
     OpObserver* observer_ = nullptr;
     int last_B_ = 0, last_T_ = 0;
-    const int* inputs_ = nullptr;   // device pointers of the last forward, used by backward
+    const int* inputs_ = nullptr;  // device pointers of the last forward, used by backward
     const int* targets_ = nullptr;
-    bool have_targets_ = false;   // the last forward computed a loss
+    bool have_targets_ = false;    // the last forward computed a loss
     bool backward_ready_ = false;  // ... and its backward has not run yet
     float grad_scale_ = 1.0f;
     bool params_dirty_ = true;  // bf16 copy needs refreshing
-public:
+  public:
     // Call after the optimizer changed params() so the compute copy is refreshed.
     void mark_params_updated() { params_dirty_ = true; }
 };

@@ -14,11 +14,16 @@ struct LRSchedule {
     enum class Kind { constant, cosine };  // cosine: linear warm-up, cosine decay to a floor
     Kind kind = Kind::constant;
     int warmup_steps = 0;
-    int decay_steps = 0;       // steps from the end of warm-up to reaching the floor
+    int decay_steps = 0;        // steps from the end of warm-up to reaching the floor
     float min_lr_ratio = 0.1f;  // floor = min_lr_ratio * lr
 };
 // Learning rate for 0-based optimizer step `step`.
 float learning_rate_at(const LRSchedule& schedule, float base_lr, int step);
+
+template <>
+struct EnumSpelling<LRSchedule::Kind> {
+    static constexpr std::array<std::string_view, 2> names{"constant", "cosine"};
+};
 
 struct AdamWConfig {
     float lr = 3e-4f;
@@ -32,7 +37,7 @@ struct AdamWConfig {
 };
 
 class AdamW {
-public:
+  public:
     AdamW(GPT& model, const AdamWConfig& config);
 
     // One optimizer step over the model's flat buffers: global grad norm (when clipping),
@@ -50,13 +55,13 @@ public:
     std::vector<float> get_v();
     void set_state(const std::vector<float>& m, const std::vector<float>& v, int steps_taken);
 
-private:
+  private:
     GPT& model_;
     Backend& backend_;
     AdamWConfig config_;
     std::vector<Backend::TensorSlice> slices_;
-    DeviceBuffer m_, v_;     // optimizer
-    DeviceBuffer scratch_;   // workspace: [0] norm^2, [1] clip scale
+    DeviceBuffer m_, v_;    // optimizer
+    DeviceBuffer scratch_;  // workspace: [0] norm^2, [1] clip scale
     int t_ = 0;
     bool norm_valid_ = false;
 };

@@ -7,7 +7,7 @@
 
 #include "kernels/cuda_error_format.h"
 #include "kernels/op_costs.h"
-#include "kernels/peak_flops.h"
+#include "harness/peak_flops.h"
 
 namespace mt {
 namespace {

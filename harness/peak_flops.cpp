@@ -1,4 +1,4 @@
-#include "kernels/peak_flops.h"
+#include "harness/peak_flops.h"
 
 #include <algorithm>
 #include <array>
