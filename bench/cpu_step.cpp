@@ -59,10 +59,10 @@
 #include <string>
 #include <vector>
 
+#include "io/atomic_file.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/gemm.h"
-#include "kernels/op_costs.h"
-#include "io/atomic_file.h"
+#include "kernels/ops.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
 
@@ -129,7 +129,13 @@ GemmProbe probe_gemm(mt::Backend& be, int M, int K, int N, int reps) {
     std::vector<double> ms;
     for (int r = 0; r < reps + 1; ++r) {
         const auto t0 = Clock::now();
-        be.matmul_forward(c.get(), a.get(), b.get(), nullptr, M, K, N);
+        be.run(mt::op::MatmulForward{.out = c.get(),
+                                     .inp = a.get(),
+                                     .weight = b.get(),
+                                     .bias = nullptr,
+                                     .N = M,
+                                     .C = K,
+                                     .OC = N});
         const auto t1 = Clock::now();
         if (r > 0) ms.push_back(ms_between(t0, t1));  // rep 0 warms caches and the pack buffers
     }
@@ -203,12 +209,26 @@ class ShapeNamer {
                     layer += (layer.empty() ? "" : "+") + std::string(o.layer);
             const std::string shape = " " + layer + " (N" + std::to_string(N) + " " +
                                       std::to_string(l.in) + "->" + std::to_string(l.out) + ")";
-            names_.push_back({"matmul_forward", mt::cost::matmul_forward(N, l.in, l.out, 4).flops,
+            names_.push_back({"matmul_forward",
+                              mt::op::MatmulForward{.N = static_cast<int>(N),
+                                                    .C = static_cast<int>(l.in),
+                                                    .OC = static_cast<int>(l.out)}
+                                  .record(4)
+                                  .flops,
                               "matmul_forward" + shape});
             names_.push_back({"matmul_gelu_forward",
-                              mt::cost::matmul_forward(N, l.in, l.out, 4).flops,
+                              mt::op::MatmulForward{.N = static_cast<int>(N),
+                                                    .C = static_cast<int>(l.in),
+                                                    .OC = static_cast<int>(l.out)}
+                                  .record(4)
+                                  .flops,
                               "matmul_gelu_forward" + shape});
-            names_.push_back({"matmul_backward", mt::cost::matmul_backward(N, l.in, l.out, 4).flops,
+            names_.push_back({"matmul_backward",
+                              mt::op::MatmulBackward{.N = static_cast<int>(N),
+                                                     .C = static_cast<int>(l.in),
+                                                     .OC = static_cast<int>(l.out)}
+                                  .record(4)
+                                  .flops,
                               "matmul_backward" + shape});
         }
     }
@@ -347,7 +367,7 @@ int run(const Args& a) {
     std::unique_ptr<StepProfiler> prof;
     if (a.profile) {
         prof = std::make_unique<StepProfiler>(ShapeNamer(*cfg, B, T));
-        model.set_op_observer(prof.get());
+        model.backend().set_op_observer(prof.get());
     }
 
     const double flops = model.training_flops_per_step(B, T);
@@ -387,7 +407,7 @@ int run(const Args& a) {
         optm.push_back(ms_between(t2, t3));
         step.push_back(ms_between(t0, t3));
     }
-    model.set_op_observer(nullptr);
+    model.backend().set_op_observer(nullptr);
     const double rss = peak_rss_mib();  // before the probes allocate anything
     const double step_ms = median(step);
     const double gflops = flops / (step_ms * 1e-3) / 1e9;

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "harness/report.h"
 #include "harness/peak_flops.h"
+#include "harness/report.h"
 
 namespace mt {
 namespace {
@@ -128,7 +128,13 @@ MachinePeaks probe(Backend& backend) {
         backend.memset_zero(a.get(), bytes);
         backend.memset_zero(w.get(), bytes);
         const double ms = time_best_ms(backend, &reps, [&] {
-            backend.matmul_forward(out.get(), a.get(), w.get(), nullptr, n, n, n);
+            backend.run(op::MatmulForward{.out = out.get(),
+                                          .inp = a.get(),
+                                          .weight = w.get(),
+                                          .bias = nullptr,
+                                          .N = n,
+                                          .C = n,
+                                          .OC = n});
         });
         const double flops = 2.0 * n * static_cast<double>(n) * n;
         p.flops_per_s = ms > 0 ? flops / (ms * 1e-3) : 0;

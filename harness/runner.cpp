@@ -216,7 +216,7 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
         std::unique_ptr<KernelProfiler> profiler;
         if (cfg.profile.kernels) {
             profiler = std::make_unique<KernelProfiler>(*backend);
-            model.set_op_observer(profiler.get());
+            model.backend().set_op_observer(profiler.get());
         }
         backend->synchronize();
         mem.setup_done();
@@ -258,8 +258,9 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
                 enter(Phase::forward);
                 model.forward(d_in.as<int>(), d_tg.as<int>(), B, T, 1.0f / accum);
                 if (accum > 1)
-                    backend->sum_scaled(d_losses.as<float>() + m, model.losses_device(), n,
-                                        1.0f / static_cast<float>(n));
+                    backend->run(op::LossMean{.loss = d_losses.as<float>() + m,
+                                              .losses = model.losses_device(),
+                                              .N = static_cast<int>(n)});
                 leave(Phase::forward);
 
                 enter(Phase::backward);
@@ -352,7 +353,7 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
         if (profiler) {
             const RunStats st = compute_run_stats(r);
             r.kernels = profiler->table(st.step_ms.mean, st.measured, r.peaks);
-            model.set_op_observer(nullptr);
+            model.backend().set_op_observer(nullptr);
         }
     } catch (const std::exception& e) {
         r.status = RunStatus::failed;

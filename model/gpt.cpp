@@ -26,8 +26,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "kernels/op_costs.h"
-
 namespace mt {
 
 // ---- config -----------------------------------------------------------------------------------
@@ -80,34 +78,38 @@ std::vector<std::string> gpt_preset_names() {
 
 // ---- parameter table ------------------------------------------------------------------------
 
+ParamRef ParameterTable::add(std::string name, std::vector<int64_t> shape, bool decay) {
+    size_t count = 1;
+    for (auto d : shape) count *= static_cast<size_t>(d);
+    tensors_.push_back({std::move(name), std::move(shape), total_, count, decay});
+    total_ += count;
+    return {tensors_.back().offset};
+}
+
 ParameterTable::ParameterTable(const GPTConfig& cfg) {
     const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab_size(), maxT = cfg.max_seq_len;
-    auto add = [&](std::string name, std::vector<int64_t> shape, bool decay) {
-        size_t count = 1;
-        for (auto d : shape) count *= static_cast<size_t>(d);
-        tensors_.push_back({std::move(name), std::move(shape), total_, count, decay});
-        total_ += count;
-    };
     // nanoGPT state_dict order. Decay on 2-D tensors (embeddings, Linear weights) only.
-    add("transformer.wte.weight", {Vp, C}, true);
-    add("transformer.wpe.weight", {maxT, C}, true);
+    auto linear = [&](const std::string& name, int64_t out, int64_t in) {
+        return LinearParams{add(name + ".weight", {out, in}, true),
+                            add(name + ".bias", {out}, false)};
+    };
+    auto layernorm = [&](const std::string& name) {
+        return LayerNormParams{add(name + ".weight", {C}, false), add(name + ".bias", {C}, false)};
+    };
+    params_.wte = add("transformer.wte.weight", {Vp, C}, true);
+    params_.wpe = add("transformer.wpe.weight", {maxT, C}, true);
+    params_.h.resize(static_cast<size_t>(cfg.n_layer));
     for (int l = 0; l < cfg.n_layer; ++l) {
-        std::string h = "transformer.h." + std::to_string(l) + ".";
-        add(h + "ln_1.weight", {C}, false);
-        add(h + "ln_1.bias", {C}, false);
-        add(h + "attn.c_attn.weight", {3 * C, C}, true);
-        add(h + "attn.c_attn.bias", {3 * C}, false);
-        add(h + "attn.c_proj.weight", {C, C}, true);
-        add(h + "attn.c_proj.bias", {C}, false);
-        add(h + "ln_2.weight", {C}, false);
-        add(h + "ln_2.bias", {C}, false);
-        add(h + "mlp.c_fc.weight", {4 * C, C}, true);
-        add(h + "mlp.c_fc.bias", {4 * C}, false);
-        add(h + "mlp.c_proj.weight", {C, 4 * C}, true);
-        add(h + "mlp.c_proj.bias", {C}, false);
+        const std::string h = "transformer.h." + std::to_string(l) + ".";
+        BlockParams& block = params_.h[static_cast<size_t>(l)];
+        block.ln_1 = layernorm(h + "ln_1");
+        block.attn.c_attn = linear(h + "attn.c_attn", 3 * C, C);
+        block.attn.c_proj = linear(h + "attn.c_proj", C, C);
+        block.ln_2 = layernorm(h + "ln_2");
+        block.mlp.c_fc = linear(h + "mlp.c_fc", 4 * C, C);
+        block.mlp.c_proj = linear(h + "mlp.c_proj", C, 4 * C);
     }
-    add("transformer.ln_f.weight", {C}, false);
-    add("transformer.ln_f.bias", {C}, false);
+    params_.ln_f = layernorm("transformer.ln_f");
 }
 
 const ParameterInfo* ParameterTable::find(const std::string& name) const {
@@ -144,8 +146,7 @@ struct GPT::Activations {
 
     // Lays out every tensor for (B, T). Shared (not per-layer) buffers are used for what the
     // recompute policy regenerates in backward.
-    void plan(const GPTConfig& cfg, const ModelOptions& opt, const Backend& backend, int B_,
-              int T_) {
+    void plan(const GPTConfig& cfg, const ModelOptions& opt, int B_, int T_) {
         B = B_;
         T = T_;
         const size_t N = static_cast<size_t>(B) * T, C = cfg.n_embd;
@@ -173,7 +174,7 @@ struct GPT::Activations {
         size_t shared_gelu = recompute_gelu ? a(N * 4 * C) : 0;
         size_t shared_ln1 = recompute_ln ? a(N * C) : 0;
         size_t shared_ln2 = recompute_ln ? a(N * C) : 0;
-        const size_t saved = backend.attention_saved_elems(B, T, static_cast<int>(C), cfg.n_head);
+        const size_t saved = attention_saved_elems(opt.kernels.attention, B, T, cfg.n_head);
         layers.assign(cfg.n_layer, {});
         for (auto& L : layers) {
             L.ln1 = recompute_ln ? shared_ln1 : a(N * C);
@@ -218,7 +219,7 @@ struct GPT::Activations {
 // ---- GPT ------------------------------------------------------------------------------------
 
 GPT::GPT(Backend& backend, const GPTConfig& config, ModelOptions options)
-    : backend_(backend), config_(config), options_(options), table_(config) {
+    : backend_(backend), config_(config), options_(options), table_(config), P_(table_.params()) {
     config_.validate();
     const size_t n = table_.total_count();
     params_ = DeviceBuffer(backend_, n * sizeof(float), MemoryCategory::params);
@@ -314,7 +315,9 @@ void GPT::allocate_activations(int B, int T) {
             " exceeds the model's max_seq_len=" + std::to_string(config_.max_seq_len));
     if (acts_ && acts_->B == B && acts_->T == T) return;
     auto acts = std::make_unique<Activations>();
-    acts->plan(config_, options_, backend_, B, T);
+    acts->plan(config_, options_, B, T);
+    backend_.reserve_attention_workspace(options_.kernels.attention, B, T, config_.n_embd,
+                                         config_.n_head);
     const size_t e = backend_.compute_elem_bytes();
     // Re-plan into the existing arenas when they are large enough (no allocation).
     if (acts_ && acts_->act.bytes() >= acts->act_elems * e &&
@@ -331,40 +334,32 @@ void GPT::allocate_activations(int B, int T) {
     acts_ = std::move(acts);
 }
 
-const void* GPT::w(const std::string& name) const {
-    const size_t off = table_.at(name).offset;
-    if (params_compute_.get()) return params_compute_.as<char>() + off * 2;
-    return params_.as<float>() + off;
+const void* GPT::w(ParamRef p) const {
+    if (params_compute_.get()) return params_compute_.as<char>() + p.offset * 2;
+    return params_.as<float>() + p.offset;
 }
 
-float* GPT::g(const std::string& name) {
-    return grads_.as<float>() + table_.at(name).offset;
+float* GPT::g(ParamRef p) {
+    return grads_.as<float>() + p.offset;
 }
 
-namespace {
-// Element pointer into an arena of compute-precision elements of `e` bytes.
-inline void* at(const DeviceBuffer& buf, size_t elem, size_t e) {
-    return buf.as<char>() + elem * e;
+void* GPT::act(size_t offset) const {
+    return acts_->act.as<char>() + offset * backend_.compute_elem_bytes();
 }
-inline float* atf(const DeviceBuffer& buf, size_t elem) {
-    return buf.as<float>() + elem;
+void* GPT::grad(size_t offset) const {
+    return acts_->grad.as<char>() + offset * backend_.compute_elem_bytes();
 }
-}  // namespace
+float* GPT::f32(size_t offset) const {
+    return acts_->f32.as<float>() + offset;
+}
+
+// ---- forward --------------------------------------------------------------------------------
 
 void GPT::forward(const int* inputs, const int* targets, int B, int T, float grad_scale) {
     // Offsets are planned for an exact (B, T); a new shape re-plans (allocating only when it
     // needs more memory than the arenas have). Call allocate_activations up front to keep
     // allocation out of the timed step.
     allocate_activations(B, T);
-    Activations& A = *acts_;
-    const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
-    const int Vp = config_.padded_vocab_size();
-    const int N = B * T;
-    const size_t e = backend_.compute_elem_bytes();
-    const double ed = static_cast<double>(e);
-    const KernelChoice& K = options_.kernels;
-    auto act = [&](size_t off) { return at(A.act, off, e); };
-
     last_B_ = B;
     last_T_ = T;
     inputs_ = inputs;
@@ -373,272 +368,383 @@ void GPT::forward(const int* inputs, const int* targets, int B, int T, float gra
     backward_ready_ = targets != nullptr;
     grad_scale_ = grad_scale;
 
-    if (params_compute_.get() && params_dirty_) {
-        OpScope op(observer_, cost::cast_params(table_.total_count(), ed));
-        backend_.cast_params(params_compute_.get(), params_.as<float>(), table_.total_count());
-    }
+    if (params_compute_.get() && params_dirty_)
+        backend_.run(op::CastParams{
+            .dst = params_compute_.get(), .src = params_.as<float>(), .n = table_.total_count()});
     params_dirty_ = false;
 
-    {
-        OpScope op(observer_, cost::encoder_forward(B, T, C, ed));
-        backend_.encoder_forward(act(A.encoded), inputs, w("transformer.wte.weight"),
-                                 w("transformer.wpe.weight"), B, T, C);
-    }
-    const bool fused_ln = K.layernorm == LayerNormImpl::fused_residual;
+    backend_.run(op::EncoderForward{.out = act(acts_->encoded),
+                                    .inp = inputs,
+                                    .wte = w(P_.wte),
+                                    .wpe = w(P_.wpe),
+                                    .B = B,
+                                    .T = T,
+                                    .C = config_.n_embd});
     for (int l = 0; l < config_.n_layer; ++l) {
-        const auto& L = A.layers[l];
-        const std::string h = "transformer.h." + std::to_string(l) + ".";
-        const void* residual = l == 0 ? act(A.encoded) : act(A.layers[l - 1].residual3);
-        // ln_1 of block l>0 was already produced by the previous block's fused residual+LN.
-        if (!fused_ln || l == 0) {
-            OpScope op(observer_, cost::layernorm_forward(N, C, ed));
-            backend_.layernorm_forward(act(L.ln1), atf(A.f32, L.ln1_mean), atf(A.f32, L.ln1_rstd),
-                                       residual, w(h + "ln_1.weight"), w(h + "ln_1.bias"), N, C);
-        }
-        {
-            OpScope op(observer_, cost::matmul_forward(N, C, 3 * C, ed));
-            backend_.matmul_forward(act(L.qkv), act(L.ln1), w(h + "attn.c_attn.weight"),
-                                    w(h + "attn.c_attn.bias"), N, C, 3 * C);
-        }
-        {
-            const size_t saved = backend_.attention_saved_elems(B, T, C, NH);
-            OpScope op(observer_, cost::attention_forward(B, T, C, NH, ed, saved));
-            backend_.attention_forward(act(L.atty), atf(A.f32, L.att_saved), act(L.qkv), B, T, C,
-                                       NH);
-        }
-        {
-            OpScope op(observer_, cost::matmul_forward(N, C, C, ed));
-            backend_.matmul_forward(act(L.attproj), act(L.atty), w(h + "attn.c_proj.weight"),
-                                    w(h + "attn.c_proj.bias"), N, C, C);
-        }
-        if (fused_ln) {
-            OpScope op(observer_, cost::fused_residual_layernorm_forward(N, C, ed));
-            backend_.fused_residual_layernorm_forward(
-                act(L.residual2), act(L.ln2), atf(A.f32, L.ln2_mean), atf(A.f32, L.ln2_rstd),
-                residual, act(L.attproj), w(h + "ln_2.weight"), w(h + "ln_2.bias"), N, C);
-        } else {
-            {
-                OpScope op(observer_, cost::residual_forward(static_cast<size_t>(N) * C, ed));
-                backend_.residual_forward(act(L.residual2), residual, act(L.attproj),
-                                          static_cast<size_t>(N) * C);
-            }
-            OpScope op(observer_, cost::layernorm_forward(N, C, ed));
-            backend_.layernorm_forward(act(L.ln2), atf(A.f32, L.ln2_mean), atf(A.f32, L.ln2_rstd),
-                                       act(L.residual2), w(h + "ln_2.weight"), w(h + "ln_2.bias"),
-                                       N, C);
-        }
-        if (K.fuse_gelu) {
-            OpRecord rec = cost::matmul_forward(N, C, 4 * C, ed);
-            rec.name = "matmul_gelu_forward";
-            OpScope op(observer_, rec);
-            backend_.matmul_forward(act(L.fch_gelu), act(L.ln2), w(h + "mlp.c_fc.weight"),
-                                    w(h + "mlp.c_fc.bias"), N, C, 4 * C, MatmulEpilogue::gelu,
-                                    act(L.fch));
-        } else {
-            {
-                OpScope op(observer_, cost::matmul_forward(N, C, 4 * C, ed));
-                backend_.matmul_forward(act(L.fch), act(L.ln2), w(h + "mlp.c_fc.weight"),
-                                        w(h + "mlp.c_fc.bias"), N, C, 4 * C);
-            }
-            OpScope op(observer_, cost::gelu_forward(static_cast<size_t>(N) * 4 * C, ed));
-            backend_.gelu_forward(act(L.fch_gelu), act(L.fch), static_cast<size_t>(N) * 4 * C);
-        }
-        {
-            OpScope op(observer_, cost::matmul_forward(N, 4 * C, C, ed));
-            backend_.matmul_forward(act(L.fcproj), act(L.fch_gelu), w(h + "mlp.c_proj.weight"),
-                                    w(h + "mlp.c_proj.bias"), N, 4 * C, C);
-        }
-        // residual3 = residual2 + fcproj; with fused LN this also computes the next LayerNorm
-        // (ln_1 of block l+1, or ln_f after the last block).
-        if (fused_ln) {
-            const bool last = l + 1 == config_.n_layer;
-            const std::string next =
-                last ? "transformer.ln_f." : "transformer.h." + std::to_string(l + 1) + ".ln_1.";
-            void* ln_out = last ? act(A.lnf) : act(A.layers[l + 1].ln1);
-            float* mean = last ? atf(A.f32, A.lnf_mean) : atf(A.f32, A.layers[l + 1].ln1_mean);
-            float* rstd = last ? atf(A.f32, A.lnf_rstd) : atf(A.f32, A.layers[l + 1].ln1_rstd);
-            OpScope op(observer_, cost::fused_residual_layernorm_forward(N, C, ed));
-            backend_.fused_residual_layernorm_forward(act(L.residual3), ln_out, mean, rstd,
-                                                      act(L.residual2), act(L.fcproj),
-                                                      w(next + "weight"), w(next + "bias"), N, C);
-        } else {
-            OpScope op(observer_, cost::residual_forward(static_cast<size_t>(N) * C, ed));
-            backend_.residual_forward(act(L.residual3), act(L.residual2), act(L.fcproj),
-                                      static_cast<size_t>(N) * C);
-        }
+        forward_attention(l);
+        forward_mlp(l);
     }
-    if (!fused_ln) {
-        OpScope op(observer_, cost::layernorm_forward(N, C, ed));
-        backend_.layernorm_forward(act(A.lnf), atf(A.f32, A.lnf_mean), atf(A.f32, A.lnf_rstd),
-                                   act(A.layers.back().residual3), w("transformer.ln_f.weight"),
-                                   w("transformer.ln_f.bias"), N, C);
+    forward_head(targets, grad_scale);
+}
+
+// residual2 = residual + c_proj(attn(c_attn(ln_1(residual)))), then ln_2(residual2).
+void GPT::forward_attention(int l) {
+    const Activations& A = *acts_;
+    const auto& L = A.layers[l];
+    const BlockParams& p = P_.h[l];
+    const int B = last_B_, T = last_T_, C = config_.n_embd, NH = config_.n_head, N = B * T;
+    const bool fused_ln = options_.kernels.layernorm == LayerNormImpl::fused_residual;
+    const void* residual = l == 0 ? act(A.encoded) : act(A.layers[l - 1].residual3);
+    // ln_1 of block l>0 was already produced by the previous block's fused residual+LN.
+    if (!fused_ln || l == 0)
+        backend_.run(op::LayerNormForward{.out = act(L.ln1),
+                                          .mean = f32(L.ln1_mean),
+                                          .rstd = f32(L.ln1_rstd),
+                                          .inp = residual,
+                                          .weight = w(p.ln_1.weight),
+                                          .bias = w(p.ln_1.bias),
+                                          .N = N,
+                                          .C = C});
+    backend_.run(op::MatmulForward{.out = act(L.qkv),
+                                   .inp = act(L.ln1),
+                                   .weight = w(p.attn.c_attn.weight),
+                                   .bias = w(p.attn.c_attn.bias),
+                                   .N = N,
+                                   .C = C,
+                                   .OC = 3 * C});
+    backend_.run(op::AttentionForward{.impl = options_.kernels.attention,
+                                      .out = act(L.atty),
+                                      .saved = f32(L.att_saved),
+                                      .qkv = act(L.qkv),
+                                      .B = B,
+                                      .T = T,
+                                      .C = C,
+                                      .NH = NH});
+    backend_.run(op::MatmulForward{.out = act(L.attproj),
+                                   .inp = act(L.atty),
+                                   .weight = w(p.attn.c_proj.weight),
+                                   .bias = w(p.attn.c_proj.bias),
+                                   .N = N,
+                                   .C = C,
+                                   .OC = C});
+    if (fused_ln) {
+        backend_.run(op::FusedResidualLayerNormForward{.residual = act(L.residual2),
+                                                       .out = act(L.ln2),
+                                                       .mean = f32(L.ln2_mean),
+                                                       .rstd = f32(L.ln2_rstd),
+                                                       .inp1 = residual,
+                                                       .inp2 = act(L.attproj),
+                                                       .weight = w(p.ln_2.weight),
+                                                       .bias = w(p.ln_2.bias),
+                                                       .N = N,
+                                                       .C = C});
+        return;
     }
-    {
-        // LM head tied to wte: logits (N,Vp) = lnf (N,C) wte(Vp,C)^T, no bias.
-        OpScope op(observer_, cost::matmul_forward(N, C, Vp, ed));
-        backend_.matmul_forward(act(A.logits), act(A.lnf), w("transformer.wte.weight"), nullptr, N,
-                                C, Vp);
+    backend_.run(op::ResidualForward{.out = act(L.residual2),
+                                     .inp1 = residual,
+                                     .inp2 = act(L.attproj),
+                                     .n = static_cast<size_t>(N) * C});
+    backend_.run(op::LayerNormForward{.out = act(L.ln2),
+                                      .mean = f32(L.ln2_mean),
+                                      .rstd = f32(L.ln2_rstd),
+                                      .inp = act(L.residual2),
+                                      .weight = w(p.ln_2.weight),
+                                      .bias = w(p.ln_2.bias),
+                                      .N = N,
+                                      .C = C});
+}
+
+// residual3 = residual2 + c_proj(gelu(c_fc(ln2))); with the fused residual+LN this also computes
+// the next LayerNorm (ln_1 of block l+1, or ln_f after the last block).
+void GPT::forward_mlp(int l) {
+    const Activations& A = *acts_;
+    const auto& L = A.layers[l];
+    const BlockParams& p = P_.h[l];
+    const int C = config_.n_embd, N = last_B_ * last_T_;
+    const size_t NC = static_cast<size_t>(N) * C;
+    if (options_.kernels.fuse_gelu) {
+        backend_.run(op::MatmulForward{.out = act(L.fch_gelu),
+                                       .inp = act(L.ln2),
+                                       .weight = w(p.mlp.c_fc.weight),
+                                       .bias = w(p.mlp.c_fc.bias),
+                                       .N = N,
+                                       .C = C,
+                                       .OC = 4 * C,
+                                       .epilogue = MatmulEpilogue::gelu,
+                                       .pre_act = act(L.fch)});
+    } else {
+        backend_.run(op::MatmulForward{.out = act(L.fch),
+                                       .inp = act(L.ln2),
+                                       .weight = w(p.mlp.c_fc.weight),
+                                       .bias = w(p.mlp.c_fc.bias),
+                                       .N = N,
+                                       .C = C,
+                                       .OC = 4 * C});
+        backend_.run(op::GeluForward{.out = act(L.fch_gelu), .inp = act(L.fch), .n = NC * 4});
     }
+    backend_.run(op::MatmulForward{.out = act(L.fcproj),
+                                   .inp = act(L.fch_gelu),
+                                   .weight = w(p.mlp.c_proj.weight),
+                                   .bias = w(p.mlp.c_proj.bias),
+                                   .N = N,
+                                   .C = 4 * C,
+                                   .OC = C});
+    if (options_.kernels.layernorm != LayerNormImpl::fused_residual) {
+        backend_.run(op::ResidualForward{
+            .out = act(L.residual3), .inp1 = act(L.residual2), .inp2 = act(L.fcproj), .n = NC});
+        return;
+    }
+    const bool last = l + 1 == config_.n_layer;
+    const LayerNormParams& next = last ? P_.ln_f : P_.h[l + 1].ln_1;
+    backend_.run(op::FusedResidualLayerNormForward{
+        .residual = act(L.residual3),
+        .out = last ? act(A.lnf) : act(A.layers[l + 1].ln1),
+        .mean = last ? f32(A.lnf_mean) : f32(A.layers[l + 1].ln1_mean),
+        .rstd = last ? f32(A.lnf_rstd) : f32(A.layers[l + 1].ln1_rstd),
+        .inp1 = act(L.residual2),
+        .inp2 = act(L.fcproj),
+        .weight = w(next.weight),
+        .bias = w(next.bias),
+        .N = N,
+        .C = C});
+}
+
+// ln_f, the LM head tied to wte (logits (N,Vp) = lnf (N,C) wte (Vp,C)^T, no bias), and with
+// targets the mean cross-entropy over the first V columns.
+void GPT::forward_head(const int* targets, float grad_scale) {
+    const Activations& A = *acts_;
+    const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab_size();
+    const int N = last_B_ * last_T_;
+    if (options_.kernels.layernorm != LayerNormImpl::fused_residual)
+        backend_.run(op::LayerNormForward{.out = act(A.lnf),
+                                          .mean = f32(A.lnf_mean),
+                                          .rstd = f32(A.lnf_rstd),
+                                          .inp = act(A.layers.back().residual3),
+                                          .weight = w(P_.ln_f.weight),
+                                          .bias = w(P_.ln_f.bias),
+                                          .N = N,
+                                          .C = C});
+    backend_.run(op::MatmulForward{.out = act(A.logits),
+                                   .inp = act(A.lnf),
+                                   .weight = w(P_.wte),
+                                   .bias = nullptr,
+                                   .N = N,
+                                   .C = C,
+                                   .OC = Vp});
     if (!targets) return;
     // d(mean loss)/d(loss_i) = 1/N, times grad_scale (1/grad_accum).
     const float dloss = grad_scale / static_cast<float>(N);
-    if (K.classifier == ClassifierImpl::fused) {
-        OpScope op(observer_, cost::classifier_fused(N, Vp, ed, dloss != 0.0f));
-        backend_.classifier_fused(atf(A.f32, A.losses), act(A.logits), targets, N, V, Vp, dloss);
+    if (options_.kernels.classifier == ClassifierImpl::fused) {
+        backend_.run(op::ClassifierFused{.losses = f32(A.losses),
+                                         .logits = act(A.logits),
+                                         .targets = targets,
+                                         .N = N,
+                                         .V = V,
+                                         .Vp = Vp,
+                                         .dloss = dloss});
     } else {
-        {
-            OpScope op(observer_, cost::softmax_forward(N, Vp, ed));
-            backend_.softmax_forward(atf(A.f32, A.probs), act(A.logits), N, V, Vp);
-        }
-        OpScope op(observer_, cost::crossentropy_forward(N));
-        backend_.crossentropy_forward(atf(A.f32, A.losses), atf(A.f32, A.probs), targets, N, Vp);
+        backend_.run(op::SoftmaxForward{
+            .probs = f32(A.probs), .logits = act(A.logits), .N = N, .V = V, .Vp = Vp});
+        backend_.run(op::CrossEntropyForward{.losses = f32(A.losses),
+                                             .probs = f32(A.probs),
+                                             .targets = targets,
+                                             .N = N,
+                                             .V = V,
+                                             .Vp = Vp});
     }
-    OpRecord mean_rec{"loss_mean", static_cast<double>(N), 4.0 * N};
-    OpScope op(observer_, mean_rec);
-    backend_.sum_scaled(atf(A.f32, A.loss), atf(A.f32, A.losses), N, 1.0f / static_cast<float>(N));
+    backend_.run(op::LossMean{.loss = f32(A.loss), .losses = f32(A.losses), .N = N});
 }
 
 float GPT::loss() {
     if (!acts_ || !have_targets_) throw std::logic_error("GPT::loss: no forward with targets yet");
     float value = 0;
-    backend_.copy_to_host(&value, atf(acts_->f32, acts_->loss), sizeof(float));
+    backend_.copy_to_host(&value, f32(acts_->loss), sizeof(float));
     return value;
 }
 
 const float* GPT::losses_device() const {
-    return acts_ ? atf(acts_->f32, acts_->losses) : nullptr;
+    return acts_ ? f32(acts_->losses) : nullptr;
 }
 const void* GPT::logits_device() const {
-    return acts_ ? at(acts_->act, acts_->logits, backend_.compute_elem_bytes()) : nullptr;
+    return acts_ ? act(acts_->logits) : nullptr;
 }
 
 void GPT::zero_grad() {
-    OpScope op(observer_, {"zero_grad", 0.0, static_cast<double>(grads_.bytes())});
-    backend_.memset_zero(grads_.get(), grads_.bytes());
+    backend_.run(op::FillZero{.dst = grads_.get(), .bytes = grads_.bytes(), .what = "zero_grad"});
 }
+
+// ---- backward -------------------------------------------------------------------------------
 
 void GPT::backward() {
     if (!acts_ || !backward_ready_)
         throw std::logic_error(
             "GPT::backward: needs a forward pass with targets first (one backward per forward)");
-    Activations& A = *acts_;
-    const int B = last_B_, T = last_T_;
-    const int C = config_.n_embd, NH = config_.n_head, V = config_.vocab_size;
-    const int Vp = config_.padded_vocab_size();
-    const int N = B * T;
+    backward_head();
+    const Activations& A = *acts_;
     const size_t e = backend_.compute_elem_bytes();
-    const double ed = static_cast<double>(e);
-    const bool recompute_gelu = options_.recompute != Recompute::none;
-    const bool recompute_ln = options_.recompute == Recompute::layernorm_gelu;
-    auto act = [&](size_t off) { return at(A.act, off, e); };
-    auto grad = [&](size_t off) { return at(A.grad, off, e); };
-    const size_t NC = static_cast<size_t>(N) * C;
-
-    if (options_.kernels.classifier == ClassifierImpl::unfused) {
-        OpScope op(observer_, cost::crossentropy_softmax_backward(N, Vp, ed));
-        backend_.crossentropy_softmax_backward(act(A.logits), atf(A.f32, A.probs), targets_, N, V,
-                                               Vp, grad_scale_ / static_cast<float>(N));
-    }
-    // (fused: the logits buffer already holds dlogits, written by the forward's single pass.)
-    {
-        OpScope op(observer_,
-                   {"zero_activation_grads", 0.0, static_cast<double>((NC + A.scratch_elems) * e)});
-        backend_.memset_zero(grad(A.dresidual), NC * e);
-        backend_.memset_zero(grad(A.scratch), A.scratch_elems * e);
-    }
-    {
-        OpScope op(observer_, cost::matmul_backward(N, C, Vp, ed));
-        backend_.matmul_backward(grad(A.d_ln1), g("transformer.wte.weight"), nullptr, act(A.logits),
-                                 act(A.lnf), w("transformer.wte.weight"), N, C, Vp);
-    }
-    {
-        OpScope op(observer_, cost::layernorm_backward(N, C, ed));
-        backend_.layernorm_backward(grad(A.dresidual), g("transformer.ln_f.weight"),
-                                    g("transformer.ln_f.bias"), grad(A.d_ln1),
-                                    act(A.layers.back().residual3), w("transformer.ln_f.weight"),
-                                    atf(A.f32, A.lnf_mean), atf(A.f32, A.lnf_rstd), N, C);
-    }
     for (int l = config_.n_layer - 1; l >= 0; --l) {
-        const auto& L = A.layers[l];
-        const std::string h = "transformer.h." + std::to_string(l) + ".";
-        const void* residual = l == 0 ? act(A.encoded) : act(A.layers[l - 1].residual3);
-        {
-            OpScope op(observer_,
-                       {"zero_activation_grads", 0.0, static_cast<double>(A.scratch_elems * e)});
-            backend_.memset_zero(grad(A.scratch), A.scratch_elems * e);
-        }
-
-        // --- MLP: residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2)))) ---
-        if (recompute_gelu) {
-            OpScope op(observer_, cost::gelu_forward(NC * 4, ed));
-            backend_.gelu_forward(act(L.fch_gelu), act(L.fch), NC * 4);
-        }
-        {
-            OpScope op(observer_, cost::matmul_backward(N, 4 * C, C, ed));
-            backend_.matmul_backward(grad(A.d_fch_gelu), g(h + "mlp.c_proj.weight"),
-                                     g(h + "mlp.c_proj.bias"), grad(A.dresidual), act(L.fch_gelu),
-                                     w(h + "mlp.c_proj.weight"), N, 4 * C, C);
-        }
-        {
-            OpScope op(observer_, cost::gelu_backward(NC * 4, ed));
-            backend_.gelu_backward(grad(A.d_fch), act(L.fch), grad(A.d_fch_gelu), NC * 4);
-        }
-        if (recompute_ln) {
-            OpScope op(observer_, cost::layernorm_forward(N, C, ed));
-            backend_.layernorm_forward(act(L.ln2), atf(A.f32, L.ln2_mean), atf(A.f32, L.ln2_rstd),
-                                       act(L.residual2), w(h + "ln_2.weight"), w(h + "ln_2.bias"),
-                                       N, C);
-        }
-        {
-            OpScope op(observer_, cost::matmul_backward(N, C, 4 * C, ed));
-            backend_.matmul_backward(grad(A.d_ln2), g(h + "mlp.c_fc.weight"),
-                                     g(h + "mlp.c_fc.bias"), grad(A.d_fch), act(L.ln2),
-                                     w(h + "mlp.c_fc.weight"), N, C, 4 * C);
-        }
-        {
-            OpScope op(observer_, cost::layernorm_backward(N, C, ed));
-            backend_.layernorm_backward(grad(A.dresidual), g(h + "ln_2.weight"), g(h + "ln_2.bias"),
-                                        grad(A.d_ln2), act(L.residual2), w(h + "ln_2.weight"),
-                                        atf(A.f32, L.ln2_mean), atf(A.f32, L.ln2_rstd), N, C);
-        }
-        // --- attention: residual2 = residual + c_proj(attn(c_attn(ln_1(residual)))) ---
-        {
-            OpScope op(observer_, cost::matmul_backward(N, C, C, ed));
-            backend_.matmul_backward(grad(A.d_atty), g(h + "attn.c_proj.weight"),
-                                     g(h + "attn.c_proj.bias"), grad(A.dresidual), act(L.atty),
-                                     w(h + "attn.c_proj.weight"), N, C, C);
-        }
-        {
-            const size_t saved = backend_.attention_saved_elems(B, T, C, NH);
-            OpScope op(observer_, cost::attention_backward(B, T, C, NH, ed, saved));
-            backend_.attention_backward(grad(A.d_qkv), grad(A.d_atty), act(L.qkv), act(L.atty),
-                                        atf(A.f32, L.att_saved), B, T, C, NH);
-        }
-        if (recompute_ln) {
-            OpScope op(observer_, cost::layernorm_forward(N, C, ed));
-            backend_.layernorm_forward(act(L.ln1), atf(A.f32, L.ln1_mean), atf(A.f32, L.ln1_rstd),
-                                       residual, w(h + "ln_1.weight"), w(h + "ln_1.bias"), N, C);
-        }
-        {
-            OpScope op(observer_, cost::matmul_backward(N, C, 3 * C, ed));
-            backend_.matmul_backward(grad(A.d_ln1), g(h + "attn.c_attn.weight"),
-                                     g(h + "attn.c_attn.bias"), grad(A.d_qkv), act(L.ln1),
-                                     w(h + "attn.c_attn.weight"), N, C, 3 * C);
-        }
-        {
-            OpScope op(observer_, cost::layernorm_backward(N, C, ed));
-            backend_.layernorm_backward(grad(A.dresidual), g(h + "ln_1.weight"), g(h + "ln_1.bias"),
-                                        grad(A.d_ln1), residual, w(h + "ln_1.weight"),
-                                        atf(A.f32, L.ln1_mean), atf(A.f32, L.ln1_rstd), N, C);
-        }
+        backend_.run(op::FillZero{
+            .dst = grad(A.scratch), .bytes = A.scratch_elems * e, .what = "zero_activation_grads"});
+        backward_mlp(l);
+        backward_attention(l);
     }
-    {
-        OpScope op(observer_, cost::encoder_backward(B, T, C, ed));
-        backend_.encoder_backward(g("transformer.wte.weight"), g("transformer.wpe.weight"),
-                                  grad(A.dresidual), inputs_, B, T, C);
-    }
+    backend_.run(op::EncoderBackward{.dwte = g(P_.wte),
+                                     .dwpe = g(P_.wpe),
+                                     .dout = grad(A.dresidual),
+                                     .inp = inputs_,
+                                     .B = last_B_,
+                                     .T = last_T_,
+                                     .C = config_.n_embd});
     // The logits buffer now holds dlogits; a second backward without a forward would be wrong.
     backward_ready_ = false;
+}
+
+// dlogits (unfused; the fused classifier wrote them in the forward), then the LM head and ln_f
+// into dresidual, the gradient of the residual stream for the whole pass.
+void GPT::backward_head() {
+    const Activations& A = *acts_;
+    const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab_size();
+    const int N = last_B_ * last_T_;
+    const size_t e = backend_.compute_elem_bytes();
+    if (options_.kernels.classifier == ClassifierImpl::unfused)
+        backend_.run(op::CrossEntropySoftmaxBackward{.dlogits = act(A.logits),
+                                                     .probs = f32(A.probs),
+                                                     .targets = targets_,
+                                                     .N = N,
+                                                     .V = V,
+                                                     .Vp = Vp,
+                                                     .dloss = grad_scale_ / static_cast<float>(N)});
+    // dresidual and the per-block scratch are adjacent in the gradient arena: one zeroing.
+    backend_.run(op::FillZero{.dst = grad(A.dresidual),
+                              .bytes = (static_cast<size_t>(N) * C + A.scratch_elems) * e,
+                              .what = "zero_activation_grads"});
+    backend_.run(op::MatmulBackward{.dinp = grad(A.d_ln1),
+                                    .dweight = g(P_.wte),
+                                    .dbias = nullptr,
+                                    .dout = act(A.logits),
+                                    .inp = act(A.lnf),
+                                    .weight = w(P_.wte),
+                                    .N = N,
+                                    .C = C,
+                                    .OC = Vp});
+    backend_.run(op::LayerNormBackward{.dinp = grad(A.dresidual),
+                                       .dweight = g(P_.ln_f.weight),
+                                       .dbias = g(P_.ln_f.bias),
+                                       .dout = grad(A.d_ln1),
+                                       .inp = act(A.layers.back().residual3),
+                                       .weight = w(P_.ln_f.weight),
+                                       .mean = f32(A.lnf_mean),
+                                       .rstd = f32(A.lnf_rstd),
+                                       .N = N,
+                                       .C = C});
+}
+
+// Through residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2)))): the branch reads
+// dresidual as its output gradient (a residual add's backward is the identity) and ln_2's
+// backward adds the branch's contribution into it.
+void GPT::backward_mlp(int l) {
+    const Activations& A = *acts_;
+    const auto& L = A.layers[l];
+    const BlockParams& p = P_.h[l];
+    const int C = config_.n_embd, N = last_B_ * last_T_;
+    const size_t NC = static_cast<size_t>(N) * C;
+    if (options_.recompute != Recompute::none)
+        backend_.run(op::GeluForward{.out = act(L.fch_gelu), .inp = act(L.fch), .n = NC * 4});
+    backend_.run(op::MatmulBackward{.dinp = grad(A.d_fch_gelu),
+                                    .dweight = g(p.mlp.c_proj.weight),
+                                    .dbias = g(p.mlp.c_proj.bias),
+                                    .dout = grad(A.dresidual),
+                                    .inp = act(L.fch_gelu),
+                                    .weight = w(p.mlp.c_proj.weight),
+                                    .N = N,
+                                    .C = 4 * C,
+                                    .OC = C});
+    backend_.run(op::GeluBackward{
+        .dinp = grad(A.d_fch), .inp = act(L.fch), .dout = grad(A.d_fch_gelu), .n = NC * 4});
+    if (options_.recompute == Recompute::layernorm_gelu)
+        backend_.run(op::LayerNormForward{.out = act(L.ln2),
+                                          .mean = f32(L.ln2_mean),
+                                          .rstd = f32(L.ln2_rstd),
+                                          .inp = act(L.residual2),
+                                          .weight = w(p.ln_2.weight),
+                                          .bias = w(p.ln_2.bias),
+                                          .N = N,
+                                          .C = C});
+    backend_.run(op::MatmulBackward{.dinp = grad(A.d_ln2),
+                                    .dweight = g(p.mlp.c_fc.weight),
+                                    .dbias = g(p.mlp.c_fc.bias),
+                                    .dout = grad(A.d_fch),
+                                    .inp = act(L.ln2),
+                                    .weight = w(p.mlp.c_fc.weight),
+                                    .N = N,
+                                    .C = C,
+                                    .OC = 4 * C});
+    backend_.run(op::LayerNormBackward{.dinp = grad(A.dresidual),
+                                       .dweight = g(p.ln_2.weight),
+                                       .dbias = g(p.ln_2.bias),
+                                       .dout = grad(A.d_ln2),
+                                       .inp = act(L.residual2),
+                                       .weight = w(p.ln_2.weight),
+                                       .mean = f32(L.ln2_mean),
+                                       .rstd = f32(L.ln2_rstd),
+                                       .N = N,
+                                       .C = C});
+}
+
+// Through residual2 = residual + c_proj(attn(c_attn(ln_1(residual)))), the same way.
+void GPT::backward_attention(int l) {
+    const Activations& A = *acts_;
+    const auto& L = A.layers[l];
+    const BlockParams& p = P_.h[l];
+    const int B = last_B_, T = last_T_, C = config_.n_embd, NH = config_.n_head, N = B * T;
+    const void* residual = l == 0 ? act(A.encoded) : act(A.layers[l - 1].residual3);
+    backend_.run(op::MatmulBackward{.dinp = grad(A.d_atty),
+                                    .dweight = g(p.attn.c_proj.weight),
+                                    .dbias = g(p.attn.c_proj.bias),
+                                    .dout = grad(A.dresidual),
+                                    .inp = act(L.atty),
+                                    .weight = w(p.attn.c_proj.weight),
+                                    .N = N,
+                                    .C = C,
+                                    .OC = C});
+    backend_.run(op::AttentionBackward{.impl = options_.kernels.attention,
+                                       .dqkv = grad(A.d_qkv),
+                                       .dout = grad(A.d_atty),
+                                       .qkv = act(L.qkv),
+                                       .out = act(L.atty),
+                                       .saved = f32(L.att_saved),
+                                       .B = B,
+                                       .T = T,
+                                       .C = C,
+                                       .NH = NH});
+    if (options_.recompute == Recompute::layernorm_gelu)
+        backend_.run(op::LayerNormForward{.out = act(L.ln1),
+                                          .mean = f32(L.ln1_mean),
+                                          .rstd = f32(L.ln1_rstd),
+                                          .inp = residual,
+                                          .weight = w(p.ln_1.weight),
+                                          .bias = w(p.ln_1.bias),
+                                          .N = N,
+                                          .C = C});
+    backend_.run(op::MatmulBackward{.dinp = grad(A.d_ln1),
+                                    .dweight = g(p.attn.c_attn.weight),
+                                    .dbias = g(p.attn.c_attn.bias),
+                                    .dout = grad(A.d_qkv),
+                                    .inp = act(L.ln1),
+                                    .weight = w(p.attn.c_attn.weight),
+                                    .N = N,
+                                    .C = C,
+                                    .OC = 3 * C});
+    backend_.run(op::LayerNormBackward{.dinp = grad(A.dresidual),
+                                       .dweight = g(p.ln_1.weight),
+                                       .dbias = g(p.ln_1.bias),
+                                       .dout = grad(A.d_ln1),
+                                       .inp = residual,
+                                       .weight = w(p.ln_1.weight),
+                                       .mean = f32(L.ln1_mean),
+                                       .rstd = f32(L.ln1_rstd),
+                                       .N = N,
+                                       .C = C});
 }
 
 // ---- analytic costs -------------------------------------------------------------------------
@@ -666,7 +772,7 @@ MemoryEstimate GPT::estimate_memory(const GPTConfig& config, const ModelOptions&
     m.grads = n * 4;
     m.optimizer = n * 8 + 8;
     Activations plan;
-    plan.plan(config, options, backend, B, T);
+    plan.plan(config, options, B, T);
     m.activations = plan.bytes(backend);
     m.data = static_cast<size_t>(B) * T * 4 * 2;
     return m;

@@ -44,17 +44,50 @@ struct ParameterInfo {
     bool decay = false;          // AdamW weight decay applies (2-D tensors: embeddings, Linear W)
 };
 
-// The parameter table: every tensor of the model in a fixed order with its offset.
+// Typed handles to the parameters: where each tensor lives in the flat buffers (its element
+// offset), resolved once when the table is built, so the step never looks a name up and a
+// misspelt tensor is a compile error. Field names follow the nanoGPT state_dict names
+// (`h[l].attn.c_attn.weight` is "transformer.h.<l>.attn.c_attn.weight").
+struct ParamRef {
+    size_t offset = 0;
+};
+struct LinearParams {
+    ParamRef weight, bias;  // weight (OC, C), bias (OC)
+};
+struct LayerNormParams {
+    ParamRef weight, bias;  // (C), (C)
+};
+struct BlockParams {
+    LayerNormParams ln_1;
+    struct {
+        LinearParams c_attn, c_proj;  // (3C, C), (C, C)
+    } attn;
+    LayerNormParams ln_2;
+    struct {
+        LinearParams c_fc, c_proj;  // (4C, C), (C, 4C)
+    } mlp;
+};
+struct GPTParams {
+    ParamRef wte, wpe;  // (Vp, C), (max_seq_len, C); wte is also the (tied) LM head
+    std::vector<BlockParams> h;
+    LayerNormParams ln_f;
+};
+
+// The parameter table: every tensor of the model in a fixed order with its offset, and the
+// typed handles to the same tensors.
 class ParameterTable {
   public:
     explicit ParameterTable(const GPTConfig& config);
     const std::vector<ParameterInfo>& tensors() const { return tensors_; }
+    const GPTParams& params() const { return params_; }
     const ParameterInfo* find(const std::string& name) const;  // nullptr if absent
     const ParameterInfo& at(const std::string& name) const;    // throws if absent
     size_t total_count() const { return total_; }
 
   private:
+    ParamRef add(std::string name, std::vector<int64_t> shape, bool decay);
     std::vector<ParameterInfo> tensors_;
+    GPTParams params_;
     size_t total_ = 0;
 };
 
@@ -127,10 +160,6 @@ class GPT {
     // Backpropagates the last forward; ACCUMULATES into grads(). Needs targets in forward.
     void backward();
 
-    // Per-op profiling hook (profile.kernels); nullptr to disable.
-    void set_op_observer(OpObserver* observer) { observer_ = observer; }
-    OpObserver* op_observer() const { return observer_; }  // the optimizer reports through it
-
     // Analytic FLOPs of one training step (forward + backward) for (B, T): 6 N_params_matmul
     // B T + attention terms, as in the PaLM appendix / nanoGPT's estimate_mfu.
     double training_flops_per_step(int B, int T) const;
@@ -139,10 +168,19 @@ class GPT {
 
   private:
     struct Activations;
-    void forward_block(int l, int B, int T);
-    void backward_block(int l, int B, int T);
-    const void* w(const std::string& name) const;  // compute-precision weight pointer
-    float* g(const std::string& name);             // grad pointer
+    // The forward and backward passes, block by block (gpt.cpp shows the data flow).
+    void forward_attention(int l);
+    void forward_mlp(int l);
+    void forward_head(const int* targets, float grad_scale);
+    void backward_head();
+    void backward_mlp(int l);
+    void backward_attention(int l);
+    const void* w(ParamRef p) const;  // compute-precision weight pointer
+    float* g(ParamRef p);             // fp32 gradient pointer
+    // Pointers into the activation arenas (offsets in elements).
+    void* act(size_t offset) const;   // compute precision
+    void* grad(size_t offset) const;  // compute precision, the gradient scratch arena
+    float* f32(size_t offset) const;  // fp32
 
     Backend& backend_;
     GPTConfig config_;
@@ -151,8 +189,8 @@ class GPT {
     DeviceBuffer params_;          // fp32 master weights
     DeviceBuffer params_compute_;  // bf16 copy (empty under fp32/tf32: params_ is used)
     DeviceBuffer grads_;
+    const GPTParams& P_;  // typed handles, table_.params()
     std::unique_ptr<Activations> acts_;
-    OpObserver* observer_ = nullptr;
     int last_B_ = 0, last_T_ = 0;
     const int* inputs_ = nullptr;  // device pointers of the last forward, used by backward
     const int* targets_ = nullptr;

@@ -6,8 +6,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/op_costs.h"
-
 namespace mt {
 
 float learning_rate_at(const LRSchedule& s, float base_lr, int step) {
@@ -56,24 +54,28 @@ void AdamW::step() {
     const float* grad_scale = nullptr;
     if (config_.grad_clip > 0) {
         // Clip without a host round trip: the norm and the scale stay on the device and the
-        // update kernel reads the scale (DESIGN: no sync inside a phase).
-        OpScope op(model_.op_observer(), cost::global_norm(n));
-        backend_.global_norm_squared(norm_sq, model_.grads(), n);
-        backend_.clip_scale(clip, norm_sq, config_.grad_clip);
+        // update kernel reads the scale (no sync inside a phase).
+        backend_.run(op::GlobalNormClip{.norm_sq = norm_sq,
+                                        .clip_scale = clip,
+                                        .grads = model_.grads(),
+                                        .n = n,
+                                        .max_norm = config_.grad_clip});
         grad_scale = clip;
         norm_valid_ = true;
     } else {
         norm_valid_ = false;
     }
-    Backend::AdamWParams hp{current_lr(), config_.beta1,        config_.beta2,
-                            config_.eps,  config_.weight_decay, t_ + 1};
-    OpRecord rec = cost::adamw(n);
-    rec.name = config_.impl == AdamWImpl::fused          ? "adamw_fused"
-               : config_.impl == AdamWImpl::multi_tensor ? "adamw_multi_tensor"
-                                                         : "adamw_unfused";
-    OpScope op(model_.op_observer(), rec);
-    backend_.adamw_update(config_.impl, model_.params(), model_.grads(), m_.as<float>(),
-                          v_.as<float>(), slices_, n, hp, grad_scale);
+    const AdamWParams hp{current_lr(), config_.beta1,        config_.beta2,
+                         config_.eps,  config_.weight_decay, t_ + 1};
+    backend_.run(op::AdamWUpdate{.impl = config_.impl,
+                                 .params = model_.params(),
+                                 .grads = model_.grads(),
+                                 .m = m_.as<float>(),
+                                 .v = v_.as<float>(),
+                                 .tensors = slices_,
+                                 .total = n,
+                                 .hp = hp,
+                                 .grad_scale = grad_scale});
     ++t_;
     model_.mark_params_updated();
 }

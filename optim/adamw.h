@@ -59,7 +59,7 @@ class AdamW {
     GPT& model_;
     Backend& backend_;
     AdamWConfig config_;
-    std::vector<Backend::TensorSlice> slices_;
+    std::vector<TensorSlice> slices_;
     DeviceBuffer m_, v_;    // optimizer
     DeviceBuffer scratch_;  // workspace: [0] norm^2, [1] clip scale
     int t_ = 0;

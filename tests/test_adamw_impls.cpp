@@ -12,12 +12,41 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kernels.h"
 
 namespace {
 
 using mt::Backend;
-using Slice = Backend::TensorSlice;
+using Slice = mt::TensorSlice;
+
+// One AdamW step through the op table's front (Backend::run), as the optimizer makes it.
+void adamw_update(Backend& backend, mt::AdamWImpl impl, float* p, const float* g, float* m,
+                  float* v, const std::vector<Slice>& slices, size_t total,
+                  const mt::AdamWParams& hp, const float* grad_scale) {
+    backend.run(mt::op::AdamWUpdate{.impl = impl,
+                                    .params = p,
+                                    .grads = g,
+                                    .m = m,
+                                    .v = v,
+                                    .tensors = slices,
+                                    .total = total,
+                                    .hp = hp,
+                                    .grad_scale = grad_scale});
+}
+
+// The op's request checks alone (what Backend::run calls before any kernel).
+void check_adamw_slices(const std::vector<Slice>& slices, size_t total) {
+    float x = 0;
+    mt::op::AdamWUpdate{.impl = mt::AdamWImpl::fused,
+                        .params = &x,
+                        .grads = &x,
+                        .m = &x,
+                        .v = &x,
+                        .tensors = slices,
+                        .total = total,
+                        .hp = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1}}
+        .check();
+}
 
 struct State {
     std::vector<float> p, m, v;
@@ -45,7 +74,7 @@ std::vector<float> random_vec(size_t n, std::mt19937& rng, float lo, float hi) {
     return v;
 }
 
-Backend::AdamWParams hparams(int step) {
+mt::AdamWParams hparams(int step) {
     return {3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step};
 }
 
@@ -125,7 +154,7 @@ TEST(AdamWImpls, FusedMatchesDoublePrecisionReference) {
 TEST(AdamWImpls, SliceTableErrorsNameTheSliceAndTheRule) {
     const std::vector<Slice> overlap = {{0, 10, true}, {5, 10, false}};
     try {
-        mt::check_adamw_slices(overlap, 100);
+        check_adamw_slices(overlap, 100);
         FAIL() << "overlapping slices must be rejected";
     } catch (const mt::BackendError& e) {
         EXPECT_NE(std::string(e.what()).find("slice 1"), std::string::npos) << e.what();
@@ -133,14 +162,13 @@ TEST(AdamWImpls, SliceTableErrorsNameTheSliceAndTheRule) {
     }
     const std::vector<Slice> past_end = {{0, 10, true}, {10, 91, false}};
     try {
-        mt::check_adamw_slices(past_end, 100);
+        check_adamw_slices(past_end, 100);
         FAIL() << "a slice past the buffer must be rejected";
     } catch (const mt::BackendError& e) {
         EXPECT_NE(std::string(e.what()).find("past the buffer of 100"), std::string::npos)
             << e.what();
     }
-    EXPECT_NO_THROW(
-        mt::check_adamw_slices(std::vector<Slice>{{0, 10, true}, {10, 90, false}}, 100));
+    EXPECT_NO_THROW(check_adamw_slices(std::vector<Slice>{{0, 10, true}, {10, 90, false}}, 100));
 }
 
 TEST(AdamWImpls, BackendVariantsAgreeAndUnfusedTemporaryIsTrackedWorkspace) {
@@ -158,8 +186,8 @@ TEST(AdamWImpls, BackendVariantsAgreeAndUnfusedTemporaryIsTrackedWorkspace) {
         auto p = p0;
         std::vector<float> m(total, 0.0f), v(total, 0.0f);
         for (int step = 1; step <= 2; step++)
-            backend->adamw_update(impl, p.data(), g.data(), m.data(), v.data(), slices, total,
-                                  hparams(step), &clip);
+            adamw_update(*backend, impl, p.data(), g.data(), m.data(), v.data(), slices, total,
+                         hparams(step), &clip);
         results.push_back(p);
         if (impl == mt::AdamWImpl::unfused) {
             EXPECT_EQ(backend->memory_stats().current[ws], 70000 * sizeof(float))
@@ -172,13 +200,13 @@ TEST(AdamWImpls, BackendVariantsAgreeAndUnfusedTemporaryIsTrackedWorkspace) {
     auto p1 = p0, p2 = p0;
     std::vector<float> m1(total, 0.0f), v1(total, 0.0f), m2(total, 0.0f), v2(total, 0.0f);
     const float one = 1.0f;
-    backend->adamw_update(mt::AdamWImpl::fused, p1.data(), g.data(), m1.data(), v1.data(), slices,
-                          total, hparams(1), nullptr);
-    backend->adamw_update(mt::AdamWImpl::fused, p2.data(), g.data(), m2.data(), v2.data(), slices,
-                          total, hparams(1), &one);
+    adamw_update(*backend, mt::AdamWImpl::fused, p1.data(), g.data(), m1.data(), v1.data(), slices,
+                 total, hparams(1), nullptr);
+    adamw_update(*backend, mt::AdamWImpl::fused, p2.data(), g.data(), m2.data(), v2.data(), slices,
+                 total, hparams(1), &one);
     EXPECT_TRUE(same_bits(p1, p2));
-    EXPECT_THROW(backend->adamw_update(mt::AdamWImpl::fused, p1.data(), g.data(), m1.data(),
-                                       v1.data(), slices, total, hparams(0), nullptr),
+    EXPECT_THROW(adamw_update(*backend, mt::AdamWImpl::fused, p1.data(), g.data(), m1.data(),
+                              v1.data(), slices, total, hparams(0), nullptr),
                  mt::BackendError);
 }
 

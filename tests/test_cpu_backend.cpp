@@ -12,7 +12,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kernels.h"
 
 namespace {
 
@@ -168,7 +168,7 @@ TEST(CpuBackend, CopiesMemsetAndCastParamsMoveTheBytes) {
     be->copy_device(d2.get(), d1.get(), 5 * sizeof(float));
     be->copy_to_host(back.data(), d2.get(), 5 * sizeof(float));
     EXPECT_EQ(back, host);
-    be->cast_params(d2.get(), host.data() + 1, 4);
+    be->run(mt::op::CastParams{.dst = d2.get(), .src = host.data() + 1, .n = 4});
     be->copy_to_host(back.data(), d2.get(), 4 * sizeof(float));
     EXPECT_EQ(back[0], 2.0f);
     EXPECT_EQ(back[3], 5.0f);
@@ -185,22 +185,29 @@ TEST(CpuBackend, AttentionDispatchesToTheChosenVariantAndItsSavedSize) {
     for (auto& x : qkv) x = u(rng);
     std::vector<float> outs[2];
     for (mt::AttentionImpl impl : {mt::AttentionImpl::naive, mt::AttentionImpl::flash}) {
-        mt::BackendOptions o;
-        o.kernels.attention = impl;
-        auto be = mt::create_backend(mt::BackendKind::cpu, o);
-        const size_t saved = be->attention_saved_elems(B, T, C, NH);
+        auto be = mt::create_backend(mt::BackendKind::cpu);
+        const size_t saved = mt::attention_saved_elems(impl, B, T, NH);
         EXPECT_EQ(saved,
                   impl == mt::AttentionImpl::naive ? size_t{B * NH * T * T} : size_t{B * NH * T});
         std::vector<float> out(B * T * C), sv(saved), ref(B * T * C), refsv(saved);
-        be->attention_forward(out.data(), sv.data(), qkv.data(), B, T, C, NH);
+        const mt::op::AttentionForward op{.impl = impl,
+                                          .out = out.data(),
+                                          .saved = sv.data(),
+                                          .qkv = qkv.data(),
+                                          .B = B,
+                                          .T = T,
+                                          .C = C,
+                                          .NH = NH};
+        be->run(op);
         if (impl == mt::AttentionImpl::naive)
             mt::cpu::attention_forward_naive(ref.data(), refsv.data(), qkv.data(), B, T, C, NH);
         else
             mt::cpu::attention_forward_flash(ref.data(), refsv.data(), qkv.data(), B, T, C, NH);
         EXPECT_EQ(out, ref);
         EXPECT_EQ(sv, refsv);
-        EXPECT_THROW(be->attention_forward(out.data(), sv.data(), qkv.data(), B, T, C, 5),
-                     mt::BackendError);
+        mt::op::AttentionForward five_heads = op;
+        five_heads.NH = 5;  // C = 12 is no multiple of 5
+        EXPECT_THROW(be->run(five_heads), mt::BackendError);
         outs[impl == mt::AttentionImpl::naive ? 0 : 1] = out;
     }
     for (size_t i = 0; i < outs[0].size(); i++) EXPECT_NEAR(outs[0][i], outs[1][i], 1e-5);
@@ -209,8 +216,13 @@ TEST(CpuBackend, AttentionDispatchesToTheChosenVariantAndItsSavedSize) {
 TEST(CpuBackend, GeluEpilogueWithoutPreActBufferIsAnError) {
     auto be = mt::create_backend(mt::BackendKind::cpu);
     std::vector<float> x(4, 1.0f), w(4, 1.0f), out(4);
-    EXPECT_THROW(be->matmul_forward(out.data(), x.data(), w.data(), nullptr, 2, 2, 2,
-                                    mt::MatmulEpilogue::gelu, nullptr),
+    EXPECT_THROW(be->run(mt::op::MatmulForward{.out = out.data(),
+                                               .inp = x.data(),
+                                               .weight = w.data(),
+                                               .N = 2,
+                                               .C = 2,
+                                               .OC = 2,
+                                               .epilogue = mt::MatmulEpilogue::gelu}),
                  mt::BackendError);
 }
 

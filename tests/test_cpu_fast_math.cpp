@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/fast_math.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/math.h"
 
 namespace {

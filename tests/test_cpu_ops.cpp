@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/math.h"
 
 namespace {
@@ -551,7 +551,7 @@ TEST(CpuClassifier, FusedMatchesUnfusedLossAndGradient) {
     mt::cpu::classifier_fused(lf.data(), fused.data(), c.targets.data(), c.N, c.V, c.Vp, dloss);
     Vec probs(c.logits.size()), lu(c.N), dlogits(c.logits.size(), 7.0f);
     mt::cpu::softmax_forward(probs.data(), c.logits.data(), c.N, c.V, c.Vp);
-    mt::cpu::crossentropy_forward(lu.data(), probs.data(), c.targets.data(), c.N, c.Vp);
+    mt::cpu::crossentropy_forward(lu.data(), probs.data(), c.targets.data(), c.N, c.V, c.Vp);
     mt::cpu::crossentropy_softmax_backward(dlogits.data(), probs.data(), c.targets.data(), c.N, c.V,
                                            c.Vp, dloss);
     expect_near_vec(lf, lu, 1e-5, "losses");
@@ -569,7 +569,7 @@ TEST(CpuClassifier, UnfusedBackwardMatchesFiniteDifferencesOfMeanLoss) {
     Vec x = c.logits, probs(x.size()), l(c.N), d(x.size());
     auto loss = [&] {
         mt::cpu::softmax_forward(probs.data(), x.data(), c.N, c.V, c.Vp);
-        mt::cpu::crossentropy_forward(l.data(), probs.data(), c.targets.data(), c.N, c.Vp);
+        mt::cpu::crossentropy_forward(l.data(), probs.data(), c.targets.data(), c.N, c.V, c.Vp);
         double s = 0;
         for (float v : l) s += v;
         return s / c.N;

@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "kernels/cuda_error_format.h"
-#include "kernels/op_costs.h"
 #include "harness/peak_flops.h"
+#include "kernels/cuda_error_format.h"
+#include "kernels/ops.h"
 
 namespace mt {
 namespace {
@@ -57,36 +57,41 @@ TEST(PeakFlops, EveryEntryNamesItsSourceAndIsConsistent) {
 }
 
 TEST(OpCosts, MatmulForwardCountsMultiplyAddsAndEachTensorOnce) {
-    const OpRecord r = cost::matmul_forward(2, 3, 4, 4.0);
+    const OpRecord r = (mt::op::MatmulForward{.N = 2, .C = 3, .OC = 4}.record(4.0));
     EXPECT_DOUBLE_EQ(r.flops, 2.0 * 2 * 3 * 4 + 2 * 4);            // 2NC*OC + bias adds
     EXPECT_DOUBLE_EQ(r.bytes, 4.0 * (2 * 3 + 4 * 3 + 2 * 4 + 4));  // inp, W, out, bias
 }
 
 TEST(OpCosts, AttentionCountsOnlyTheCausalHalf) {
     // B=1, T=2, C=4, NH=2 (hs=2): T(T+1)/2 = 3 pairs per head, 6 in all.
-    const OpRecord r = cost::attention_forward(1, 2, 4, 2, 4.0, 8);
+    const OpRecord r =
+        mt::op::AttentionForward{.impl = mt::AttentionImpl::naive, .B = 1, .T = 2, .C = 4, .NH = 2}
+            .record(4.0);
     EXPECT_DOUBLE_EQ(r.flops, 6.0 * (4.0 * 2 + 5.0));
     EXPECT_DOUBLE_EQ(r.bytes, 4.0 * (3 * 8 + 8) + 4.0 * 8);  // qkv + out + saved
 }
 
 TEST(OpCosts, AdamWMoves28BytesPerParameter) {
-    EXPECT_DOUBLE_EQ(cost::adamw(10).bytes, 280.0);
-    EXPECT_DOUBLE_EQ(cost::adamw(10).flops, 160.0);
+    EXPECT_DOUBLE_EQ((mt::op::AdamWUpdate{.total = 10}.record(4.0)).bytes, 280.0);
+    EXPECT_DOUBLE_EQ((mt::op::AdamWUpdate{.total = 10}.record(4.0)).flops, 160.0);
 }
 
 TEST(OpCosts, FusedClassifierWithoutGradientOnlyReadsTheLogits) {
-    EXPECT_DOUBLE_EQ(cost::classifier_fused(2, 3, 2.0, true).bytes, 2.0 * 6 * 2 + 16);
-    EXPECT_DOUBLE_EQ(cost::classifier_fused(2, 3, 2.0, false).bytes, 2.0 * 6 + 16);
-    EXPECT_DOUBLE_EQ(cost::classifier_fused(2, 3, 2.0, true).flops, 36.0);
+    EXPECT_DOUBLE_EQ((mt::op::ClassifierFused{.N = 2, .Vp = 3, .dloss = 1.0f}.record(2.0)).bytes,
+                     2.0 * 6 * 2 + 16);
+    EXPECT_DOUBLE_EQ((mt::op::ClassifierFused{.N = 2, .Vp = 3, .dloss = 0.0f}.record(2.0)).bytes,
+                     2.0 * 6 + 16);
+    EXPECT_DOUBLE_EQ((mt::op::ClassifierFused{.N = 2, .Vp = 3, .dloss = 1.0f}.record(2.0)).flops,
+                     36.0);
 }
 
 TEST(OpCosts, LayerNormAndPointwiseSmallCases) {
-    const OpRecord ln = cost::layernorm_forward(2, 3, 4.0);
+    const OpRecord ln = (mt::op::LayerNormForward{.N = 2, .C = 3}.record(4.0));
     EXPECT_DOUBLE_EQ(ln.flops, 48.0);
     EXPECT_DOUBLE_EQ(ln.bytes, 4.0 * (12 + 6) + 16);  // in+out, weight+bias, mean+rstd
-    EXPECT_DOUBLE_EQ(cost::residual_forward(100, 2.0).bytes, 600.0);
-    EXPECT_DOUBLE_EQ(cost::gelu_forward(100, 4.0).bytes, 800.0);
-    EXPECT_DOUBLE_EQ(cost::cast_params(100, 2.0).bytes, 600.0);
+    EXPECT_DOUBLE_EQ((mt::op::ResidualForward{.n = 100}.record(2.0)).bytes, 600.0);
+    EXPECT_DOUBLE_EQ((mt::op::GeluForward{.n = 100}.record(4.0)).bytes, 800.0);
+    EXPECT_DOUBLE_EQ((mt::op::CastParams{.n = 100}.record(2.0)).bytes, 600.0);
 }
 
 TEST(CudaErrorFormat, NamesLibraryStatusCallAndShortFile) {

@@ -27,7 +27,7 @@
 #include <cmath>
 #include <string>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kernels.h"
 
 namespace mt::cpu {
 namespace {

@@ -40,7 +40,7 @@
 #include <cmath>
 
 #include "kernels/cpu/fast_math.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kernels.h"
 
 namespace mt::cpu {
 namespace {

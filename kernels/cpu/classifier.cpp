@@ -21,7 +21,7 @@
 #include <string>
 
 #include "kernels/cpu/fast_math.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kernels.h"
 
 namespace mt::cpu {
 namespace {
@@ -92,8 +92,9 @@ void softmax_forward(float* probs, const float* logits, int N, int V, int Vp) {
 }
 
 // unfused 2/3: losses = -log probs[target]
-void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int Vp) {
-    check_targets(targets, N, Vp, "crossentropy_forward");
+void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int V,
+                          int Vp) {
+    check_targets(targets, N, V, "crossentropy_forward");
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         losses[n] = -std::log(probs[static_cast<long long>(n) * Vp + targets[n]]);

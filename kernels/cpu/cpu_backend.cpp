@@ -15,7 +15,8 @@
 #include <unordered_map>
 
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/ops.h"
 
 namespace mt {
 namespace {
@@ -102,6 +103,13 @@ class CpuBackend final : public Backend {
         threads_ = omp_get_max_threads();
         // The GEMM implementation is part of the name: it decides the step time and the
         // measured sgemm peak, which harness/profile.cpp caches per device name.
+        // The op table's entries, each calling this class's kernel() for that op.
+#define MT_BIND_CPU_KERNEL(table_name, Op)                  \
+    kernels_.table_name = [](Backend& b, const op::Op& a) { \
+        static_cast<CpuBackend&>(b).kernel(a);              \
+    };
+        MT_OPS(MT_BIND_CPU_KERNEL)
+#undef MT_BIND_CPU_KERNEL
         name_ = "CPU: " + cpu_model_name() + " (" + std::to_string(threads_) +
                 (threads_ == 1 ? " thread, " : " threads, ") + cpu::gemm_impl_name() + " GEMM)";
     }
@@ -110,8 +118,12 @@ class CpuBackend final : public Backend {
         for (auto& [ptr, info] : allocs_) std::free(ptr);
     }
 
-    BackendKind kind() const override { return BackendKind::cpu; }
-    std::string device_name() const override { return name_; }
+    BackendKind kind() const override {
+        return BackendKind::cpu;
+    }
+    std::string device_name() const override {
+        return name_;
+    }
 
     // ---- memory ----
     void* allocate(size_t bytes, MemoryCategory category) override {
@@ -145,7 +157,9 @@ class CpuBackend final : public Backend {
     void* allocate_host(size_t bytes, bool /*pinned: no such thing on the host*/) override {
         return allocate(bytes, MemoryCategory::data);
     }
-    void deallocate_host(void* ptr) override { deallocate(ptr); }
+    void deallocate_host(void* ptr) override {
+        deallocate(ptr);
+    }
     DeviceMemoryInfo device_memory_info() const override {
         DeviceMemoryInfo info;
         info.available = true;
@@ -162,144 +176,123 @@ class CpuBackend final : public Backend {
     void copy_to_device(void* dst, const void* src, size_t bytes) override {
         copy(dst, src, bytes);
     }
-    void copy_to_host(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
-    void copy_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+    void copy_to_host(void* dst, const void* src, size_t bytes) override {
+        copy(dst, src, bytes);
+    }
+    void copy_device(void* dst, const void* src, size_t bytes) override {
+        copy(dst, src, bytes);
+    }
     void memset_zero(void* dst, size_t bytes) override {
         if (bytes) std::memset(dst, 0, bytes);
     }
     void synchronize() override {}
-    std::unique_ptr<TimingEvent> create_event() override { return std::make_unique<CpuEvent>(); }
-
-    void cast_params(void* dst, const float* src, size_t n) override {
-        copy(dst, src, n * sizeof(float));
+    std::unique_ptr<TimingEvent> create_event() override {
+        return std::make_unique<CpuEvent>();
     }
 
-    // ---- ops: fp32 forwarding to mt::cpu ----
-    void encoder_forward(void* out, const int* inp, const void* wte, const void* wpe, int B, int T,
-                         int C) override {
-        cpu::encoder_forward(f(out), inp, f(wte), f(wpe), B, T, C);
+    // ---- kernels: one per op of the op table (kernels/ops.h), fp32 ----
+    // Each binds an op's typed arguments to the mt::cpu kernel (kernels.h) or, where the op has
+    // variants, to the variant it asks for.
+    void kernel(const op::EncoderForward& a) {
+        cpu::encoder_forward(f(a.out), a.inp, f(a.wte), f(a.wpe), a.B, a.T, a.C);
     }
-    void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* inp, int B, int T,
-                          int C) override {
-        cpu::encoder_backward(dwte, dwpe, f(dout), inp, B, T, C);
+    void kernel(const op::EncoderBackward& a) {
+        cpu::encoder_backward(a.dwte, a.dwpe, f(a.dout), a.inp, a.B, a.T, a.C);
     }
-    void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
-                           const void* bias, int N, int C) override {
-        cpu::layernorm_forward(f(out), mean, rstd, f(inp), f(weight), f(bias), N, C);
+    void kernel(const op::LayerNormForward& a) {
+        cpu::layernorm_forward(f(a.out), a.mean, a.rstd, f(a.inp), f(a.weight), f(a.bias), a.N,
+                               a.C);
     }
-    void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout,
-                            const void* inp, const void* weight, const float* mean,
-                            const float* rstd, int N, int C) override {
-        cpu::layernorm_backward(f(dinp), dweight, dbias, f(dout), f(inp), f(weight), mean, rstd, N,
-                                C);
+    void kernel(const op::LayerNormBackward& a) {
+        cpu::layernorm_backward(f(a.dinp), a.dweight, a.dbias, f(a.dout), f(a.inp), f(a.weight),
+                                a.mean, a.rstd, a.N, a.C);
     }
-    void fused_residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd,
-                                          const void* inp1, const void* inp2, const void* weight,
-                                          const void* bias, int N, int C) override {
-        cpu::fused_residual_layernorm_forward(f(residual), f(out), mean, rstd, f(inp1), f(inp2),
-                                              f(weight), f(bias), N, C);
+    void kernel(const op::FusedResidualLayerNormForward& a) {
+        cpu::fused_residual_layernorm_forward(f(a.residual), f(a.out), a.mean, a.rstd, f(a.inp1),
+                                              f(a.inp2), f(a.weight), f(a.bias), a.N, a.C);
     }
-    void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N,
-                        int C, int OC, MatmulEpilogue epilogue, void* pre_act) override {
-        if (epilogue == MatmulEpilogue::gelu) {
-            if (!pre_act)
-                throw BackendError(
-                    "matmul_forward with the gelu epilogue needs a pre_act buffer "
-                    "(N,OC) for the backward; got null");
-            cpu::matmul_forward_gelu(f(out), f(pre_act), f(inp), f(weight), f(bias), N, C, OC);
-        } else {
-            cpu::matmul_forward(f(out), f(inp), f(weight), f(bias), N, C, OC);
-        }
-    }
-    void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
-                         const void* inp, const void* weight, int N, int C, int OC) override {
-        cpu::matmul_backward(f(dinp), dweight, dbias, f(dout), f(inp), f(weight), N, C, OC);
-    }
-    size_t attention_saved_elems(int B, int T, int /*C*/, int NH) const override {
-        const size_t bnh = static_cast<size_t>(B) * static_cast<size_t>(NH);
-        return options_.kernels.attention == AttentionImpl::flash
-                   ? bnh * static_cast<size_t>(T)
-                   : bnh * static_cast<size_t>(T) * static_cast<size_t>(T);
-    }
-    void attention_forward(void* out, float* saved, const void* qkv, int B, int T, int C,
-                           int NH) override {
-        check_heads(C, NH);
-        if (options_.kernels.attention == AttentionImpl::flash)
-            cpu::attention_forward_flash(f(out), saved, f(qkv), B, T, C, NH);
+    void kernel(const op::MatmulForward& a) {
+        if (a.epilogue == MatmulEpilogue::gelu)
+            cpu::matmul_forward_gelu(f(a.out), f(a.pre_act), f(a.inp), f(a.weight), f(a.bias), a.N,
+                                     a.C, a.OC);
         else
-            cpu::attention_forward_naive(f(out), saved, f(qkv), B, T, C, NH);
+            cpu::matmul_forward(f(a.out), f(a.inp), f(a.weight), f(a.bias), a.N, a.C, a.OC);
     }
-    void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                            const float* saved, int B, int T, int C, int NH) override {
-        check_heads(C, NH);
-        if (options_.kernels.attention == AttentionImpl::flash)
-            cpu::attention_backward_flash(f(dqkv), f(dout), f(qkv), f(out), saved, B, T, C, NH);
+    void kernel(const op::MatmulBackward& a) {
+        cpu::matmul_backward(f(a.dinp), a.dweight, a.dbias, f(a.dout), f(a.inp), f(a.weight), a.N,
+                             a.C, a.OC);
+    }
+    void kernel(const op::AttentionForward& a) {
+        if (a.impl == AttentionImpl::flash)
+            cpu::attention_forward_flash(f(a.out), a.saved, f(a.qkv), a.B, a.T, a.C, a.NH);
+        else if (a.impl == AttentionImpl::naive)
+            cpu::attention_forward_naive(f(a.out), a.saved, f(a.qkv), a.B, a.T, a.C, a.NH);
         else
-            cpu::attention_backward_naive(f(dqkv), f(dout), f(qkv), f(out), saved, B, T, C, NH);
+            throw_no_cudnn();
     }
-    void gelu_forward(void* out, const void* inp, size_t n) override {
-        cpu::gelu_forward(f(out), f(inp), n);
+    void kernel(const op::AttentionBackward& a) {
+        if (a.impl == AttentionImpl::flash)
+            cpu::attention_backward_flash(f(a.dqkv), f(a.dout), f(a.qkv), f(a.out), a.saved, a.B,
+                                          a.T, a.C, a.NH);
+        else if (a.impl == AttentionImpl::naive)
+            cpu::attention_backward_naive(f(a.dqkv), f(a.dout), f(a.qkv), f(a.out), a.saved, a.B,
+                                          a.T, a.C, a.NH);
+        else
+            throw_no_cudnn();
     }
-    void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) override {
-        cpu::gelu_backward(f(dinp), f(inp), f(dout), n);
+    void kernel(const op::GeluForward& a) {
+        cpu::gelu_forward(f(a.out), f(a.inp), a.n);
     }
-    void residual_forward(void* out, const void* inp1, const void* inp2, size_t n) override {
-        cpu::residual_forward(f(out), f(inp1), f(inp2), n);
+    void kernel(const op::GeluBackward& a) {
+        cpu::gelu_backward(f(a.dinp), f(a.inp), f(a.dout), a.n);
     }
-    void residual_backward(void* dinp1, void* dinp2, const void* dout, size_t n) override {
-        cpu::residual_backward(f(dinp1), f(dinp2), f(dout), n);
+    void kernel(const op::ResidualForward& a) {
+        cpu::residual_forward(f(a.out), f(a.inp1), f(a.inp2), a.n);
     }
-    void classifier_fused(float* losses, void* logits, const int* targets, int N, int V, int Vp,
-                          float dloss) override {
-        cpu::classifier_fused(losses, f(logits), targets, N, V, Vp, dloss);
+    void kernel(const op::ResidualBackward& a) {
+        cpu::residual_backward(f(a.dinp1), f(a.dinp2), f(a.dout), a.n);
     }
-    void softmax_forward(float* probs, const void* logits, int N, int V, int Vp) override {
-        cpu::softmax_forward(probs, f(logits), N, V, Vp);
+    void kernel(const op::ClassifierFused& a) {
+        cpu::classifier_fused(a.losses, f(a.logits), a.targets, a.N, a.V, a.Vp, a.dloss);
     }
-    void crossentropy_forward(float* losses, const float* probs, const int* targets, int N,
-                              int Vp) override {
-        cpu::crossentropy_forward(losses, probs, targets, N, Vp);
+    void kernel(const op::SoftmaxForward& a) {
+        cpu::softmax_forward(a.probs, f(a.logits), a.N, a.V, a.Vp);
     }
-    void crossentropy_softmax_backward(void* dlogits, const float* probs, const int* targets, int N,
-                                       int V, int Vp, float dloss) override {
-        cpu::crossentropy_softmax_backward(f(dlogits), probs, targets, N, V, Vp, dloss);
+    void kernel(const op::CrossEntropyForward& a) {
+        cpu::crossentropy_forward(a.losses, a.probs, a.targets, a.N, a.V, a.Vp);
     }
-    void sum_scaled(float* out, const float* inp, size_t n, float scale) override {
-        cpu::sum_scaled(out, inp, n, scale);
+    void kernel(const op::CrossEntropySoftmaxBackward& a) {
+        cpu::crossentropy_softmax_backward(f(a.dlogits), a.probs, a.targets, a.N, a.V, a.Vp,
+                                           a.dloss);
     }
-    void global_norm_squared(float* out, const float* grads, size_t n) override {
-        cpu::global_norm_squared(out, grads, n);
+    void kernel(const op::LossMean& a) {
+        cpu::sum_scaled(a.loss, a.losses, static_cast<size_t>(a.N), 1.0f / static_cast<float>(a.N));
     }
-    void clip_scale(float* scale_out, const float* norm_sq, float max_norm) override {
-        cpu::clip_scale(scale_out, norm_sq, max_norm);
+    void kernel(const op::GlobalNormClip& a) {
+        cpu::global_norm_squared(a.norm_sq, a.grads, a.n);
+        cpu::clip_scale(a.clip_scale, a.norm_sq, a.max_norm);
     }
-    void adamw_update(AdamWImpl impl, float* params, const float* grads, float* m, float* v,
-                      std::span<const TensorSlice> tensors, size_t total, const AdamWParams& hp,
-                      const float* grad_scale_device) override {
-        const math::AdamWScalars s = prepare_adamw(tensors, total, hp);
-        const float scale = grad_scale_device ? grad_scale_device[0] : 1.0f;
-        switch (impl) {
-            case AdamWImpl::unfused: {
-                // The unfused step's temporary g: reserved on the first unfused step, sized by
-                // the largest tensor, tracked as `workspace`, reused by every later step.
-                const size_t need = cpu::adamw_unfused_workspace_elems(tensors);
-                if (need > adamw_tmp_elems_) {
-                    if (adamw_tmp_) deallocate(adamw_tmp_);
-                    adamw_tmp_ = nullptr;
-                    adamw_tmp_ = static_cast<float*>(
-                        allocate(need * sizeof(float), MemoryCategory::workspace));
-                    adamw_tmp_elems_ = need;
-                }
-                cpu::adamw_unfused(params, grads, m, v, adamw_tmp_, tensors, s, scale);
+    void kernel(const op::AdamWUpdate& a) {
+        const math::AdamWScalars s = adamw_scalars(a.hp);
+        const float scale = a.grad_scale ? a.grad_scale[0] : 1.0f;
+        switch (a.impl) {
+            case AdamWImpl::unfused:
+                cpu::adamw_unfused(a.params, a.grads, a.m, a.v, adamw_unfused_workspace(a.tensors),
+                                   a.tensors, s, scale);
                 break;
-            }
             case AdamWImpl::multi_tensor:
-                cpu::adamw_multi_tensor(params, grads, m, v, tensors, s, scale);
+                cpu::adamw_multi_tensor(a.params, a.grads, a.m, a.v, a.tensors, s, scale);
                 break;
             case AdamWImpl::fused:
-                cpu::adamw_fused(params, grads, m, v, tensors, total, s, scale);
+                cpu::adamw_fused(a.params, a.grads, a.m, a.v, a.tensors, a.total, s, scale);
                 break;
         }
+    }
+    void kernel(const op::CastParams& a) {
+        copy(a.dst, a.src, a.n * sizeof(float));
+    }
+    void kernel(const op::FillZero& a) {
+        memset_zero(a.dst, a.bytes);
     }
 
   private:
@@ -307,15 +300,33 @@ class CpuBackend final : public Backend {
         size_t bytes;
         MemoryCategory category;
     };
-    static float* f(void* p) { return static_cast<float*>(p); }
-    static const float* f(const void* p) { return static_cast<const float*>(p); }
+    static float* f(void* p) {
+        return static_cast<float*>(p);
+    }
+    static const float* f(const void* p) {
+        return static_cast<const float*>(p);
+    }
     static void copy(void* dst, const void* src, size_t bytes) {
         if (bytes && dst != src) std::memcpy(dst, src, bytes);
     }
-    static void check_heads(int C, int NH) {
-        if (NH <= 0 || C % NH != 0)
-            throw BackendError("attention: n_embd (" + std::to_string(C) +
-                               ") must be a multiple of n_head (" + std::to_string(NH) + ")");
+    [[noreturn]] static void throw_no_cudnn() {
+        throw BackendError(
+            "kernels.attention: cudnn needs backend: cuda; the CPU backend has attention naive "
+            "or flash");
+    }
+    // The unfused AdamW's temporary g: reserved on the first unfused step, sized by the largest
+    // tensor, tracked as `workspace`, reused by every later step (the kernel itself never
+    // allocates).
+    float* adamw_unfused_workspace(std::span<const TensorSlice> tensors) {
+        const size_t need = cpu::adamw_unfused_workspace_elems(tensors);
+        if (need > adamw_tmp_elems_) {
+            if (adamw_tmp_) deallocate(adamw_tmp_);
+            adamw_tmp_ = nullptr;
+            adamw_tmp_ =
+                static_cast<float*>(allocate(need * sizeof(float), MemoryCategory::workspace));
+            adamw_tmp_elems_ = need;
+        }
+        return adamw_tmp_;
     }
 
     int threads_ = 1;

@@ -9,7 +9,7 @@
 // sum for each element is taken in token order, so the result is deterministic.
 #include <algorithm>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kernels.h"
 
 namespace mt::cpu {
 

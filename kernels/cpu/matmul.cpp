@@ -12,7 +12,7 @@
 
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kernels.h"
 
 namespace mt::cpu {
 namespace {

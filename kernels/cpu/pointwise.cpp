@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/fast_math.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kernels.h"
 
 namespace mt::cpu {
 namespace {

@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kernels.h"
 
 namespace mt::cpu {
 namespace {

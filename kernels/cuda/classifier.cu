@@ -88,11 +88,11 @@ __global__ void softmax_forward_kernel(float* probs, const T* logits, int V, int
 // Unfused step 2: losses[n] = -log probs[n, target[n]] (one thread per row; NaN for a bad
 // target).
 __global__ void crossentropy_forward_kernel(float* losses, const float* probs, const int* targets,
-                                            int N, int Vp) {
+                                            int N, int V, int Vp) {
     const int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
     const int t = targets[n];
-    losses[n] = (t >= 0 && t < Vp) ? -logf(probs[size_t(n) * Vp + t]) : __int_as_float(0x7fc00000);
+    losses[n] = (t >= 0 && t < V) ? -logf(probs[size_t(n) * Vp + t]) : __int_as_float(0x7fc00000);
 }
 
 // Unfused step 3: dlogits (N,Vp) = (probs - onehot) * dloss, zero in the padding (overwrites).
@@ -131,10 +131,10 @@ void softmax_forward(DType dt, float* probs, const void* logits, int N, int V, i
     CUDA_CHECK_LAUNCH("softmax_forward_kernel");
 }
 
-void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int Vp,
-                          cudaStream_t s) {
+void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int V,
+                          int Vp, cudaStream_t s) {
     if (N == 0) return;
-    crossentropy_forward_kernel<<<ceil_div(N, 256), 256, 0, s>>>(losses, probs, targets, N, Vp);
+    crossentropy_forward_kernel<<<ceil_div(N, 256), 256, 0, s>>>(losses, probs, targets, N, V, Vp);
     CUDA_CHECK_LAUNCH("crossentropy_forward_kernel");
 }
 

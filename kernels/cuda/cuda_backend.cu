@@ -1,14 +1,15 @@
 // The CUDA backend: device query, memory (category-tagged cudaMalloc), a compute stream and a
-// copy stream, cudaEvent timing, NVTX ranges, and every op routed to its kernel launcher.
+// copy stream, cudaEvent timing, NVTX ranges, and one kernel per op of the op table
+// (kernels/ops.h), each calling its launcher.
 //
 // Workspace policy (ops never allocate):
 //  - reserved at construction: the cuBLASLt workspace (also given to classic cuBLAS; both run
 //    on the compute stream, so they never use it concurrently) and the partial-sum buffer of
 //    the two-stage reductions;
-//  - the attention workspace grows in attention_saved_elems(B,T,C,NH), which the model calls
-//    when it plans its activations (GPT::allocate_activations), i.e. outside any op. An
-//    attention op called with a shape larger than what was reserved throws BackendError
-//    instead of allocating. reserve_attention_workspace() does the same explicitly.
+//  - the attention workspace grows in reserve_attention_workspace(impl, B,T,C,NH), which the
+//    model calls when it plans its activations (GPT::allocate_activations), i.e. outside any
+//    op. An attention op called with a shape larger than what was reserved throws BackendError
+//    instead of allocating.
 //
 // h2d: from pinned memory the copy runs on the copy stream. The copy stream first waits for
 // the work already enqueued on the compute stream (the destination may still be read by it),
@@ -22,9 +23,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kernels/adamw_common.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/ops.h"
 
 #if __has_include(<nvtx3/nvToolsExt.h>)
 #include <nvtx3/nvToolsExt.h>
@@ -82,10 +83,13 @@ class CudaBackend final : public Backend {
             throw BackendError("backend 'cuda': device_index " + std::to_string(opt.device_index) +
                                " does not exist (this machine has " + std::to_string(count) +
                                " device(s))");
-        if (opt.kernels.attention == AttentionImpl::cudnn)
-            throw BackendError(
-                "kernels.attention: cudnn is not available in this build (the cuDNN variant is "
-                "not implemented yet); use naive or flash");
+        check_attention_impl(opt.kernels.attention);
+#define MT_BIND_CUDA_KERNEL(table_name, Op)                 \
+    kernels_.table_name = [](Backend& b, const op::Op& a) { \
+        static_cast<CudaBackend&>(b).kernel(a);             \
+    };
+        MT_OPS(MT_BIND_CUDA_KERNEL)
+#undef MT_BIND_CUDA_KERNEL
         device_ = opt.device_index;
         CUDA_CHECK(cudaSetDevice(device_));
         CUDA_CHECK(cudaGetDeviceProperties(&prop_, device_));
@@ -128,10 +132,18 @@ class CudaBackend final : public Backend {
     }
 
     // ---- identity ----
-    BackendKind kind() const override { return BackendKind::cuda; }
-    std::string device_name() const override { return prop_.name; }
-    cudaStream_t stream() const { return compute_->get(); }
-    DType dt() const { return cuda::dtype_of(options_.precision); }
+    BackendKind kind() const override {
+        return BackendKind::cuda;
+    }
+    std::string device_name() const override {
+        return prop_.name;
+    }
+    cudaStream_t stream() const {
+        return compute_->get();
+    }
+    DType dt() const {
+        return cuda::dtype_of(options_.precision);
+    }
 
     // ---- memory ----
     void* allocate(size_t bytes, MemoryCategory category) override {
@@ -268,58 +280,57 @@ class CudaBackend final : public Backend {
 #endif
     }
 
-    // ---- precision ----
-    void cast_params(void* dst, const float* src, size_t n) override {
+    // ---- kernels: one per op of the op table (kernels/ops.h) ----
+    // Each binds an op's typed arguments to its launcher (kernels.cuh) on the compute stream,
+    // in the backend's compute dtype.
+    void kernel(const op::CastParams& a) {
         if (dt() == DType::bf16)
-            cuda::cast_fp32_to_bf16(static_cast<cuda::bf16*>(dst), src, n, stream());
+            cuda::cast_fp32_to_bf16(static_cast<cuda::bf16*>(a.dst), a.src, a.n, stream());
         else
-            copy_device(dst, src, n * sizeof(float));
+            copy_device(a.dst, a.src, a.n * sizeof(float));
     }
-
-    // ---- ops ----
-    void encoder_forward(void* out, const int* inp, const void* wte, const void* wpe, int B, int T,
-                         int C) override {
-        cuda::encoder_forward(dt(), out, inp, wte, wpe, B, T, C, stream());
+    void kernel(const op::FillZero& a) {
+        memset_zero(a.dst, a.bytes);
     }
-    void encoder_backward(float* dwte, float* dwpe, const void* dout, const int* inp, int B, int T,
-                          int C) override {
-        cuda::encoder_backward(dt(), dwte, dwpe, dout, inp, B, T, C, stream());
+    void kernel(const op::EncoderForward& a) {
+        cuda::encoder_forward(dt(), a.out, a.inp, a.wte, a.wpe, a.B, a.T, a.C, stream());
     }
-    void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* weight,
-                           const void* bias, int N, int C) override {
-        cuda::layernorm_forward(dt(), out, mean, rstd, inp, weight, bias, N, C, stream());
+    void kernel(const op::EncoderBackward& a) {
+        cuda::encoder_backward(dt(), a.dwte, a.dwpe, a.dout, a.inp, a.B, a.T, a.C, stream());
     }
-    void layernorm_backward(void* dinp, float* dweight, float* dbias, const void* dout,
-                            const void* inp, const void* weight, const float* mean,
-                            const float* rstd, int N, int C) override {
-        cuda::layernorm_backward(dt(), dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
-                                 stream());
+    void kernel(const op::LayerNormForward& a) {
+        cuda::layernorm_forward(dt(), a.out, a.mean, a.rstd, a.inp, a.weight, a.bias, a.N, a.C,
+                                stream());
     }
-    void fused_residual_layernorm_forward(void* residual, void* out, float* mean, float* rstd,
-                                          const void* inp1, const void* inp2, const void* weight,
-                                          const void* bias, int N, int C) override {
-        cuda::fused_residual_layernorm_forward(dt(), residual, out, mean, rstd, inp1, inp2, weight,
-                                               bias, N, C, stream());
+    void kernel(const op::LayerNormBackward& a) {
+        cuda::layernorm_backward(dt(), a.dinp, a.dweight, a.dbias, a.dout, a.inp, a.weight, a.mean,
+                                 a.rstd, a.N, a.C, stream());
     }
-    void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N,
-                        int C, int OC, MatmulEpilogue epilogue, void* pre_act) override {
-        cuda::matmul_forward(ctx_, out, inp, weight, bias, N, C, OC,
-                             epilogue == MatmulEpilogue::gelu, pre_act, stream());
+    void kernel(const op::FusedResidualLayerNormForward& a) {
+        cuda::fused_residual_layernorm_forward(dt(), a.residual, a.out, a.mean, a.rstd, a.inp1,
+                                               a.inp2, a.weight, a.bias, a.N, a.C, stream());
     }
-    void matmul_backward(void* dinp, float* dweight, float* dbias, const void* dout,
-                         const void* inp, const void* weight, int N, int C, int OC) override {
-        cuda::matmul_backward(ctx_, dinp, dweight, dbias, dout, inp, weight, N, C, OC, stream());
+    void kernel(const op::MatmulForward& a) {
+        cuda::matmul_forward(ctx_, a.out, a.inp, a.weight, a.bias, a.N, a.C, a.OC,
+                             a.epilogue == MatmulEpilogue::gelu, a.pre_act, stream());
+    }
+    void kernel(const op::MatmulBackward& a) {
+        cuda::matmul_backward(ctx_, a.dinp, a.dweight, a.dbias, a.dout, a.inp, a.weight, a.N, a.C,
+                              a.OC, stream());
     }
 
     // -- attention --
-    size_t attention_workspace_needed(int B, int T, int C, int NH) const {
-        return options_.kernels.attention == AttentionImpl::flash
+    static size_t attention_workspace_needed(AttentionImpl impl, DType dt, int B, int T, int C,
+                                             int NH) {
+        return impl == AttentionImpl::flash
                    ? cuda::flash_attention_workspace_bytes(B, T, C, NH)
-                   : cuda::naive_attention_workspace_bytes(dt(), B, T, C, NH);
+                   : cuda::naive_attention_workspace_bytes(dt, B, T, C, NH);
     }
-    // Grows the attention workspace to fit (B,T,C,NH). Call outside the timed step.
-    void reserve_attention_workspace(int B, int T, int C, int NH) {
-        const size_t need = attention_workspace_needed(B, T, C, NH);
+    // Grows the attention workspace to fit (B,T,C,NH). Called outside the timed step (see the
+    // workspace policy at the top of this file).
+    void reserve_attention_workspace(AttentionImpl impl, int B, int T, int C, int NH) override {
+        check_attention_impl(impl);
+        const size_t need = attention_workspace_needed(impl, dt(), B, T, C, NH);
         if (need <= attn_ws_bytes_) return;
         synchronize();
         deallocate(attn_ws_);
@@ -328,115 +339,93 @@ class CudaBackend final : public Backend {
         attn_ws_ = allocate(need, MemoryCategory::workspace);
         attn_ws_bytes_ = need;
     }
-    size_t attention_saved_elems(int B, int T, int C, int NH) const override {
-        check_heads(C, NH);
-        // The model calls this when it plans its activations: the moment to reserve the
-        // attention workspace too (see the policy at the top of this file).
-        const_cast<CudaBackend*>(this)->reserve_attention_workspace(B, T, C, NH);
-        const size_t bnh = size_t(B) * NH;
-        return options_.kernels.attention == AttentionImpl::flash ? bnh * T : bnh * T * T;
-    }
-    void* attention_workspace(int B, int T, int C, int NH, const char* op) {
-        const size_t need = attention_workspace_needed(B, T, C, NH);
+    void* attention_workspace(AttentionImpl impl, int B, int T, int C, int NH, const char* op) {
+        const size_t need = attention_workspace_needed(impl, dt(), B, T, C, NH);
         if (need > attn_ws_bytes_)
             throw BackendError(std::string(op) + ": the attention workspace for B=" +
                                std::to_string(B) + " T=" + std::to_string(T) +
                                " C=" + std::to_string(C) + " NH=" + std::to_string(NH) + " needs " +
                                format_mib(need) + " but " + format_mib(attn_ws_bytes_) +
-                               " is reserved; call attention_saved_elems(B, T, C, NH) first "
+                               " is reserved; call reserve_attention_workspace first "
                                "(GPT::allocate_activations does) so ops never allocate");
         return attn_ws_;
     }
-    static void check_heads(int C, int NH) {
-        if (NH <= 0 || C % NH != 0)
-            throw BackendError("attention: n_embd=" + std::to_string(C) +
-                               " is not divisible by n_head=" + std::to_string(NH));
+    static void check_attention_impl(AttentionImpl impl) {
+        if (impl == AttentionImpl::cudnn)
+            throw BackendError(
+                "kernels.attention: cudnn is not available in this build (the cuDNN variant is "
+                "not implemented yet); use naive or flash");
     }
-    void attention_forward(void* out, float* saved, const void* qkv, int B, int T, int C,
-                           int NH) override {
-        check_heads(C, NH);
-        if (options_.kernels.attention == AttentionImpl::flash) {
-            cuda::flash_attention_forward(dt(), out, saved, qkv, B, T, C, NH, stream());
+    void kernel(const op::AttentionForward& a) {
+        check_attention_impl(a.impl);
+        if (a.impl == AttentionImpl::flash) {
+            cuda::flash_attention_forward(dt(), a.out, a.saved, a.qkv, a.B, a.T, a.C, a.NH,
+                                          stream());
         } else {
-            void* ws = attention_workspace(B, T, C, NH, "attention_forward");
-            cuda::naive_attention_forward(ctx_, dt(), out, saved, qkv, B, T, C, NH, ws, stream());
+            void* ws = attention_workspace(a.impl, a.B, a.T, a.C, a.NH, "attention_forward");
+            cuda::naive_attention_forward(ctx_, dt(), a.out, a.saved, a.qkv, a.B, a.T, a.C, a.NH,
+                                          ws, stream());
         }
     }
-    void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                            const float* saved, int B, int T, int C, int NH) override {
-        check_heads(C, NH);
-        void* ws = attention_workspace(B, T, C, NH, "attention_backward");
-        if (options_.kernels.attention == AttentionImpl::flash)
-            cuda::flash_attention_backward(dt(), dqkv, dout, qkv, out, saved, B, T, C, NH, ws,
-                                           stream());
+    void kernel(const op::AttentionBackward& a) {
+        check_attention_impl(a.impl);
+        void* ws = attention_workspace(a.impl, a.B, a.T, a.C, a.NH, "attention_backward");
+        if (a.impl == AttentionImpl::flash)
+            cuda::flash_attention_backward(dt(), a.dqkv, a.dout, a.qkv, a.out, a.saved, a.B, a.T,
+                                           a.C, a.NH, ws, stream());
         else
-            cuda::naive_attention_backward(ctx_, dt(), dqkv, dout, qkv, saved, B, T, C, NH, ws,
-                                           stream());
+            cuda::naive_attention_backward(ctx_, dt(), a.dqkv, a.dout, a.qkv, a.saved, a.B, a.T,
+                                           a.C, a.NH, ws, stream());
     }
 
     // -- pointwise --
-    void gelu_forward(void* out, const void* inp, size_t n) override {
-        cuda::gelu_forward(dt(), out, inp, n, stream());
+    void kernel(const op::GeluForward& a) {
+        cuda::gelu_forward(dt(), a.out, a.inp, a.n, stream());
     }
-    void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) override {
-        cuda::gelu_backward(dt(), dinp, inp, dout, n, stream());
+    void kernel(const op::GeluBackward& a) {
+        cuda::gelu_backward(dt(), a.dinp, a.inp, a.dout, a.n, stream());
     }
-    void residual_forward(void* out, const void* inp1, const void* inp2, size_t n) override {
-        cuda::residual_forward(dt(), out, inp1, inp2, n, stream());
+    void kernel(const op::ResidualForward& a) {
+        cuda::residual_forward(dt(), a.out, a.inp1, a.inp2, a.n, stream());
     }
-    void residual_backward(void* dinp1, void* dinp2, const void* dout, size_t n) override {
-        cuda::residual_backward(dt(), dinp1, dinp2, dout, n, stream());
+    void kernel(const op::ResidualBackward& a) {
+        cuda::residual_backward(dt(), a.dinp1, a.dinp2, a.dout, a.n, stream());
     }
 
     // -- classifier --
-    void classifier_fused(float* losses, void* logits, const int* targets, int N, int V, int Vp,
-                          float dloss) override {
-        check_vocab(V, Vp);
-        cuda::classifier_fused(dt(), losses, logits, targets, N, V, Vp, dloss, stream());
+    void kernel(const op::ClassifierFused& a) {
+        cuda::classifier_fused(dt(), a.losses, a.logits, a.targets, a.N, a.V, a.Vp, a.dloss,
+                               stream());
     }
-    void softmax_forward(float* probs, const void* logits, int N, int V, int Vp) override {
-        check_vocab(V, Vp);
-        cuda::softmax_forward(dt(), probs, logits, N, V, Vp, stream());
+    void kernel(const op::SoftmaxForward& a) {
+        cuda::softmax_forward(dt(), a.probs, a.logits, a.N, a.V, a.Vp, stream());
     }
-    void crossentropy_forward(float* losses, const float* probs, const int* targets, int N,
-                              int Vp) override {
-        cuda::crossentropy_forward(losses, probs, targets, N, Vp, stream());
+    void kernel(const op::CrossEntropyForward& a) {
+        cuda::crossentropy_forward(a.losses, a.probs, a.targets, a.N, a.V, a.Vp, stream());
     }
-    void crossentropy_softmax_backward(void* dlogits, const float* probs, const int* targets, int N,
-                                       int V, int Vp, float dloss) override {
-        check_vocab(V, Vp);
-        cuda::crossentropy_softmax_backward(dt(), dlogits, probs, targets, N, V, Vp, dloss,
-                                            stream());
+    void kernel(const op::CrossEntropySoftmaxBackward& a) {
+        cuda::crossentropy_softmax_backward(dt(), a.dlogits, a.probs, a.targets, a.N, a.V, a.Vp,
+                                            a.dloss, stream());
     }
-    static void check_vocab(int V, int Vp) {
-        if (V <= 0 || V > Vp)
-            throw BackendError("classifier: vocab_size V=" + std::to_string(V) +
-                               " must be in 1..Vp=" + std::to_string(Vp));
-    }
-
-    // -- reductions --
-    void sum_scaled(float* out, const float* inp, size_t n, float scale) override {
-        cuda::sum_scaled(out, inp, n, scale, partials_, stream());
-    }
-    void global_norm_squared(float* out, const float* grads, size_t n) override {
-        cuda::sum_squares(out, grads, n, partials_, stream());
+    void kernel(const op::LossMean& a) {
+        cuda::sum_scaled(a.loss, a.losses, static_cast<size_t>(a.N), 1.0f / static_cast<float>(a.N),
+                         partials_, stream());
     }
 
     // -- optimizer --
-    void adamw_update(AdamWImpl impl, float* params, const float* grads, float* m, float* v,
-                      std::span<const TensorSlice> tensors, size_t total, const AdamWParams& hp,
-                      const float* grad_scale_device) override {
-        const math::AdamWScalars s = prepare_adamw(tensors, total, hp);
+    void kernel(const op::GlobalNormClip& a) {
+        cuda::sum_squares(a.norm_sq, a.grads, a.n, partials_, stream());
+        cuda::clip_scale(a.clip_scale, a.norm_sq, a.max_norm, stream());
+    }
+    void kernel(const op::AdamWUpdate& a) {
+        const math::AdamWScalars s = adamw_scalars(a.hp);
         slices_.clear();
-        for (const TensorSlice& t : tensors) slices_.push_back({t.offset, t.count, t.decay});
-        const cuda::AdamWVariant var = impl == AdamWImpl::unfused ? cuda::AdamWVariant::unfused
-                                       : impl == AdamWImpl::multi_tensor
+        for (const TensorSlice& t : a.tensors) slices_.push_back({t.offset, t.count, t.decay});
+        const cuda::AdamWVariant var = a.impl == AdamWImpl::unfused ? cuda::AdamWVariant::unfused
+                                       : a.impl == AdamWImpl::multi_tensor
                                            ? cuda::AdamWVariant::multi_tensor
                                            : cuda::AdamWVariant::fused;
-        cuda::adamw(var, params, grads, m, v, slices_, s, grad_scale_device, stream());
-    }
-    void clip_scale(float* scale_out, const float* norm_sq, float max_norm) override {
-        cuda::clip_scale(scale_out, norm_sq, max_norm, stream());
+        cuda::adamw(var, a.params, a.grads, a.m, a.v, slices_, s, a.grad_scale, stream());
     }
 
   private:

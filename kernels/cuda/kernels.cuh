@@ -1,7 +1,9 @@
-// Host launchers of every CUDA kernel. Each takes device buffers, sizes and the stream to
-// enqueue on, and never allocates; `dt` says whether activations / weight copies are fp32 or
-// bf16 (parameter gradients, mean/rstd, losses and probabilities are always fp32).
-// Shapes as in kernels/backend.h: N = B*T rows, C channels, OC output channels.
+// Host launchers of every CUDA kernel. What each op computes is written once, in the op table
+// (kernels/ops.h); CudaBackend (cuda_backend.cu) binds each op to its launcher here. Each takes
+// device buffers, sizes and the stream to enqueue on, and never allocates; `dt` says whether
+// activations / weight copies are fp32 or bf16 (parameter gradients, mean/rstd, losses and
+// probabilities are always fp32). Shapes as in kernels/backend.h: N = B*T rows, C channels, OC
+// output channels.
 #pragma once
 
 #include <cstddef>
@@ -52,8 +54,8 @@ void classifier_fused(DType dt, float* losses, void* logits, const int* targets,
                       int Vp, float dloss, cudaStream_t s);
 void softmax_forward(DType dt, float* probs, const void* logits, int N, int V, int Vp,
                      cudaStream_t s);
-void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int Vp,
-                          cudaStream_t s);
+void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int V,
+                          int Vp, cudaStream_t s);
 void crossentropy_softmax_backward(DType dt, void* dlogits, const float* probs, const int* targets,
                                    int N, int V, int Vp, float dloss, cudaStream_t s);
 

@@ -1,6 +1,7 @@
 // The CPU kernels as free functions on fp32 host pointers, one group per op family (the .cpp
-// files beside this header), so tests can call them directly without a Backend. CpuBackend
-// (cpu_backend.cpp) forwards every Backend op to these.
+// files beside this header), so tests can call them directly without a Backend. What each op
+// computes is written once, in the op table (kernels/ops.h); CpuBackend (cpu_backend.cpp) binds
+// each op to the kernel (or the variant) below. Variants of one op sit side by side.
 //
 // Conventions (the same as kernels/backend.h):
 // - Row-major, last index fastest; N = B*T rows, C channels, OC output channels, NH heads.
@@ -15,9 +16,8 @@
 #include <cstddef>
 #include <span>
 
-#include "kernels/adamw_common.h"
-#include "kernels/backend.h"
 #include "kernels/math.h"
+#include "kernels/ops.h"
 
 namespace mt::cpu {
 
@@ -84,7 +84,8 @@ void classifier_fused(float* losses, float* logits, const int* targets, int N, i
 // probs (N,Vp) = softmax(logits[:, :V]), zero in the padded columns.
 void softmax_forward(float* probs, const float* logits, int N, int V, int Vp);
 // losses (N) = -log probs[n, targets[n]]
-void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int Vp);
+void crossentropy_forward(float* losses, const float* probs, const int* targets, int N, int V,
+                          int Vp);
 // dlogits (N,Vp) = (probs - onehot) * dloss (overwrites; zero in the padded columns)
 void crossentropy_softmax_backward(float* dlogits, const float* probs, const int* targets, int N,
                                    int V, int Vp, float dloss);
@@ -99,7 +100,7 @@ void global_norm_squared(float* out, const float* g, size_t n);
 void clip_scale(float* scale_out, const float* norm_sq, float max_norm);
 
 // ---- adamw.cpp ------------------------------------------------------------------------------
-// adamw_scalars, check_adamw_slices, prepare_adamw: kernels/adamw_common.h.
+// The per-step scalars: adamw_scalars (kernels/ops.h); the request checks: op::AdamWUpdate.
 // Largest slice count: the unfused variant's temporary needs this many floats.
 size_t adamw_unfused_workspace_elems(std::span<const TensorSlice> tensors);
 // unfused: per tensor, one pass per term as an unfused framework step does: g = grad*scale into

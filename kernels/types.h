@@ -1,0 +1,95 @@
+// The vocabulary every layer above the kernels shares: backend kinds, precisions, kernel
+// implementation choices (the YAML `kernels:` section), memory categories, and the errors a
+// backend throws. Plain C++, no dependencies, so the op table (kernels/ops.h), the model, the
+// harness and both backends can all include it.
+#pragma once
+
+#include <array>
+#include <stdexcept>
+#include <string_view>
+
+#include "kernels/enum_names.h"
+
+namespace mt {
+
+// ---- enums shared by config, backend and reports --------------------------------------------
+
+enum class BackendKind { cpu, cuda };
+enum class Precision { fp32, tf32, bf16 };
+enum class AttentionImpl { naive, flash, cudnn };
+enum class ClassifierImpl { unfused, fused };
+enum class AdamWImpl { unfused, multi_tensor, fused };
+enum class LayerNormImpl { separate, fused_residual };  // fused_residual: residual add + LN
+enum class MatmulEpilogue { none, gelu };               // gelu: out = gelu(x W^T + b)
+
+// Every allocation is tagged with one of these; current and peak bytes are tracked per category.
+enum class MemoryCategory : int { params, grads, optimizer, activations, workspace, data };
+inline constexpr int kMemoryCategoryCount = 6;
+
+// Spellings (kernels/enum_names.h), as the YAML file, the reports and results.json write them.
+template <>
+struct EnumSpelling<BackendKind> {
+    static constexpr std::array<std::string_view, 2> names{"cpu", "cuda"};
+};
+template <>
+struct EnumSpelling<Precision> {
+    static constexpr std::array<std::string_view, 3> names{"fp32", "tf32", "bf16"};
+};
+template <>
+struct EnumSpelling<AttentionImpl> {
+    static constexpr std::array<std::string_view, 3> names{"naive", "flash", "cudnn"};
+};
+template <>
+struct EnumSpelling<ClassifierImpl> {
+    static constexpr std::array<std::string_view, 2> names{"unfused", "fused"};
+};
+template <>
+struct EnumSpelling<AdamWImpl> {
+    static constexpr std::array<std::string_view, 3> names{"unfused", "multi_tensor", "fused"};
+};
+template <>
+struct EnumSpelling<LayerNormImpl> {
+    static constexpr std::array<std::string_view, 2> names{"separate", "fused_residual"};
+};
+template <>
+struct EnumSpelling<MemoryCategory> {
+    static constexpr std::array<std::string_view, kMemoryCategoryCount> names{
+        "params", "grads", "optimizer", "activations", "workspace", "data"};
+};
+// to_string(e): the spelling as a C string (every spelling is a literal, so NUL-terminated).
+template <class E>
+requires requires {
+    EnumSpelling<E>::names;
+}
+const char* to_string(E e) {
+    return enum_name(e).data();
+}
+
+// Which implementation each op family uses (the YAML `kernels:` section).
+struct KernelChoice {
+    AttentionImpl attention = AttentionImpl::naive;
+    ClassifierImpl classifier = ClassifierImpl::fused;
+    LayerNormImpl layernorm = LayerNormImpl::separate;
+    bool fuse_gelu = false;  // matmul with the GELU epilogue for c_fc
+};
+
+struct BackendOptions {
+    Precision precision = Precision::fp32;
+    KernelChoice kernels;
+    int num_threads = 0;   // CPU: OpenMP threads (0 = OpenMP's default)
+    int device_index = 0;  // CUDA device
+};
+
+// ---- errors ---------------------------------------------------------------------------------
+
+// Thrown by a backend for an impossible request (bad shape, unsupported precision...).
+struct BackendError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+// Thrown by allocate() when a category cannot get its bytes; the message names the category,
+// the bytes asked, what is free and total, so the user knows what to shrink.
+struct OutOfMemoryError : BackendError {
+    using BackendError::BackendError;
+};
+
+}  // namespace mt
