@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "harness/commands.h"
+#include "io/safetensors.h"
 #include "kernels/backend.h"
 #include "model/checkpoint.h"
 #include "model/gpt.h"

@@ -321,152 +321,166 @@ KeyDef enum_key(std::string key, std::function<E&(RunConfig&)> ref) {
     return k;
 }
 
+// backend, model.preset and the model dimensions.
+void add_backend_and_model_keys(std::vector<KeyDef>& t) {
+    t.push_back(enum_key<BackendChoice>("backend",
+                                        [](RunConfig& c) -> BackendChoice& { return c.backend; }));
+    // model.preset: applied before the explicit dims (resolve() handles it specially).
+    {
+        KeyDef k{"model.preset", Kind::choice, gpt_preset_names(), nullptr, nullptr, nullptr};
+        k.set = [](RunConfig& c, const Value& v) {
+            c.model = *gpt_preset(v.s);
+            c.model_preset = v.s;
+        };
+        k.get = [](const RunConfig& c) { return c.model_preset; };
+        t.push_back(std::move(k));
+    }
+    const std::string dim_fix = "model dimensions must be positive";
+    t.push_back(int_key(
+        "model.n_layer", 1, [](RunConfig& c) -> int& { return c.model.n_layer; }, dim_fix));
+    t.push_back(int_key(
+        "model.n_head", 1, [](RunConfig& c) -> int& { return c.model.n_head; }, dim_fix));
+    t.push_back(int_key(
+        "model.n_embd", 1, [](RunConfig& c) -> int& { return c.model.n_embd; }, dim_fix));
+    t.push_back(int_key(
+        "model.max_seq_len", 1, [](RunConfig& c) -> int& { return c.model.max_seq_len; }, dim_fix));
+    t.push_back(int_key(
+        "model.vocab_size", 1, [](RunConfig& c) -> int& { return c.model.vocab_size; }, dim_fix));
+}
+
+// data.*: the batch source and the loader.
+void add_data_keys(std::vector<KeyDef>& t) {
+    t.push_back(enum_key<DataSource>("data.source",
+                                     [](RunConfig& c) -> DataSource& { return c.data.source; }));
+    {
+        KeyDef k{"data.path", Kind::string, {}, nullptr, nullptr, nullptr};
+        k.set = [](RunConfig& c, const Value& v) { c.data.path = v.s; };
+        k.get = [](const RunConfig& c) { return c.data.path; };
+        t.push_back(std::move(k));
+    }
+    t.push_back(int_key(
+        "data.batch_size", 1, [](RunConfig& c) -> int& { return c.data.batch_size; },
+        "a batch holds at least one sequence"));
+    t.push_back(int_key(
+        "data.seq_len", 1, [](RunConfig& c) -> int& { return c.data.seq_len; },
+        "a sequence holds at least one token"));
+    t.push_back(int_key(
+        "data.workers", 0, [](RunConfig& c) -> int& { return c.data.workers; },
+        "use 0 to load batches synchronously in the step"));
+    t.push_back(int_key(
+        "data.prefetch", 1, [](RunConfig& c) -> int& { return c.data.prefetch; },
+        "the ring needs at least one batch slot"));
+    t.push_back(
+        bool_key("data.pin_memory", [](RunConfig& c) -> bool& { return c.data.pin_memory; }));
+    t.push_back(int_key(
+        "data.preprocess_us", 0, [](RunConfig& c) -> int& { return c.data.preprocess_us; },
+        "use 0 for no simulated preprocessing"));
+}
+
+// optim.*: AdamW and the LR schedule.
+void add_optim_keys(std::vector<KeyDef>& t) {
+    t.push_back(float_key(
+        "optim.lr", [](double x) { return x > 0; }, "a number > 0",
+        [](RunConfig& c) -> float& { return c.optim.lr; }, "typical values are 1e-4 to 1e-3"));
+    {
+        KeyDef k{"optim.betas", Kind::pair, {}, nullptr, nullptr, nullptr};
+        k.check = [](const Value& v) -> std::string {
+            for (double b : v.pair)
+                if (!(b >= 0 && b < 1))
+                    return "expected both betas in [0, 1), got [" + format_double(v.pair[0]) +
+                           ", " + format_double(v.pair[1]) + "]; typical values are [0.9, 0.95]";
+            return "";
+        };
+        k.set = [](RunConfig& c, const Value& v) {
+            c.optim.beta1 = static_cast<float>(v.pair[0]);
+            c.optim.beta2 = static_cast<float>(v.pair[1]);
+        };
+        k.get = [](const RunConfig& c) {
+            return "[" + format_float(c.optim.beta1) + ", " + format_float(c.optim.beta2) + "]";
+        };
+        t.push_back(std::move(k));
+    }
+    t.push_back(float_key(
+        "optim.eps", [](double x) { return x > 0; }, "a number > 0",
+        [](RunConfig& c) -> float& { return c.optim.eps; }, "the usual value is 1e-8"));
+    t.push_back(float_key(
+        "optim.weight_decay", [](double x) { return x >= 0; }, "a number >= 0",
+        [](RunConfig& c) -> float& { return c.optim.weight_decay; }, "use 0 to disable it"));
+    t.push_back(float_key(
+        "optim.grad_clip", [](double x) { return x >= 0; }, "a number >= 0",
+        [](RunConfig& c) -> float& { return c.optim.grad_clip; }, "use 0 to disable clipping"));
+    t.push_back(
+        enum_key<AdamWImpl>("optim.impl", [](RunConfig& c) -> AdamWImpl& { return c.optim.impl; }));
+    t.push_back(enum_key<LRSchedule::Kind>(
+        "optim.schedule", [](RunConfig& c) -> LRSchedule::Kind& { return c.optim.schedule.kind; }));
+    t.push_back(int_key(
+        "optim.warmup_steps", 0, [](RunConfig& c) -> int& { return c.optim.schedule.warmup_steps; },
+        "use 0 for no LR warm-up"));
+    t.push_back(int_key(
+        "optim.decay_steps", 0, [](RunConfig& c) -> int& { return c.optim.schedule.decay_steps; },
+        "it counts optimizer steps"));
+    t.push_back(float_key(
+        "optim.min_lr_ratio", [](double x) { return x >= 0 && x <= 1; }, "a number in [0, 1]",
+        [](RunConfig& c) -> float& { return c.optim.schedule.min_lr_ratio; },
+        "the LR floor is min_lr_ratio * lr"));
+}
+
+// run.*: seed, step counts, precision, recompute, accumulation, threads.
+void add_run_keys(std::vector<KeyDef>& t) {
+    {
+        KeyDef k{"run.seed", Kind::uint64, {}, nullptr, nullptr, nullptr};
+        k.set = [](RunConfig& c, const Value& v) { c.run.seed = v.u; };
+        k.get = [](const RunConfig& c) { return std::to_string(c.run.seed); };
+        t.push_back(std::move(k));
+    }
+    t.push_back(int_key(
+        "run.warmup_steps", 0, [](RunConfig& c) -> int& { return c.run.warmup_steps; },
+        "use 0 for no warm-up steps"));
+    t.push_back(int_key(
+        "run.measure_steps", 1, [](RunConfig& c) -> int& { return c.run.measure_steps; },
+        "statistics need at least one measured step (20 or more is better)"));
+    t.push_back(enum_key<Precision>("run.precision",
+                                    [](RunConfig& c) -> Precision& { return c.run.precision; }));
+    t.push_back(enum_key<Recompute>("run.recompute",
+                                    [](RunConfig& c) -> Recompute& { return c.run.recompute; }));
+    t.push_back(int_key(
+        "run.grad_accum", 1, [](RunConfig& c) -> int& { return c.run.grad_accum; },
+        "use 1 for no gradient accumulation"));
+    t.push_back(int_key(
+        "run.threads", 0, [](RunConfig& c) -> int& { return c.run.threads; },
+        "use 0 for all cores"));
+}
+
+// kernels.* (the op implementations) and profile.*.
+void add_kernel_and_profile_keys(std::vector<KeyDef>& t) {
+    t.push_back(enum_key<AttentionImpl>(
+        "kernels.attention", [](RunConfig& c) -> AttentionImpl& { return c.kernels.attention; }));
+    t.push_back(enum_key<ClassifierImpl>("kernels.classifier", [](RunConfig& c) -> ClassifierImpl& {
+        return c.kernels.classifier;
+    }));
+    t.push_back(enum_key<LayerNormImpl>(
+        "kernels.layernorm", [](RunConfig& c) -> LayerNormImpl& { return c.kernels.layernorm; }));
+    t.push_back(
+        bool_key("kernels.matmul_gelu", [](RunConfig& c) -> bool& { return c.kernels.fuse_gelu; }));
+
+    t.push_back(
+        bool_key("profile.kernels", [](RunConfig& c) -> bool& { return c.profile.kernels; }));
+    t.push_back(bool_key("profile.trace", [](RunConfig& c) -> bool& { return c.profile.trace; }));
+    t.push_back(int_key(
+        "profile.trace_steps", 1, [](RunConfig& c) -> int& { return c.profile.trace_steps; },
+        "set profile.trace: false to write no trace"));
+}
+
+// Every knob (a key that sets a RunConfig field), section by section, in the order all_keys()
+// lists them.
 const std::vector<KeyDef>& knob_table() {
     static const std::vector<KeyDef> table = [] {
         std::vector<KeyDef> t;
-        t.push_back(enum_key<BackendChoice>(
-            "backend", [](RunConfig& c) -> BackendChoice& { return c.backend; }));
-        // model.preset: applied before the explicit dims (resolve() handles it specially).
-        {
-            KeyDef k{"model.preset", Kind::choice, gpt_preset_names(), nullptr, nullptr, nullptr};
-            k.set = [](RunConfig& c, const Value& v) {
-                c.model = *gpt_preset(v.s);
-                c.model_preset = v.s;
-            };
-            k.get = [](const RunConfig& c) { return c.model_preset; };
-            t.push_back(std::move(k));
-        }
-        const std::string dim_fix = "model dimensions must be positive";
-        t.push_back(int_key(
-            "model.n_layer", 1, [](RunConfig& c) -> int& { return c.model.n_layer; }, dim_fix));
-        t.push_back(int_key(
-            "model.n_head", 1, [](RunConfig& c) -> int& { return c.model.n_head; }, dim_fix));
-        t.push_back(int_key(
-            "model.n_embd", 1, [](RunConfig& c) -> int& { return c.model.n_embd; }, dim_fix));
-        t.push_back(int_key(
-            "model.max_seq_len", 1, [](RunConfig& c) -> int& { return c.model.max_seq_len; },
-            dim_fix));
-        t.push_back(int_key(
-            "model.vocab_size", 1, [](RunConfig& c) -> int& { return c.model.vocab_size; },
-            dim_fix));
-
-        t.push_back(enum_key<DataSource>(
-            "data.source", [](RunConfig& c) -> DataSource& { return c.data.source; }));
-        {
-            KeyDef k{"data.path", Kind::string, {}, nullptr, nullptr, nullptr};
-            k.set = [](RunConfig& c, const Value& v) { c.data.path = v.s; };
-            k.get = [](const RunConfig& c) { return c.data.path; };
-            t.push_back(std::move(k));
-        }
-        t.push_back(int_key(
-            "data.batch_size", 1, [](RunConfig& c) -> int& { return c.data.batch_size; },
-            "a batch holds at least one sequence"));
-        t.push_back(int_key(
-            "data.seq_len", 1, [](RunConfig& c) -> int& { return c.data.seq_len; },
-            "a sequence holds at least one token"));
-        t.push_back(int_key(
-            "data.workers", 0, [](RunConfig& c) -> int& { return c.data.workers; },
-            "use 0 to load batches synchronously in the step"));
-        t.push_back(int_key(
-            "data.prefetch", 1, [](RunConfig& c) -> int& { return c.data.prefetch; },
-            "the ring needs at least one batch slot"));
-        t.push_back(
-            bool_key("data.pin_memory", [](RunConfig& c) -> bool& { return c.data.pin_memory; }));
-        t.push_back(int_key(
-            "data.preprocess_us", 0, [](RunConfig& c) -> int& { return c.data.preprocess_us; },
-            "use 0 for no simulated preprocessing"));
-
-        t.push_back(float_key(
-            "optim.lr", [](double x) { return x > 0; }, "a number > 0",
-            [](RunConfig& c) -> float& { return c.optim.lr; }, "typical values are 1e-4 to 1e-3"));
-        {
-            KeyDef k{"optim.betas", Kind::pair, {}, nullptr, nullptr, nullptr};
-            k.check = [](const Value& v) -> std::string {
-                for (double b : v.pair)
-                    if (!(b >= 0 && b < 1))
-                        return "expected both betas in [0, 1), got [" + format_double(v.pair[0]) +
-                               ", " + format_double(v.pair[1]) +
-                               "]; typical values are [0.9, 0.95]";
-                return "";
-            };
-            k.set = [](RunConfig& c, const Value& v) {
-                c.optim.beta1 = static_cast<float>(v.pair[0]);
-                c.optim.beta2 = static_cast<float>(v.pair[1]);
-            };
-            k.get = [](const RunConfig& c) {
-                return "[" + format_float(c.optim.beta1) + ", " + format_float(c.optim.beta2) + "]";
-            };
-            t.push_back(std::move(k));
-        }
-        t.push_back(float_key(
-            "optim.eps", [](double x) { return x > 0; }, "a number > 0",
-            [](RunConfig& c) -> float& { return c.optim.eps; }, "the usual value is 1e-8"));
-        t.push_back(float_key(
-            "optim.weight_decay", [](double x) { return x >= 0; }, "a number >= 0",
-            [](RunConfig& c) -> float& { return c.optim.weight_decay; }, "use 0 to disable it"));
-        t.push_back(float_key(
-            "optim.grad_clip", [](double x) { return x >= 0; }, "a number >= 0",
-            [](RunConfig& c) -> float& { return c.optim.grad_clip; }, "use 0 to disable clipping"));
-        t.push_back(enum_key<AdamWImpl>("optim.impl",
-                                        [](RunConfig& c) -> AdamWImpl& { return c.optim.impl; }));
-        t.push_back(enum_key<LRSchedule::Kind>(
-            "optim.schedule",
-            [](RunConfig& c) -> LRSchedule::Kind& { return c.optim.schedule.kind; }));
-        t.push_back(int_key(
-            "optim.warmup_steps", 0,
-            [](RunConfig& c) -> int& { return c.optim.schedule.warmup_steps; },
-            "use 0 for no LR warm-up"));
-        t.push_back(int_key(
-            "optim.decay_steps", 0,
-            [](RunConfig& c) -> int& { return c.optim.schedule.decay_steps; },
-            "it counts optimizer steps"));
-        t.push_back(float_key(
-            "optim.min_lr_ratio", [](double x) { return x >= 0 && x <= 1; }, "a number in [0, 1]",
-            [](RunConfig& c) -> float& { return c.optim.schedule.min_lr_ratio; },
-            "the LR floor is min_lr_ratio * lr"));
-
-        {
-            KeyDef k{"run.seed", Kind::uint64, {}, nullptr, nullptr, nullptr};
-            k.set = [](RunConfig& c, const Value& v) { c.run.seed = v.u; };
-            k.get = [](const RunConfig& c) { return std::to_string(c.run.seed); };
-            t.push_back(std::move(k));
-        }
-        t.push_back(int_key(
-            "run.warmup_steps", 0, [](RunConfig& c) -> int& { return c.run.warmup_steps; },
-            "use 0 for no warm-up steps"));
-        t.push_back(int_key(
-            "run.measure_steps", 1, [](RunConfig& c) -> int& { return c.run.measure_steps; },
-            "statistics need at least one measured step (20 or more is better)"));
-        t.push_back(enum_key<Precision>(
-            "run.precision", [](RunConfig& c) -> Precision& { return c.run.precision; }));
-        t.push_back(enum_key<Recompute>(
-            "run.recompute", [](RunConfig& c) -> Recompute& { return c.run.recompute; }));
-        t.push_back(int_key(
-            "run.grad_accum", 1, [](RunConfig& c) -> int& { return c.run.grad_accum; },
-            "use 1 for no gradient accumulation"));
-        t.push_back(int_key(
-            "run.threads", 0, [](RunConfig& c) -> int& { return c.run.threads; },
-            "use 0 for all cores"));
-
-        t.push_back(enum_key<AttentionImpl>(
-            "kernels.attention",
-            [](RunConfig& c) -> AttentionImpl& { return c.kernels.attention; }));
-        t.push_back(enum_key<ClassifierImpl>(
-            "kernels.classifier",
-            [](RunConfig& c) -> ClassifierImpl& { return c.kernels.classifier; }));
-        t.push_back(enum_key<LayerNormImpl>(
-            "kernels.layernorm",
-            [](RunConfig& c) -> LayerNormImpl& { return c.kernels.layernorm; }));
-        t.push_back(bool_key("kernels.matmul_gelu",
-                             [](RunConfig& c) -> bool& { return c.kernels.fuse_gelu; }));
-
-        t.push_back(
-            bool_key("profile.kernels", [](RunConfig& c) -> bool& { return c.profile.kernels; }));
-        t.push_back(
-            bool_key("profile.trace", [](RunConfig& c) -> bool& { return c.profile.trace; }));
-        t.push_back(int_key(
-            "profile.trace_steps", 1, [](RunConfig& c) -> int& { return c.profile.trace_steps; },
-            "set profile.trace: false to write no trace"));
+        add_backend_and_model_keys(t);
+        add_data_keys(t);
+        add_optim_keys(t);
+        add_run_keys(t);
+        add_kernel_and_profile_keys(t);
         return t;
     }();
     return table;
@@ -668,9 +682,8 @@ void parse_variant_set(Settings& out, const YAML::Node& set, const std::string& 
     }
 }
 
-ParsedFile parse_file(const std::string& path) {
-    ParsedFile pf;
-    pf.file = path;
+// The file's YAML document, whose top level must be a mapping. Sets pf.root_where.
+YAML::Node load_yaml_root(ParsedFile& pf, const std::string& path) {
     {
         std::ifstream probe(path);
         if (!probe)
@@ -695,6 +708,93 @@ ParsedFile parse_file(const std::string& path) {
                         ": expected a mapping of experiment settings (name, "
                         "model, data, optim, run, variants, ...) at the top level, got " +
                         got_text(root) + "; see configs/quickstart.yaml for the shape");
+    return root;
+}
+
+// variants[i]: a mapping with a `name` (no path separators) and an optional `set`.
+VariantSpec parse_variant(const ParsedFile& pf, const YAML::Node& v, size_t i,
+                          const std::string& base_dir) {
+    const std::string& path = pf.file;
+    const std::string vwhere = mark_text(path, v.Mark());
+    const std::string vkey = "variants[" + std::to_string(i) + "]";
+    if (!v.IsMap())
+        fail(vwhere, vkey, "",
+             "expected a mapping with 'name' and optional 'set', got " + got_text(v) +
+                 "; write `- name: my-variant`");
+    VariantSpec spec;
+    spec.where = vwhere;
+    const std::string context = v["name"] && v["name"].IsScalar()
+                                    ? "variant '" + v["name"].Scalar() + "'"
+                                    : "variant " + std::to_string(i + 1);
+    bool have_name = false;
+    for (auto vi = v.begin(); vi != v.end(); ++vi) {
+        const std::string k = vi->first.Scalar();
+        const std::string kw = mark_text(path, vi->first.Mark());
+        if (k == "name") {
+            spec.name =
+                scalar_string(vi->second, mark_text(path, vi->second.Mark()), vkey + ".name", "");
+            if (spec.name.find_first_of("/\\") != std::string::npos)
+                fail(mark_text(path, vi->second.Mark()), vkey + ".name", "",
+                     "expected a name without '/' or '\\', got '" + spec.name +
+                         "'; variant names become file names in the run folder");
+            have_name = true;
+        } else if (k == "set") {
+            if (vi->second.IsNull()) continue;
+            if (!vi->second.IsMap())
+                fail(mark_text(path, vi->second.Mark()), vkey + ".set", "",
+                     "expected a mapping of dotted keys to values, got " + got_text(vi->second) +
+                         "; write `set: { run.precision: bf16 }`");
+            parse_variant_set(spec.set, vi->second, "", pf, base_dir, context);
+        } else {
+            unknown_key(kw, vkey + "." + k, "", {vkey + ".name", vkey + ".set"});
+        }
+    }
+    if (!have_name)
+        fail(vwhere, vkey + ".name", "",
+             "missing; every variant needs a name: add `name: <variant name>`");
+    return spec;
+}
+
+// The top-level `variants:` list (null for none).
+void parse_variants(ParsedFile& pf, const YAML::Node& value, const std::string& base_dir) {
+    pf.has_variants = true;
+    if (value.IsNull()) return;
+    if (!value.IsSequence())
+        fail(mark_text(pf.file, value.Mark()), "variants", "",
+             "expected a list of variants (- name: ... set: {...}), got " + got_text(value) +
+                 "; write each variant as a list item starting with '- name:'");
+    for (size_t i = 0; i < value.size(); ++i)
+        pf.variants.push_back(parse_variant(pf, value[i], i, base_dir));
+}
+
+// A section mapping: model, data, optim, run, kernels, profile (knobs), or compare, report
+// (experiment keys).
+void parse_section(ParsedFile& pf, const std::string& key, const YAML::Node& value,
+                   const std::string& base_dir) {
+    const std::string& path = pf.file;
+    const std::string vwhere = mark_text(path, value.Mark());
+    pf.section_where[key] = vwhere;
+    if (value.IsNull()) return;
+    if (!value.IsMap())
+        fail(vwhere, key, "",
+             "expected a mapping of " + key + " settings, got " + got_text(value) + "; write `" +
+                 key + ": { key: value, ... }` or an indented block");
+    for (auto si = value.begin(); si != value.end(); ++si) {
+        const std::string dotted = key + "." + si->first.Scalar();
+        if (key == "compare" || key == "report") {
+            if (!is_experiment_key(dotted))
+                unknown_key(mark_text(path, si->first.Mark()), dotted, "", all_keys(true));
+            set_experiment_key(pf, dotted, si->second, mark_text(path, si->second.Mark()));
+            continue;
+        }
+        add_setting(pf.settings, dotted, si->first, si->second, path, base_dir, "", false);
+    }
+}
+
+ParsedFile parse_file(const std::string& path) {
+    ParsedFile pf;
+    pf.file = path;
+    const YAML::Node root = load_yaml_root(pf, path);
     const std::string base_dir = fs::path(path).parent_path().string();
 
     const std::vector<std::string> top = {"name",     "backend", "model",   "data",
@@ -712,80 +812,14 @@ ParsedFile parse_file(const std::string& path) {
         }
         if (!seen.insert(key).second)
             fail(key_where, key, "", "given twice at the top level; merge them into one");
-        if (key == "name") {
+        if (key == "name")
             set_experiment_key(pf, key, value, mark_text(path, value.Mark()));
-        } else if (key == "backend") {
+        else if (key == "backend")
             add_setting(pf.settings, key, it->first, value, path, base_dir, "", false);
-        } else if (key == "variants") {
-            pf.has_variants = true;
-            if (value.IsNull()) continue;
-            if (!value.IsSequence())
-                fail(mark_text(path, value.Mark()), key, "",
-                     "expected a list of variants (- name: ... set: {...}), got " +
-                         got_text(value) +
-                         "; write each variant as a list item starting with '- name:'");
-            for (size_t i = 0; i < value.size(); ++i) {
-                const YAML::Node v = value[i];
-                const std::string vwhere = mark_text(path, v.Mark());
-                const std::string vkey = "variants[" + std::to_string(i) + "]";
-                if (!v.IsMap())
-                    fail(vwhere, vkey, "",
-                         "expected a mapping with 'name' and optional 'set', got " + got_text(v) +
-                             "; write `- name: my-variant`");
-                VariantSpec spec;
-                spec.where = vwhere;
-                const std::string context = v["name"] && v["name"].IsScalar()
-                                                ? "variant '" + v["name"].Scalar() + "'"
-                                                : "variant " + std::to_string(i + 1);
-                bool have_name = false;
-                for (auto vi = v.begin(); vi != v.end(); ++vi) {
-                    const std::string k = vi->first.Scalar();
-                    const std::string kw = mark_text(path, vi->first.Mark());
-                    if (k == "name") {
-                        spec.name = scalar_string(vi->second, mark_text(path, vi->second.Mark()),
-                                                  vkey + ".name", "");
-                        if (spec.name.find_first_of("/\\") != std::string::npos)
-                            fail(mark_text(path, vi->second.Mark()), vkey + ".name", "",
-                                 "expected a name without '/' or '\\', got '" + spec.name +
-                                     "'; variant names become file names in the run folder");
-                        have_name = true;
-                    } else if (k == "set") {
-                        if (vi->second.IsNull()) continue;
-                        if (!vi->second.IsMap())
-                            fail(mark_text(path, vi->second.Mark()), vkey + ".set", "",
-                                 "expected a mapping of dotted keys to values, got " +
-                                     got_text(vi->second) +
-                                     "; write `set: { run.precision: bf16 }`");
-                        parse_variant_set(spec.set, vi->second, "", pf, base_dir, context);
-                    } else {
-                        unknown_key(kw, vkey + "." + k, "", {vkey + ".name", vkey + ".set"});
-                    }
-                }
-                if (!have_name)
-                    fail(vwhere, vkey + ".name", "",
-                         "missing; every variant needs a name: add `name: <variant name>`");
-                pf.variants.push_back(std::move(spec));
-            }
-        } else {
-            // A section mapping: model, data, optim, run, kernels, profile, compare, report.
-            const std::string vwhere = mark_text(path, value.Mark());
-            pf.section_where[key] = vwhere;
-            if (value.IsNull()) continue;
-            if (!value.IsMap())
-                fail(vwhere, key, "",
-                     "expected a mapping of " + key + " settings, got " + got_text(value) +
-                         "; write `" + key + ": { key: value, ... }` or an indented block");
-            for (auto si = value.begin(); si != value.end(); ++si) {
-                const std::string dotted = key + "." + si->first.Scalar();
-                if (key == "compare" || key == "report") {
-                    if (!is_experiment_key(dotted))
-                        unknown_key(mark_text(path, si->first.Mark()), dotted, "", all_keys(true));
-                    set_experiment_key(pf, dotted, si->second, mark_text(path, si->second.Mark()));
-                    continue;
-                }
-                add_setting(pf.settings, dotted, si->first, si->second, path, base_dir, "", false);
-            }
-        }
+        else if (key == "variants")
+            parse_variants(pf, value, base_dir);
+        else
+            parse_section(pf, key, value, base_dir);
     }
     if (pf.name.empty()) pf.name = fs::path(path).stem().string();
     return pf;

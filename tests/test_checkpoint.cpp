@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "io/safetensors.h"
 #include "kernels/backend.h"
 #include "model/checkpoint.h"
 #include "model/gpt.h"
@@ -100,7 +101,7 @@ TEST(SafeTensors, WriterRoundTripsTensorsAndMetadata) {
     SafeTensorsFile f = SafeTensorsFile::open(p);
     ASSERT_EQ(f.tensors().size(), 4u);
     EXPECT_EQ(f.at("a").shape, (std::vector<int64_t>{2, 3}));
-    EXPECT_EQ(f.at("a").dtype, DType::F32);
+    EXPECT_EQ(f.at("a").dtype, SafeTensorsDType::F32);
     EXPECT_EQ(f.read_f32("a"), a);
     EXPECT_EQ(f.read_i32("ids"), (std::vector<int32_t>{0, -1, 2147483647, 42}));
     EXPECT_EQ(f.read_f32("empty").size(), 0u);

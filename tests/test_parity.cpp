@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "io/safetensors.h"
 #include "kernels/backend.h"
 #include "model/checkpoint.h"
 #include "model/gpt.h"

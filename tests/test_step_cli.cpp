@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "model/checkpoint.h"
+#include "io/safetensors.h"
 
 namespace mt {
 namespace {
@@ -91,7 +91,7 @@ void expect_matches_reference(const std::string& out_path, const std::string& c)
     ASSERT_EQ(got_names, ref_names) << "the output holds exactly loss, grad.<name> and <name>";
     for (const auto& t : ref.tensors()) {
         const TensorEntry& g = got.at(t.name);
-        EXPECT_EQ(g.dtype, DType::F32) << t.name;
+        EXPECT_EQ(g.dtype, SafeTensorsDType::F32) << t.name;
         ASSERT_EQ(g.shape, t.shape) << t.name;
         const auto a = got.read_f32(t.name), b = ref.read_f32(t.name);
         double max_diff = 0, max_ref = 0;
