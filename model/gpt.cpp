@@ -353,6 +353,59 @@ float* GPT::f32(size_t offset) const {
     return acts_->f32.as<float>() + offset;
 }
 
+// ---- the model's building blocks: one op each, with the block's parameter handles ----------
+
+// out (N,C) = LN(inp) with p's weight and bias; mean/rstd (N) kept for the backward.
+void GPT::layernorm(void* out, float* mean, float* rstd, const void* inp, const LayerNormParams& p,
+                    int N) {
+    backend_.run(op::LayerNormForward{.out = out,
+                                      .mean = mean,
+                                      .rstd = rstd,
+                                      .inp = inp,
+                                      .weight = w(p.weight),
+                                      .bias = w(p.bias),
+                                      .N = N,
+                                      .C = config_.n_embd});
+}
+// dinp += dLN/dinp, p's gradients += ..., from the saved mean/rstd.
+void GPT::layernorm_backward(void* dinp, const void* dout, const void* inp,
+                             const LayerNormParams& p, const float* mean, const float* rstd,
+                             int N) {
+    backend_.run(op::LayerNormBackward{.dinp = dinp,
+                                       .dweight = g(p.weight),
+                                       .dbias = g(p.bias),
+                                       .dout = dout,
+                                       .inp = inp,
+                                       .weight = w(p.weight),
+                                       .mean = mean,
+                                       .rstd = rstd,
+                                       .N = N,
+                                       .C = config_.n_embd});
+}
+// out (N,OC) = inp (N,C) W^T + b with p's weight (OC,C) and bias (OC).
+void GPT::linear(void* out, const void* inp, const LinearParams& p, int N, int C, int OC) {
+    backend_.run(op::MatmulForward{.out = out,
+                                   .inp = inp,
+                                   .weight = w(p.weight),
+                                   .bias = w(p.bias),
+                                   .N = N,
+                                   .C = C,
+                                   .OC = OC});
+}
+// dinp (N,C) += dout W; p's weight and bias gradients += dout^T inp, sum_n dout.
+void GPT::linear_backward(void* dinp, const void* dout, const void* inp, const LinearParams& p,
+                          int N, int C, int OC) {
+    backend_.run(op::MatmulBackward{.dinp = dinp,
+                                    .dweight = g(p.weight),
+                                    .dbias = g(p.bias),
+                                    .dout = dout,
+                                    .inp = inp,
+                                    .weight = w(p.weight),
+                                    .N = N,
+                                    .C = C,
+                                    .OC = OC});
+}
+
 // ---- forward --------------------------------------------------------------------------------
 
 void GPT::forward(const int* inputs, const int* targets, int B, int T, float grad_scale) {
@@ -397,21 +450,8 @@ void GPT::forward_attention(int l) {
     const void* residual = l == 0 ? act(A.encoded) : act(A.layers[l - 1].residual3);
     // ln_1 of block l>0 was already produced by the previous block's fused residual+LN.
     if (!fused_ln || l == 0)
-        backend_.run(op::LayerNormForward{.out = act(L.ln1),
-                                          .mean = f32(L.ln1_mean),
-                                          .rstd = f32(L.ln1_rstd),
-                                          .inp = residual,
-                                          .weight = w(p.ln_1.weight),
-                                          .bias = w(p.ln_1.bias),
-                                          .N = N,
-                                          .C = C});
-    backend_.run(op::MatmulForward{.out = act(L.qkv),
-                                   .inp = act(L.ln1),
-                                   .weight = w(p.attn.c_attn.weight),
-                                   .bias = w(p.attn.c_attn.bias),
-                                   .N = N,
-                                   .C = C,
-                                   .OC = 3 * C});
+        layernorm(act(L.ln1), f32(L.ln1_mean), f32(L.ln1_rstd), residual, p.ln_1, N);
+    linear(act(L.qkv), act(L.ln1), p.attn.c_attn, N, C, 3 * C);
     backend_.run(op::AttentionForward{.impl = options_.kernels.attention,
                                       .out = act(L.atty),
                                       .saved = f32(L.att_saved),
@@ -420,13 +460,7 @@ void GPT::forward_attention(int l) {
                                       .T = T,
                                       .C = C,
                                       .NH = NH});
-    backend_.run(op::MatmulForward{.out = act(L.attproj),
-                                   .inp = act(L.atty),
-                                   .weight = w(p.attn.c_proj.weight),
-                                   .bias = w(p.attn.c_proj.bias),
-                                   .N = N,
-                                   .C = C,
-                                   .OC = C});
+    linear(act(L.attproj), act(L.atty), p.attn.c_proj, N, C, C);
     if (fused_ln) {
         backend_.run(op::FusedResidualLayerNormForward{.residual = act(L.residual2),
                                                        .out = act(L.ln2),
@@ -444,14 +478,7 @@ void GPT::forward_attention(int l) {
                                      .inp1 = residual,
                                      .inp2 = act(L.attproj),
                                      .n = static_cast<size_t>(N) * C});
-    backend_.run(op::LayerNormForward{.out = act(L.ln2),
-                                      .mean = f32(L.ln2_mean),
-                                      .rstd = f32(L.ln2_rstd),
-                                      .inp = act(L.residual2),
-                                      .weight = w(p.ln_2.weight),
-                                      .bias = w(p.ln_2.bias),
-                                      .N = N,
-                                      .C = C});
+    layernorm(act(L.ln2), f32(L.ln2_mean), f32(L.ln2_rstd), act(L.residual2), p.ln_2, N);
 }
 
 // residual3 = residual2 + c_proj(gelu(c_fc(ln2))); with the fused residual+LN this also computes
@@ -463,6 +490,7 @@ void GPT::forward_mlp(int l) {
     const int C = config_.n_embd, N = last_B_ * last_T_;
     const size_t NC = static_cast<size_t>(N) * C;
     if (options_.kernels.fuse_gelu) {
+        // c_fc with the GELU in its epilogue: fch keeps the pre-activation for the backward.
         backend_.run(op::MatmulForward{.out = act(L.fch_gelu),
                                        .inp = act(L.ln2),
                                        .weight = w(p.mlp.c_fc.weight),
@@ -473,22 +501,10 @@ void GPT::forward_mlp(int l) {
                                        .epilogue = MatmulEpilogue::gelu,
                                        .pre_act = act(L.fch)});
     } else {
-        backend_.run(op::MatmulForward{.out = act(L.fch),
-                                       .inp = act(L.ln2),
-                                       .weight = w(p.mlp.c_fc.weight),
-                                       .bias = w(p.mlp.c_fc.bias),
-                                       .N = N,
-                                       .C = C,
-                                       .OC = 4 * C});
+        linear(act(L.fch), act(L.ln2), p.mlp.c_fc, N, C, 4 * C);
         backend_.run(op::GeluForward{.out = act(L.fch_gelu), .inp = act(L.fch), .n = NC * 4});
     }
-    backend_.run(op::MatmulForward{.out = act(L.fcproj),
-                                   .inp = act(L.fch_gelu),
-                                   .weight = w(p.mlp.c_proj.weight),
-                                   .bias = w(p.mlp.c_proj.bias),
-                                   .N = N,
-                                   .C = 4 * C,
-                                   .OC = C});
+    linear(act(L.fcproj), act(L.fch_gelu), p.mlp.c_proj, N, 4 * C, C);
     if (options_.kernels.layernorm != LayerNormImpl::fused_residual) {
         backend_.run(op::ResidualForward{
             .out = act(L.residual3), .inp1 = act(L.residual2), .inp2 = act(L.fcproj), .n = NC});
@@ -516,14 +532,8 @@ void GPT::forward_head(const int* targets, float grad_scale) {
     const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab_size();
     const int N = last_B_ * last_T_;
     if (options_.kernels.layernorm != LayerNormImpl::fused_residual)
-        backend_.run(op::LayerNormForward{.out = act(A.lnf),
-                                          .mean = f32(A.lnf_mean),
-                                          .rstd = f32(A.lnf_rstd),
-                                          .inp = act(A.layers.back().residual3),
-                                          .weight = w(P_.ln_f.weight),
-                                          .bias = w(P_.ln_f.bias),
-                                          .N = N,
-                                          .C = C});
+        layernorm(act(A.lnf), f32(A.lnf_mean), f32(A.lnf_rstd), act(A.layers.back().residual3),
+                  P_.ln_f, N);
     backend_.run(op::MatmulForward{.out = act(A.logits),
                                    .inp = act(A.lnf),
                                    .weight = w(P_.wte),
@@ -627,16 +637,8 @@ void GPT::backward_head() {
                                     .N = N,
                                     .C = C,
                                     .OC = Vp});
-    backend_.run(op::LayerNormBackward{.dinp = grad(A.dresidual),
-                                       .dweight = g(P_.ln_f.weight),
-                                       .dbias = g(P_.ln_f.bias),
-                                       .dout = grad(A.d_ln1),
-                                       .inp = act(A.layers.back().residual3),
-                                       .weight = w(P_.ln_f.weight),
-                                       .mean = f32(A.lnf_mean),
-                                       .rstd = f32(A.lnf_rstd),
-                                       .N = N,
-                                       .C = C});
+    layernorm_backward(grad(A.dresidual), grad(A.d_ln1), act(A.layers.back().residual3), P_.ln_f,
+                       f32(A.lnf_mean), f32(A.lnf_rstd), N);
 }
 
 // Through residual3 = residual2 + c_proj(gelu(c_fc(ln_2(residual2)))): the branch reads
@@ -650,45 +652,15 @@ void GPT::backward_mlp(int l) {
     const size_t NC = static_cast<size_t>(N) * C;
     if (options_.recompute != Recompute::none)
         backend_.run(op::GeluForward{.out = act(L.fch_gelu), .inp = act(L.fch), .n = NC * 4});
-    backend_.run(op::MatmulBackward{.dinp = grad(A.d_fch_gelu),
-                                    .dweight = g(p.mlp.c_proj.weight),
-                                    .dbias = g(p.mlp.c_proj.bias),
-                                    .dout = grad(A.dresidual),
-                                    .inp = act(L.fch_gelu),
-                                    .weight = w(p.mlp.c_proj.weight),
-                                    .N = N,
-                                    .C = 4 * C,
-                                    .OC = C});
+    linear_backward(grad(A.d_fch_gelu), grad(A.dresidual), act(L.fch_gelu), p.mlp.c_proj, N, 4 * C,
+                    C);
     backend_.run(op::GeluBackward{
         .dinp = grad(A.d_fch), .inp = act(L.fch), .dout = grad(A.d_fch_gelu), .n = NC * 4});
     if (options_.recompute == Recompute::layernorm_gelu)
-        backend_.run(op::LayerNormForward{.out = act(L.ln2),
-                                          .mean = f32(L.ln2_mean),
-                                          .rstd = f32(L.ln2_rstd),
-                                          .inp = act(L.residual2),
-                                          .weight = w(p.ln_2.weight),
-                                          .bias = w(p.ln_2.bias),
-                                          .N = N,
-                                          .C = C});
-    backend_.run(op::MatmulBackward{.dinp = grad(A.d_ln2),
-                                    .dweight = g(p.mlp.c_fc.weight),
-                                    .dbias = g(p.mlp.c_fc.bias),
-                                    .dout = grad(A.d_fch),
-                                    .inp = act(L.ln2),
-                                    .weight = w(p.mlp.c_fc.weight),
-                                    .N = N,
-                                    .C = C,
-                                    .OC = 4 * C});
-    backend_.run(op::LayerNormBackward{.dinp = grad(A.dresidual),
-                                       .dweight = g(p.ln_2.weight),
-                                       .dbias = g(p.ln_2.bias),
-                                       .dout = grad(A.d_ln2),
-                                       .inp = act(L.residual2),
-                                       .weight = w(p.ln_2.weight),
-                                       .mean = f32(L.ln2_mean),
-                                       .rstd = f32(L.ln2_rstd),
-                                       .N = N,
-                                       .C = C});
+        layernorm(act(L.ln2), f32(L.ln2_mean), f32(L.ln2_rstd), act(L.residual2), p.ln_2, N);
+    linear_backward(grad(A.d_ln2), grad(A.d_fch), act(L.ln2), p.mlp.c_fc, N, C, 4 * C);
+    layernorm_backward(grad(A.dresidual), grad(A.d_ln2), act(L.residual2), p.ln_2, f32(L.ln2_mean),
+                       f32(L.ln2_rstd), N);
 }
 
 // Through residual2 = residual + c_proj(attn(c_attn(ln_1(residual)))), the same way.
@@ -698,15 +670,7 @@ void GPT::backward_attention(int l) {
     const BlockParams& p = P_.h[l];
     const int B = last_B_, T = last_T_, C = config_.n_embd, NH = config_.n_head, N = B * T;
     const void* residual = l == 0 ? act(A.encoded) : act(A.layers[l - 1].residual3);
-    backend_.run(op::MatmulBackward{.dinp = grad(A.d_atty),
-                                    .dweight = g(p.attn.c_proj.weight),
-                                    .dbias = g(p.attn.c_proj.bias),
-                                    .dout = grad(A.dresidual),
-                                    .inp = act(L.atty),
-                                    .weight = w(p.attn.c_proj.weight),
-                                    .N = N,
-                                    .C = C,
-                                    .OC = C});
+    linear_backward(grad(A.d_atty), grad(A.dresidual), act(L.atty), p.attn.c_proj, N, C, C);
     backend_.run(op::AttentionBackward{.impl = options_.kernels.attention,
                                        .dqkv = grad(A.d_qkv),
                                        .dout = grad(A.d_atty),
@@ -718,33 +682,10 @@ void GPT::backward_attention(int l) {
                                        .C = C,
                                        .NH = NH});
     if (options_.recompute == Recompute::layernorm_gelu)
-        backend_.run(op::LayerNormForward{.out = act(L.ln1),
-                                          .mean = f32(L.ln1_mean),
-                                          .rstd = f32(L.ln1_rstd),
-                                          .inp = residual,
-                                          .weight = w(p.ln_1.weight),
-                                          .bias = w(p.ln_1.bias),
-                                          .N = N,
-                                          .C = C});
-    backend_.run(op::MatmulBackward{.dinp = grad(A.d_ln1),
-                                    .dweight = g(p.attn.c_attn.weight),
-                                    .dbias = g(p.attn.c_attn.bias),
-                                    .dout = grad(A.d_qkv),
-                                    .inp = act(L.ln1),
-                                    .weight = w(p.attn.c_attn.weight),
-                                    .N = N,
-                                    .C = C,
-                                    .OC = 3 * C});
-    backend_.run(op::LayerNormBackward{.dinp = grad(A.dresidual),
-                                       .dweight = g(p.ln_1.weight),
-                                       .dbias = g(p.ln_1.bias),
-                                       .dout = grad(A.d_ln1),
-                                       .inp = residual,
-                                       .weight = w(p.ln_1.weight),
-                                       .mean = f32(L.ln1_mean),
-                                       .rstd = f32(L.ln1_rstd),
-                                       .N = N,
-                                       .C = C});
+        layernorm(act(L.ln1), f32(L.ln1_mean), f32(L.ln1_rstd), residual, p.ln_1, N);
+    linear_backward(grad(A.d_ln1), grad(A.d_qkv), act(L.ln1), p.attn.c_attn, N, C, 3 * C);
+    layernorm_backward(grad(A.dresidual), grad(A.d_ln1), residual, p.ln_1, f32(L.ln1_mean),
+                       f32(L.ln1_rstd), N);
 }
 
 // ---- analytic costs -------------------------------------------------------------------------

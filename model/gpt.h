@@ -175,6 +175,13 @@ class GPT {
     void backward_head();
     void backward_mlp(int l);
     void backward_attention(int l);
+    void layernorm(void* out, float* mean, float* rstd, const void* inp, const LayerNormParams& p,
+                   int N);
+    void layernorm_backward(void* dinp, const void* dout, const void* inp, const LayerNormParams& p,
+                            const float* mean, const float* rstd, int N);
+    void linear(void* out, const void* inp, const LinearParams& p, int N, int C, int OC);
+    void linear_backward(void* dinp, const void* dout, const void* inp, const LinearParams& p,
+                         int N, int C, int OC);
     const void* w(ParamRef p) const;  // compute-precision weight pointer
     float* g(ParamRef p);             // fp32 gradient pointer
     // Pointers into the activation arenas (offsets in elements).

@@ -48,12 +48,16 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
     const size_t BTC = size_t(s.B) * s.T * s.C;
     auto qkv = m.act(randn(3 * BTC, 100 + si));
     auto out = m.act_zeros(BTC);
-    const size_t sc = m.cpu->attention_saved_elems(s.B, s.T, s.C, s.NH);
-    const size_t sg = m.gpu->attention_saved_elems(s.B, s.T, s.C, s.NH);  // reserves workspace
-    EXPECT_EQ(sc, sg);
+    const size_t sg = attention_saved_elems(impl, s.B, s.T, s.NH);
+    m.gpu->reserve_attention_workspace(impl, s.B, s.T, s.C, s.NH);
     auto saved = m.f32_zeros(sg);
-    m.cpu->attention_forward(out.cf(), saved.cf(), qkv.c.get(), s.B, s.T, s.C, s.NH);
-    m.gpu->attention_forward(out.g.get(), saved.gf(), qkv.g.get(), s.B, s.T, s.C, s.NH);
+    const op::AttentionForward fwd{.impl = impl, .B = s.B, .T = s.T, .C = s.C, .NH = s.NH};
+    auto on = [&](op::AttentionForward a, void* o, float* sv, const void* x) {
+        a.out = o, a.saved = sv, a.qkv = x;
+        return a;
+    };
+    m.cpu->run(on(fwd, out.cf(), saved.cf(), qkv.c.get()));
+    m.gpu->run(on(fwd, out.g.get(), saved.gf(), qkv.g.get()));
     EXPECT_TRUE(m.same(out, "attention out"));
     EXPECT_TRUE(m.same(saved, impl == AttentionImpl::flash ? "logsumexp" : "probs", m.tol()));
 
@@ -62,10 +66,14 @@ TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
     // Feed the GPU's backward the CPU's forward results, so only the backward is compared.
     m.upload_act(out, m.cpu_values(out));
     m.gpu->copy_to_device(saved.g.get(), m.cpu_values(saved).data(), sg * 4);
-    m.cpu->attention_backward(dqkv.cf(), dout.c.get(), qkv.c.get(), out.cf(), saved.cf(), s.B, s.T,
-                              s.C, s.NH);
-    m.gpu->attention_backward(dqkv.g.get(), dout.g.get(), qkv.g.get(), out.g.get(), saved.gf(), s.B,
-                              s.T, s.C, s.NH);
+    const op::AttentionBackward bwd{.impl = impl, .B = s.B, .T = s.T, .C = s.C, .NH = s.NH};
+    auto back = [&](op::AttentionBackward a, void* dx, const void* dy, const void* x, const void* y,
+                    const float* sv) {
+        a.dqkv = dx, a.dout = dy, a.qkv = x, a.out = y, a.saved = sv;
+        return a;
+    };
+    m.cpu->run(back(bwd, dqkv.cf(), dout.c.get(), qkv.c.get(), out.cf(), saved.cf()));
+    m.gpu->run(back(bwd, dqkv.g.get(), dout.g.get(), qkv.g.get(), out.g.get(), saved.gf()));
     EXPECT_TRUE(m.same(dqkv, "dqkv"));
 }
 
@@ -85,34 +93,57 @@ TEST_P(CudaAttentionImpls, NaiveAndFlashAgree) {
     kf.attention = AttentionImpl::flash;
     Mirror naive(GetParam(), kn), flash(GetParam(), kf);
     const auto qkv_h = randn(3 * BTC, 7), dout_h = randn(BTC, 8);
-    auto run = [&](Mirror& m) {
+    auto run = [&](Mirror& m, AttentionImpl impl) {
         auto qkv = m.act(qkv_h), dout = m.act(dout_h);
         auto out = m.act_zeros(BTC), dqkv = m.act_zeros(3 * BTC);
-        auto saved = m.f32_zeros(m.gpu->attention_saved_elems(B, T, C, NH));
-        m.gpu->attention_forward(out.g.get(), saved.gf(), qkv.g.get(), B, T, C, NH);
-        m.gpu->attention_backward(dqkv.g.get(), dout.g.get(), qkv.g.get(), out.g.get(), saved.gf(),
-                                  B, T, C, NH);
+        auto saved = m.f32_zeros(attention_saved_elems(impl, B, T, NH));
+        m.gpu->reserve_attention_workspace(impl, B, T, C, NH);
+        m.gpu->run(op::AttentionForward{.impl = impl,
+                                        .out = out.g.get(),
+                                        .saved = saved.gf(),
+                                        .qkv = qkv.g.get(),
+                                        .B = B,
+                                        .T = T,
+                                        .C = C,
+                                        .NH = NH});
+        m.gpu->run(op::AttentionBackward{.impl = impl,
+                                         .dqkv = dqkv.g.get(),
+                                         .dout = dout.g.get(),
+                                         .qkv = qkv.g.get(),
+                                         .out = out.g.get(),
+                                         .saved = saved.gf(),
+                                         .B = B,
+                                         .T = T,
+                                         .C = C,
+                                         .NH = NH});
         return std::make_pair(m.gpu_values(out), m.gpu_values(dqkv));
     };
-    const auto [on, dn] = run(naive);
-    const auto [of, df] = run(flash);
+    const auto [on, dn] = run(naive, AttentionImpl::naive);
+    const auto [of, df] = run(flash, AttentionImpl::flash);
     EXPECT_TRUE(close(of, on, naive.tol(), "flash vs naive out"));
     EXPECT_TRUE(close(df, dn, naive.tol(), "flash vs naive dqkv"));
     // Flash keeps O(T) state per head, naive O(T^2).
-    EXPECT_EQ(flash.gpu->attention_saved_elems(B, T, C, NH), size_t(B) * NH * T);
-    EXPECT_EQ(naive.gpu->attention_saved_elems(B, T, C, NH), size_t(B) * NH * T * T);
+    EXPECT_EQ(attention_saved_elems(AttentionImpl::flash, B, T, NH), size_t(B) * NH * T);
+    EXPECT_EQ(attention_saved_elems(AttentionImpl::naive, B, T, NH), size_t(B) * NH * T * T);
 }
 
 TEST(CudaAttentionWorkspace, OpWithUnreservedShapeThrowsInsteadOfAllocating) {
     MT_SKIP_WITHOUT_CUDA();
     auto gpu = create_backend(BackendKind::cuda);  // naive
     const int B = 1, T = 16, C = 32, NH = 2;
-    gpu->attention_saved_elems(B, T, C, NH);  // reserves for T=16 only
+    gpu->reserve_attention_workspace(AttentionImpl::naive, B, T, C, NH);  // for T=16 only
     DeviceBuffer qkv(*gpu, 3 * 2 * 64 * C * 4, MemoryCategory::activations);
     DeviceBuffer out(*gpu, 2 * 64 * C * 4, MemoryCategory::activations);
     DeviceBuffer saved(*gpu, 2 * NH * 64 * 64 * 4, MemoryCategory::activations);
     const size_t before = gpu->memory_stats().current[int(MemoryCategory::workspace)];
-    EXPECT_THROW(gpu->attention_forward(out.get(), saved.as<float>(), qkv.get(), 2, 64, C, NH),
+    EXPECT_THROW(gpu->run(op::AttentionForward{.impl = AttentionImpl::naive,
+                                               .out = out.get(),
+                                               .saved = saved.as<float>(),
+                                               .qkv = qkv.get(),
+                                               .B = 2,
+                                               .T = 64,
+                                               .C = C,
+                                               .NH = NH}),
                  BackendError);
     EXPECT_EQ(before, gpu->memory_stats().current[int(MemoryCategory::workspace)]);
 }
@@ -123,12 +154,19 @@ TEST(CudaAttentionFlash, HeadSizeAboveTheLimitIsAClearError) {
     o.kernels.attention = AttentionImpl::flash;
     auto gpu = create_backend(BackendKind::cuda, o);
     const int B = 1, T = 4, C = 256, NH = 1;  // head size 256 > 128
-    gpu->attention_saved_elems(B, T, C, NH);
+    gpu->reserve_attention_workspace(AttentionImpl::flash, B, T, C, NH);
     DeviceBuffer qkv(*gpu, 3 * T * C * 4, MemoryCategory::activations);
     DeviceBuffer out(*gpu, T * C * 4, MemoryCategory::activations);
     DeviceBuffer saved(*gpu, T * 4, MemoryCategory::activations);
     try {
-        gpu->attention_forward(out.get(), saved.as<float>(), qkv.get(), B, T, C, NH);
+        gpu->run(op::AttentionForward{.impl = AttentionImpl::flash,
+                                      .out = out.get(),
+                                      .saved = saved.as<float>(),
+                                      .qkv = qkv.get(),
+                                      .B = B,
+                                      .T = T,
+                                      .C = C,
+                                      .NH = NH});
         FAIL() << "expected BackendError";
     } catch (const BackendError& e) {
         EXPECT_NE(std::string(e.what()).find("naive"), std::string::npos) << e.what();

@@ -24,7 +24,7 @@ class CudaBackendTest : public ::testing::Test {
 };
 
 // A flat buffer of three tensors with a gap-free layout and mixed decay flags.
-const Backend::TensorSlice kSlices[] = {{0, 1000, true}, {1000, 37, false}, {1037, 5000, true}};
+const TensorSlice kSlices[] = {{0, 1000, true}, {1000, 37, false}, {1037, 5000, true}};
 constexpr size_t kTotal = 6037;
 
 struct AdamState {
@@ -46,9 +46,16 @@ AdamState run_adamw(Backend& be, AdamWImpl impl, int steps, bool with_scale) {
     for (int t = 1; t <= steps; ++t) {
         auto gt = randn(kTotal, 10 + t, 0.1f);
         be.copy_to_device(g.get(), gt.data(), kTotal * 4);
-        Backend::AdamWParams hp{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t};
-        be.adamw_update(impl, p.as<float>(), g.as<float>(), m.as<float>(), v.as<float>(), kSlices,
-                        kTotal, hp, with_scale ? scale.as<float>() : nullptr);
+        const AdamWParams hp{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t};
+        be.run(op::AdamWUpdate{.impl = impl,
+                               .params = p.as<float>(),
+                               .grads = g.as<float>(),
+                               .m = m.as<float>(),
+                               .v = v.as<float>(),
+                               .tensors = kSlices,
+                               .total = kTotal,
+                               .hp = hp,
+                               .grad_scale = with_scale ? scale.as<float>() : nullptr});
     }
     be.synchronize();
     AdamState s{std::vector<float>(kTotal), std::vector<float>(kTotal), std::vector<float>(kTotal)};
@@ -91,9 +98,15 @@ TEST_F(CudaBackendTest, WeightDecayMaskFollowsTheSlices) {
     gpu->memset_zero(g.get(), kTotal * 4);
     gpu->memset_zero(m.get(), kTotal * 4);
     gpu->memset_zero(v.get(), kTotal * 4);
-    Backend::AdamWParams hp{0.1f, 0.9f, 0.95f, 1e-8f, 0.5f, 1};
-    gpu->adamw_update(AdamWImpl::fused, p.as<float>(), g.as<float>(), m.as<float>(), v.as<float>(),
-                      kSlices, kTotal, hp, nullptr);
+    const AdamWParams hp{0.1f, 0.9f, 0.95f, 1e-8f, 0.5f, 1};
+    gpu->run(op::AdamWUpdate{.impl = AdamWImpl::fused,
+                             .params = p.as<float>(),
+                             .grads = g.as<float>(),
+                             .m = m.as<float>(),
+                             .v = v.as<float>(),
+                             .tensors = kSlices,
+                             .total = kTotal,
+                             .hp = hp});
     std::vector<float> out(kTotal);
     gpu->copy_to_host(out.data(), p.get(), kTotal * 4);
     EXPECT_FLOAT_EQ(out[0], 1.0f - 0.1f * 0.5f);
@@ -153,12 +166,14 @@ TEST_F(CudaBackendTest, PinnedCopyOnTheCopyStreamIsOrderedBeforeLaterOps) {
     auto* h = host.as<float>();
     for (size_t i = 0; i < n; ++i) h[i] = float(i % 1000);
     DeviceBuffer d(*gpu, n * 4, MemoryCategory::data), sum(*gpu, 4, MemoryCategory::workspace);
-    gpu->copy_to_device(d.get(), h, n * 4);                    // copy stream + event
-    gpu->sum_scaled(sum.as<float>(), d.as<float>(), n, 1.0f);  // compute stream waits for it
+    gpu->copy_to_device(d.get(), h, n * 4);  // copy stream + event
+    // The compute stream waits for the copy: the mean sees every copied element.
+    gpu->run(op::LossMean{.loss = sum.as<float>(), .losses = d.as<float>(), .N = int(n)});
     float got = 0;
     gpu->copy_to_host(&got, sum.get(), 4);
     double expect = 0;
     for (size_t i = 0; i < n; ++i) expect += h[i];
+    expect /= double(n);
     EXPECT_NEAR(got, expect, expect * 1e-5);
     EXPECT_GE(gpu->memory_stats().current[int(MemoryCategory::data)], n * 4);
 }
