@@ -19,8 +19,8 @@ struct CompareArgs {
 
 int run_compare(const CompareArgs& args) {
     try {
-        const nlohmann::json a = load_results(args.a);
-        const nlohmann::json b = load_results(args.b);
+        const Results a = read_results(args.a);
+        const Results b = read_results(args.b);
         const Comparison c = compare_results(a, args.a, b, args.b, args.a_variant, args.b_variant);
         std::printf("baseline A: %s\nvariants B: %s\n\n%s", args.a.c_str(), args.b.c_str(),
                     render_comparison_md(c).c_str());

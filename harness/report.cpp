@@ -1,22 +1,15 @@
-// Run folder writers, the comparison and the markdown report (see report.h).
+// Run folder writers (steps.csv, trace.json, the folder itself), the comparison and the
+// markdown report (see report.h); the HTML page is in report_html.cpp.
 #include "harness/report.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
-#include <thread>
 
 namespace mt {
 
@@ -45,217 +38,7 @@ std::string pct(double frac) {
     return f("%.1f%%", 100.0 * frac);
 }
 
-json stats_json(const SeriesStats& s) {
-    return {{"n", s.n},     {"mean", s.mean}, {"median", s.median},
-            {"p10", s.p10}, {"p90", s.p90},   {"q1", s.q1},
-            {"q3", s.q3},   {"iqr", s.iqr()}, {"iqr_over_median", s.iqr_over_median()},
-            {"std", s.std}, {"min", s.min},   {"max", s.max}};
-}
-
-json opt_json(const std::optional<double>& x) {
-    return x ? json(*x) : json(nullptr);
-}
-
-// A finite number or null (JSON has no NaN).
-json finite_or_null(double x) {
-    return std::isfinite(x) ? json(x) : json(nullptr);
-}
-
-json categories_json(const std::array<size_t, kMemoryCategoryCount>& a) {
-    json j = json::object();
-    for (int c = 0; c < kMemoryCategoryCount; ++c)
-        j[to_string(static_cast<MemoryCategory>(c))] = a[c];
-    return j;
-}
-
-std::string read_first_line(const std::string& cmd) {
-    std::FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) return "";
-    char buf[256] = {0};
-    std::string s;
-    if (std::fgets(buf, sizeof buf, p)) s = buf;
-    ::pclose(p);
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    return s;
-}
-
-std::string shell_quote(const std::string& s) {
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-}
-
-json environment_json(const ExperimentResult& ex) {
-    json env;
-    char host[256] = {0};
-    if (gethostname(host, sizeof host - 1) == 0) env["hostname"] = host;
-    env["hardware_threads"] = std::thread::hardware_concurrency();
-    std::string why;
-    env["cuda_available"] = cuda_available(&why);
-    if (!why.empty()) env["cuda_note"] = why;
-    // The commit of the repository the experiment file lives in (or the working directory).
-    std::string dir = ".";
-    if (!ex.source_path.empty()) {
-        const fs::path p = fs::absolute(ex.source_path).parent_path();
-        if (fs::is_directory(p)) dir = p.string();
-    }
-    const std::string commit =
-        read_first_line("git -C " + shell_quote(dir) + " rev-parse HEAD 2>/dev/null");
-    if (!commit.empty()) {
-        env["git_commit"] = commit;
-        env["git_dirty"] = !read_first_line("git -C " + shell_quote(dir) +
-                                            " status --porcelain --untracked-files=no 2>/dev/null")
-                                .empty();
-    } else {
-        env["git_commit"] = nullptr;
-    }
-#if defined(__VERSION__)
-    env["compiler"] = __VERSION__;
-#endif
-    env["peaks_cache"] = peaks_cache_dir();
-    return env;
-}
-
-json variant_json(const RunResult& r) {
-    const RunStats st = compute_run_stats(r);
-    const RunConfig& c = r.config;
-    json v;
-    v["name"] = c.variant;
-    v["status"] = to_string(r.status);
-    v["message"] = r.message;
-    v["failed_step"] = r.failed_step >= 0 ? json(r.failed_step) : json(nullptr);
-    v["failed_phase"] = r.failed_phase.empty() ? json(nullptr) : json(r.failed_phase);
-    v["backend"] = r.backend;
-    v["device_name"] = r.device_name;
-    v["threads"] = r.threads;
-    json cfg = json::object();
-    for (const auto& [k, val] : flatten(c)) cfg[k] = val;
-    v["config"] = cfg;
-    json changed = json::object();
-    for (const auto& [k, val] : c.changed) changed[k] = val;
-    v["changed"] = changed;
-    v["knobs_changed"] = c.changed.size();
-    v["model"] = {{"describe", c.model.describe()}, {"n_params", r.n_params}};
-    const int B = c.data.batch_size, T = c.data.seq_len, A = c.run.grad_accum;
-    v["batch"] = {{"batch_size", B},
-                  {"seq_len", T},
-                  {"grad_accum", A},
-                  {"samples_per_step", B * A},
-                  {"tokens_per_step", static_cast<long long>(B) * T * A}};
-    v["warmup_steps"] = c.run.warmup_steps;
-    v["measure_steps"] = c.run.measure_steps;
-    v["measured_steps"] = st.measured;
-    v["setup_ms"] = r.setup_ms;
-
-    json phases = json::object();
-    for (Phase p : kAllPhases) phases[to_string(p)] = stats_json(st.phase[static_cast<int>(p)]);
-    phases["other"] = stats_json(st.other_ms);
-    const double jitter = st.step_ms.iqr_over_median();
-    v["stats"] = {{"step_ms", stats_json(st.step_ms)},
-                  {"phases_ms", phases},
-                  {"loss", stats_json(st.loss)},
-                  {"samples_per_s", st.samples_per_s},
-                  {"tokens_per_s", st.tokens_per_s},
-                  {"jitter", jitter},
-                  {"jitter_warning", st.measured > 0 && jitter > kJitterWarnThreshold}};
-    v["flops"] = {{"per_step", r.flops_per_step},
-                  {"achieved_per_s", st.achieved_flops_per_s},
-                  {"peak_per_s", opt_json(r.peak_flops)},
-                  {"peak_source", r.peak_flops_source},
-                  {"mfu", opt_json(st.mfu)}};
-    v["roofline"] = {
-        {"peak_flops_per_s", r.peaks.flops_per_s}, {"bandwidth_bytes_per_s", r.peaks.bytes_per_s},
-        {"ridge_flops_per_byte", r.peaks.ridge()}, {"flops_source", r.peaks.flops_source},
-        {"bytes_source", r.peaks.bytes_source},    {"from_cache", r.peaks.from_cache}};
-    double first = r.steps.empty() ? NAN : r.steps.front().loss;
-    v["loss"] = {{"first", finite_or_null(first)},
-                 {"final", r.steps.empty() ? json(nullptr) : finite_or_null(st.final_loss)},
-                 {"mean_measured", st.loss.n ? json(st.loss.mean) : json(nullptr)}};
-
-    const MemorySummary& m = r.memory;
-    json est = {{"params", r.estimate.params},       {"grads", r.estimate.grads},
-                {"optimizer", r.estimate.optimizer}, {"activations", r.estimate.activations},
-                {"workspace", r.estimate.workspace}, {"data", r.estimate.data},
-                {"total", r.estimate.total()}};
-    json ph = json::object();
-    for (Phase p : kAllPhases) {
-        const PhaseMemory& pm = m.phases[static_cast<int>(p)];
-        if (!pm.seen) continue;
-        ph[to_string(p)] = {{"tracked_peak_total", pm.tracked_peak_total},
-                            {"tracked_peak", categories_json(pm.tracked_peak)},
-                            {"device_used_peak", pm.device_used_peak},
-                            {"transient_peak", pm.transient_peak}};
-    }
-    const auto peak_phase = m.peak_phase();
-    v["memory"] = {{"estimate", est},
-                   {"tracked_peak", categories_json(m.tracked_peak)},
-                   {"tracked_peak_total", m.tracked_peak_total},
-                   {"at_setup_total", m.at_setup.current_total},
-                   {"phases", ph},
-                   {"peak_phase", peak_phase ? json(to_string(*peak_phase)) : json(nullptr)},
-                   {"largest_category", to_string(m.largest_category())},
-                   {"device",
-                    {{"available", m.device_available},
-                     {"kind", m.device_kind},
-                     {"total_bytes", m.device_total},
-                     {"peak_used_bytes", m.device_used_peak}}},
-                   {"process_peak_rss_bytes", m.process_peak_rss}};
-
-    json kernels = json::array();
-    for (const KernelStat& k : r.kernels)
-        kernels.push_back({{"name", k.name},
-                           {"calls", k.calls},
-                           {"total_ms", k.total_ms},
-                           {"ms_per_step", k.ms_per_step},
-                           {"pct_of_step", k.pct_of_step},
-                           {"flops", k.flops},
-                           {"bytes", k.bytes},
-                           {"gflops_per_s", k.gflops_per_s()},
-                           {"gb_per_s", k.gb_per_s()},
-                           {"intensity", k.intensity()},
-                           {"bound", to_string(k.bound)},
-                           {"pct_of_roofline", k.pct_of_roofline}});
-    v["kernels"] = kernels;
-    v["profiled"] = c.profile.kernels;
-
-    json steps = json::array();
-    for (const StepRecord& s : r.steps) {
-        json pm = json::object();
-        for (Phase p : kAllPhases) pm[to_string(p)] = s.times[p];
-        steps.push_back({{"step", s.step},
-                         {"warmup", s.warmup},
-                         {"wall_ms", s.times.wall_ms},
-                         {"phases_ms", pm},
-                         {"other_ms", s.times.other_ms()},
-                         {"loss", finite_or_null(s.loss)},
-                         {"grad_norm", finite_or_null(s.grad_norm)},
-                         {"lr", s.lr}});
-    }
-    v["steps"] = steps;
-    return v;
-}
-
 }  // namespace
-
-json results_to_json(const ExperimentResult& ex) {
-    json j;
-    j["schema_version"] = kResultsSchemaVersion;
-    j["tool"] = "microtrain";
-    j["experiment"] = {{"name", ex.name},
-                       {"source", ex.source_path},
-                       {"baseline", ex.baseline},
-                       {"loss_tolerance", ex.loss_tolerance}};
-    j["started_utc"] = ex.started_utc;
-    j["interrupted"] = ex.interrupted;
-    j["environment"] = environment_json(ex);
-    j["units"] = {{"time", "ms"},
-                  {"memory", "bytes (reports print MiB = 2^20 bytes)"},
-                  {"delta", "baseline - variant (positive = variant better)"}};
-    json vs = json::array();
-    for (const RunResult& r : ex.runs) vs.push_back(variant_json(r));
-    j["variants"] = vs;
-    return j;
-}
 
 std::string steps_csv(const ExperimentResult& ex) {
     std::ostringstream o;
@@ -342,75 +125,39 @@ json trace_json(const ExperimentResult& ex) {
                "timed on the device clock and placed relative to the step start"}}}};
 }
 
-// ---- reading results.json -----------------------------------------------------------------------
+// ---- the comparison -----------------------------------------------------------------------------
 
 namespace {
 
-const json& at(const json& j, const std::string& key, const std::string& where) {
-    if (!j.is_object() || !j.contains(key))
-        throw ReportError(where + ": missing key '" + key + "'");
-    return j[key];
-}
-
-double num_at(const json& j, const std::string& key, const std::string& where) {
-    const json& x = at(j, key, where);
-    if (!x.is_number())
-        throw ReportError(where + ": key '" + key + "' should be a number, got " + x.dump());
-    return x.get<double>();
-}
-
-std::optional<double> opt_num(const json& j, const std::string& key) {
-    if (!j.is_object() || !j.contains(key) || !j[key].is_number()) return std::nullopt;
-    return j[key].get<double>();
-}
-
-std::string str_or(const json& j, const std::string& key, const std::string& dflt = "") {
-    if (j.is_object() && j.contains(key) && j[key].is_string()) return j[key].get<std::string>();
-    return dflt;
-}
-
-std::string cfg(const json& v, const std::string& key) {
-    if (v.contains("config") && v["config"].contains(key) && v["config"][key].is_string())
-        return v["config"][key].get<std::string>();
-    return "";
-}
-
-std::string changed_text(const json& changed) {
-    if (!changed.is_object() || changed.empty()) return "(nothing: baseline config)";
+std::string changed_text(const std::map<std::string, std::string>& changed) {
+    if (changed.empty()) return "(nothing: baseline config)";
     std::string s;
-    for (auto it = changed.begin(); it != changed.end(); ++it) {
-        if (!s.empty()) s += ", ";
-        s += it.key() + "=" +
-             (it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
-    }
+    for (const auto& [key, value] : changed) s += (s.empty() ? "" : ", ") + key + "=" + value;
     return s;
 }
 
-ComparisonRow row_from(const json& v, const std::string& where) {
+// The measurements of one variant that the comparison table shows.
+ComparisonRow row_from(const VariantResult& v) {
     ComparisonRow r;
-    r.name = at(v, "name", where).get<std::string>();
-    r.status = at(v, "status", where).get<std::string>();
-    r.message = str_or(v, "message");
-    r.changed = changed_text(v.value("changed", json::object()));
-    r.knobs_changed = v.value("knobs_changed", 0);
-    const json& stats = at(v, "stats", where);
-    const json& step = at(stats, "step_ms", where + ".stats");
-    r.has_stats = num_at(step, "n", where + ".stats.step_ms") > 0;
-    r.median_ms = num_at(step, "median", where + ".stats.step_ms");
-    r.p90_ms = num_at(step, "p90", where + ".stats.step_ms");
-    r.iqr_ms = num_at(step, "iqr", where + ".stats.step_ms");
-    r.jitter = num_at(step, "iqr_over_median", where + ".stats.step_ms");
-    r.samples_per_s = num_at(stats, "samples_per_s", where + ".stats");
-    r.tokens_per_s = num_at(stats, "tokens_per_s", where + ".stats");
-    r.mfu = opt_num(v.value("flops", json::object()), "mfu");
-    const json& mem = at(v, "memory", where);
-    r.tracked_peak = num_at(mem, "tracked_peak_total", where + ".memory");
-    const json& dev = at(mem, "device", where + ".memory");
-    r.device_peak = num_at(dev, "peak_used_bytes", where + ".memory.device");
-    r.device_kind = str_or(dev, "kind", "device");
-    const json& loss = at(v, "loss", where);
-    r.final_loss = opt_num(loss, "final");
-    r.mean_loss = opt_num(loss, "mean_measured");
+    r.name = v.name;
+    r.status = v.status;
+    r.message = v.message;
+    r.changed = changed_text(v.changed);
+    r.knobs_changed = v.knobs_changed;
+    const SeriesSummary& step = v.stats.step_ms;
+    r.has_stats = step.n > 0;
+    r.median_ms = step.median;
+    r.p90_ms = step.p90;
+    r.iqr_ms = step.iqr;
+    r.jitter = step.iqr_over_median;
+    r.samples_per_s = v.stats.samples_per_s;
+    r.tokens_per_s = v.stats.tokens_per_s;
+    r.mfu = v.flops.mfu;
+    r.tracked_peak = static_cast<double>(v.memory.tracked_peak_total);
+    r.device_peak = static_cast<double>(v.memory.device.peak_used_bytes);
+    r.device_kind = v.memory.device.kind;
+    r.final_loss = v.loss.final;
+    r.mean_loss = v.loss.mean_measured;
     return r;
 }
 
@@ -422,28 +169,37 @@ std::string failure_short(const ComparisonRow& r) {
     return m;
 }
 
-void judge(ComparisonRow& r, const ComparisonRow& b, double tol, bool baseline_present) {
+void set_verdict(ComparisonRow& r, Decision d, std::string text) {
+    r.decision = d;
+    r.verdict = std::move(text);
+}
+
+// The verdict of a row that has nothing to measure against: the baseline itself, a skipped or
+// failed variant, or no measured steps on either side. Returns false when the row is measurable.
+bool judge_unmeasurable(ComparisonRow& r, const ComparisonRow& b, bool baseline_present) {
+    const std::string status = to_string(r.status);
     if (r.is_baseline) {
-        r.verdict = r.status == "ok" ? "baseline" : "baseline (" + r.status + ")";
-        if (r.status == "failed" || r.status == "skipped") r.verdict += ": " + failure_short(r);
-        return;
+        std::string v = r.status == RunStatus::ok ? "baseline" : "baseline (" + status + ")";
+        if (r.status == RunStatus::failed || r.status == RunStatus::skipped)
+            v += ": " + failure_short(r);
+        set_verdict(r, Decision::baseline, v);
+    } else if (r.status == RunStatus::skipped) {
+        set_verdict(r, Decision::not_run, "not run: " + failure_short(r));
+    } else if (r.status == RunStatus::failed) {
+        set_verdict(r, Decision::reject, "reject: " + failure_short(r));
+    } else if (!r.has_stats) {
+        set_verdict(r, Decision::not_applicable, "n/a: no measured steps");
+    } else if (!baseline_present || !b.has_stats) {
+        set_verdict(r, Decision::not_applicable,
+                    "n/a: the baseline has no measured steps to compare with");
+    } else {
+        return false;
     }
-    if (r.status == "skipped") {
-        r.verdict = "not run: " + failure_short(r);
-        return;
-    }
-    if (r.status == "failed") {
-        r.verdict = "reject: " + failure_short(r);
-        return;
-    }
-    if (!r.has_stats) {
-        r.verdict = "n/a: no measured steps";
-        return;
-    }
-    if (!baseline_present || !b.has_stats) {
-        r.verdict = "n/a: the baseline has no measured steps to compare with";
-        return;
-    }
+    return true;
+}
+
+// Deltas against the baseline: time (median), memory (tracked peak), noise and loss.
+void measure_against(ComparisonRow& r, const ComparisonRow& b, double tol) {
     r.dtime_ms = b.median_ms - r.median_ms;
     r.speedup = r.median_ms > 0 ? b.median_ms / r.median_ms : 0;
     r.dmem_bytes = b.tracked_peak - r.tracked_peak;
@@ -451,7 +207,10 @@ void judge(ComparisonRow& r, const ComparisonRow& b, double tol, bool baseline_p
     r.within_noise = std::fabs(*r.dtime_ms) <= noise;
     if (r.mean_loss && b.mean_loss && *b.mean_loss != 0)
         r.loss_ok = std::fabs(*r.mean_loss - *b.mean_loss) / std::fabs(*b.mean_loss) <= tol;
+}
 
+// keep / trade-off / reject from the measured deltas (measure_against ran).
+void judge_measured(ComparisonRow& r, const ComparisonRow& b, double tol) {
     const bool faster = !r.within_noise && *r.dtime_ms > 0;
     const bool slower = !r.within_noise && *r.dtime_ms < 0;
     // Tracked bytes are deterministic; count a change only above 1% of the baseline or 64 KiB.
@@ -464,6 +223,7 @@ void judge(ComparisonRow& r, const ComparisonRow& b, double tol, bool baseline_p
     const std::string time_cost =
         "costs +" + f("%.2f", -*r.dtime_ms) + " ms/step (" + f("%.2f", 1.0 / *r.speedup) + "x)";
 
+    Decision d = Decision::reject;
     std::string v;
     if (r.loss_ok && !*r.loss_ok) {
         v = "reject: mean loss differs " +
@@ -471,12 +231,16 @@ void judge(ComparisonRow& r, const ComparisonRow& b, double tol, bool baseline_p
             " from the baseline (tolerance " + pct(tol) + ")";
         if (faster) v += ", although " + speed;
     } else if (faster && !fatter) {
+        d = Decision::keep;
         v = "keep: " + speed + (leaner ? ", and " + mem_gain : "");
     } else if (faster && fatter) {
+        d = Decision::trade_off;
         v = "trade-off: " + speed + ", " + mem_cost;
     } else if (leaner && !slower) {
+        d = Decision::keep;
         v = "keep: " + mem_gain + ", time within noise";
     } else if (leaner && slower) {
+        d = Decision::trade_off;
         v = "trade-off: " + mem_gain + ", " + time_cost;
     } else if (slower) {
         v = "reject: " + speed + (fatter ? " and " + mem_cost : "");
@@ -485,22 +249,28 @@ void judge(ComparisonRow& r, const ComparisonRow& b, double tol, bool baseline_p
             std::string(fatter ? ", " + mem_cost : ", memory unchanged") + ")";
     }
     if (!r.loss_ok) v += " (loss not comparable)";
-    if (r.status == "interrupted") v += " [interrupted: partial measurement]";
+    if (r.status == RunStatus::interrupted) v += " [interrupted: partial measurement]";
     if (r.knobs_changed > 1)
         v += "; changes " + std::to_string(r.knobs_changed) + " knobs: not attributable";
-    r.verdict = v;
+    set_verdict(r, d, v);
+}
+
+void judge(ComparisonRow& r, const ComparisonRow& b, double tol, bool baseline_present) {
+    if (judge_unmeasurable(r, b, baseline_present)) return;
+    measure_against(r, b, tol);
+    judge_measured(r, b, tol);
 }
 
 void add_notes(Comparison& c) {
-    for (const ComparisonRow& r : c.rows) {
-        if (r.has_stats && r.jitter > kJitterWarnThreshold)
-            c.notes.push_back("warning: '" + r.name + "' step times jitter " + pct(r.jitter) +
-                              " (IQR/median > " + pct(kJitterWarnThreshold) +
-                              "): deltas smaller than its spread are noise; more warm-up or "
-                              "measured steps, and a quiet machine, help");
-    }
     bool jittery = false;
-    for (const ComparisonRow& r : c.rows) jittery |= r.has_stats && r.jitter > kJitterWarnThreshold;
+    for (const ComparisonRow& r : c.rows) {
+        if (!r.has_stats || r.jitter <= kJitterWarnThreshold) continue;
+        jittery = true;
+        c.notes.push_back("warning: '" + r.name + "' step times jitter " + pct(r.jitter) +
+                          " (IQR/median > " + pct(kJitterWarnThreshold) +
+                          "): deltas smaller than its spread are noise; more warm-up or "
+                          "measured steps, and a quiet machine, help");
+    }
     if (jittery)
         c.notes.push_back(
             "caution: variants run one after another, so a change in machine load between them "
@@ -509,46 +279,60 @@ void add_notes(Comparison& c) {
             "variant");
 }
 
-}  // namespace
-
-nlohmann::json load_results(const std::string& path) {
-    std::ifstream in(path);
-    if (!in)
-        throw ReportError("cannot read '" + path + "': " + std::strerror(errno) +
-                          " (expected a results.json written by `microtrain run`)");
-    json j;
-    try {
-        j = json::parse(in);
-    } catch (const std::exception& e) {
-        throw ReportError("'" + path + "' is not valid JSON: " + e.what());
+const VariantResult& find_variant(const Results& r, const std::string& name,
+                                  const std::string& label) {
+    std::string list;
+    for (const VariantResult& v : r.variants) {
+        if (v.name == name) return v;
+        list += (list.empty() ? "" : ", ") + v.name;
     }
-    if (!j.is_object() || !j.contains("schema_version"))
-        throw ReportError("'" + path +
-                          "' is not a microtrain results.json (no schema_version key); pass the "
-                          "results.json of a run folder");
-    if (!j["schema_version"].is_number_integer() ||
-        j["schema_version"].get<int>() != kResultsSchemaVersion)
-        throw ReportError("'" + path + "' has schema_version " + j["schema_version"].dump() +
-                          ", this microtrain reads schema_version " +
-                          std::to_string(kResultsSchemaVersion) +
-                          "; re-run the experiment with this version");
-    if (!j.contains("variants") || !j["variants"].is_array() || j["variants"].empty())
-        throw ReportError("'" + path + "' has no variants");
-    for (size_t i = 0; i < j["variants"].size(); ++i)
-        row_from(j["variants"][i], path + ": variants[" + std::to_string(i) + "]");  // validates
-    return j;
+    throw ReportError(label + ": no variant named '" + name + "' (it has: " + list + ")");
 }
 
-Comparison build_comparison(const json& results, const std::string& label) {
+// "What it changed" between two runs: every config key whose value differs (or is set on one
+// side only), plus a device change.
+void describe_config_difference(ComparisonRow& r, const VariantResult& a, const VariantResult& b) {
+    std::set<std::string> keys;
+    for (const auto& kv : a.config) keys.insert(kv.first);
+    for (const auto& kv : b.config) keys.insert(kv.first);
+    std::vector<std::string> diff;
+    for (const std::string& k : keys) {
+        const auto ia = a.config.find(k), ib = b.config.find(k);
+        const bool in_a = ia != a.config.end(), in_b = ib != b.config.end();
+        if (in_a != in_b || (in_a && ia->second != ib->second))
+            diff.push_back(k + "=" + (in_b ? ib->second : std::string("(unset)")));
+    }
+    std::string changed;
+    for (const std::string& d : diff) changed += (changed.empty() ? "" : ", ") + d;
+    if (a.device_name != b.device_name)
+        changed += (changed.empty() ? "" : "; ") + std::string("device ") + b.device_name;
+    r.changed = changed.empty() ? "(same config)" : changed;
+    r.knobs_changed = static_cast<int>(diff.size());
+}
+
+// A note for every shape key that differs: such rows are not like for like.
+void note_shape_differences(Comparison& c, const std::string& row_name, const VariantResult& a,
+                            const VariantResult& b) {
+    for (const char* k : {"model.n_layer", "model.n_embd", "model.n_head", "model.vocab_size",
+                          "data.batch_size", "data.seq_len"}) {
+        const auto ia = a.config.find(k), ib = b.config.find(k);
+        if (ia != a.config.end() && ib != b.config.end() && ia->second != ib->second)
+            c.notes.push_back("note: '" + row_name + "' runs a different " + k + " (" + ia->second +
+                              " vs " + ib->second +
+                              "): time, memory and loss are not like for like");
+    }
+}
+
+}  // namespace
+
+Comparison build_comparison(const Results& results) {
     Comparison c;
-    const json& exp = at(results, "experiment", label);
-    c.baseline = str_or(exp, "baseline");
-    c.loss_tolerance = exp.value("loss_tolerance", 0.02);
-    const json& vs = at(results, "variants", label);
+    c.baseline = results.experiment.baseline;
+    c.loss_tolerance = results.experiment.loss_tolerance;
     std::vector<ComparisonRow> rows;
     int base = -1;
-    for (size_t i = 0; i < vs.size(); ++i) {
-        rows.push_back(row_from(vs[i], label + ": variants[" + std::to_string(i) + "]"));
+    for (size_t i = 0; i < results.variants.size(); ++i) {
+        rows.push_back(row_from(results.variants[i]));
         if (rows.back().name == c.baseline) base = static_cast<int>(i);
     }
     if (base < 0 && !rows.empty()) {
@@ -567,75 +351,46 @@ Comparison build_comparison(const json& results, const std::string& label) {
     return c;
 }
 
-Comparison compare_results(const json& a, const std::string& a_label, const json& b,
+Comparison build_comparison(const json& results, const std::string& label) {
+    return build_comparison(results_from_json(results, label));
+}
+
+Comparison compare_results(const Results& a, const std::string& a_label, const Results& b,
                            const std::string& b_label, const std::string& a_variant,
                            const std::string& b_variant) {
     Comparison c;
-    const json& ea = at(a, "experiment", a_label);
-    c.loss_tolerance = ea.value("loss_tolerance", 0.02);
-    const std::string want_a = a_variant.empty() ? str_or(ea, "baseline") : a_variant;
-    const json* va = nullptr;
-    std::vector<std::string> names_a;
-    for (const json& v : at(a, "variants", a_label)) {
-        names_a.push_back(str_or(v, "name"));
-        if (str_or(v, "name") == want_a) va = &v;
-    }
-    if (!va) {
-        std::string list;
-        for (auto& n : names_a) list += (list.empty() ? "" : ", ") + n;
-        throw ReportError(a_label + ": no variant named '" + want_a + "' (it has: " + list + ")");
-    }
-    ComparisonRow base = row_from(*va, a_label + ": variant '" + want_a + "'");
+    c.loss_tolerance = a.experiment.loss_tolerance;
+    const std::string want_a = a_variant.empty() ? a.experiment.baseline : a_variant;
+    const VariantResult& va = find_variant(a, want_a, a_label);
+    ComparisonRow base = row_from(va);
     if (!base.has_stats)
         throw ReportError(a_label + ": the baseline variant '" + want_a +
-                          "' has no measured steps (status " + base.status + ")");
+                          "' has no measured steps (status " + to_string(base.status) + ")");
     base.is_baseline = true;
     base.name = "A:" + base.name;
     base.changed = "(baseline: " + a_label + ")";
     c.baseline = base.name;
     c.rows.push_back(base);
-    bool any = false;
-    for (const json& v : at(b, "variants", b_label)) {
-        const std::string name = str_or(v, "name");
-        if (!b_variant.empty() && name != b_variant) continue;
-        any = true;
-        ComparisonRow r = row_from(v, b_label + ": variant '" + name + "'");
-        r.name = "B:" + name;
-        // What it changed = the config difference to the baseline run, plus a device change.
-        std::vector<std::string> diff;
-        const json ca = va->value("config", json::object());
-        const json cb = v.value("config", json::object());
-        std::set<std::string> keys;
-        for (auto it = ca.begin(); it != ca.end(); ++it) keys.insert(it.key());
-        for (auto it = cb.begin(); it != cb.end(); ++it) keys.insert(it.key());
-        for (const auto& k : keys) {
-            const std::string x = ca.contains(k) ? ca[k].dump() : "(unset)";
-            const std::string y = cb.contains(k) ? cb[k].dump() : "(unset)";
-            if (x != y)
-                diff.push_back(
-                    k + "=" + (cb.contains(k) && cb[k].is_string() ? cb[k].get<std::string>() : y));
-        }
-        const std::string da = str_or(*va, "device_name"), db = str_or(v, "device_name");
-        std::string changed;
-        for (auto& d : diff) changed += (changed.empty() ? "" : ", ") + d;
-        if (da != db) changed += (changed.empty() ? "" : "; ") + std::string("device ") + db;
-        r.changed = changed.empty() ? "(same config)" : changed;
-        r.knobs_changed = static_cast<int>(diff.size());
-        for (const std::string& k : {std::string("model.n_layer"), std::string("model.n_embd"),
-                                     std::string("model.n_head"), std::string("model.vocab_size"),
-                                     std::string("data.batch_size"), std::string("data.seq_len")})
-            if (ca.contains(k) && cb.contains(k) && ca[k] != cb[k])
-                c.notes.push_back("note: '" + r.name + "' runs a different " + k + " (" +
-                                  ca[k].get<std::string>() + " vs " + cb[k].get<std::string>() +
-                                  "): time, memory and loss are not like for like");
+    for (const VariantResult& vb : b.variants) {
+        if (!b_variant.empty() && vb.name != b_variant) continue;
+        ComparisonRow r = row_from(vb);
+        r.name = "B:" + vb.name;
+        describe_config_difference(r, va, vb);
+        note_shape_differences(c, r.name, va, vb);
         c.rows.push_back(r);
     }
-    if (!any)
+    if (c.rows.size() == 1)
         throw ReportError(b_label + (b_variant.empty() ? ": has no variants"
                                                        : ": no variant named '" + b_variant + "'"));
     for (ComparisonRow& r : c.rows) judge(r, c.rows.front(), c.loss_tolerance, true);
     add_notes(c);
     return c;
+}
+
+json load_results(const std::string& path) {
+    json j = read_json_file(path);
+    results_from_json(j, path);  // checks every key, throws ReportError naming it
+    return j;
 }
 
 std::string render_comparison_md(const Comparison& c) {
@@ -650,8 +405,9 @@ std::string render_comparison_md(const Comparison& c) {
         return out;
     };
     for (const ComparisonRow& r : c.rows) {
-        o << "| " << cell(r.name) << (r.status != "ok" ? " (" + r.status + ")" : "") << " | "
-          << cell(r.changed) << " | ";
+        o << "| " << cell(r.name)
+          << (r.status != RunStatus::ok ? " (" + std::string(to_string(r.status)) + ")" : "")
+          << " | " << cell(r.changed) << " | ";
         if (r.has_stats) {
             o << f("%.2f", r.median_ms) << " | " << f("%.2f", r.p90_ms) << " | "
               << f("%.1f", r.samples_per_s) << " | " << f("%.0f", r.tokens_per_s) << " | "
@@ -689,91 +445,87 @@ std::string render_comparison_md(const Comparison& c) {
 
 namespace {
 
+// Mean ms per phase column (the phases, then other) and of the step.
 struct Shares {
-    std::array<double, kPhaseCount + 1> ms{};  // mean ms per phase + other (last)
+    std::array<double, kPhaseColumnCount> ms{};
     double step_ms = 0;
-    double share(int i) const { return step_ms > 0 ? ms[i] / step_ms : 0; }
+    double share(int column) const { return step_ms > 0 ? ms[column] / step_ms : 0; }
 };
-const char* kPhaseNames[kPhaseCount + 1] = {"data",      "h2d",  "forward", "backward",
-                                            "optimizer", "sync", "other"};
 
-Shares shares_of(const json& v) {
+Shares shares_of(const VariantResult& v) {
     Shares s;
-    const json& st = v["stats"];
-    s.step_ms = st["step_ms"]["mean"].get<double>();
-    for (int i = 0; i <= kPhaseCount; ++i)
-        s.ms[i] = st["phases_ms"][kPhaseNames[i]]["mean"].get<double>();
+    s.step_ms = v.stats.step_ms.mean;
+    for (int i = 0; i < kPhaseColumnCount; ++i) s.ms[i] = phase_column_stats(v.stats, i).mean;
     return s;
 }
 
 int dominant(const Shares& s) {
     int best = 0;
-    for (int i = 1; i <= kPhaseCount; ++i)
+    for (int i = 1; i < kPhaseColumnCount; ++i)
         if (s.ms[i] > s.ms[best]) best = i;
     return best;
 }
 
-bool measured(const json& v) {
-    return v["stats"]["step_ms"]["n"].get<double>() > 0;
+int column(Phase p) {
+    return static_cast<int>(p);
 }
 
-std::string memory_peak_text(const json& v) {
-    const json& m = v["memory"];
-    std::string s = mib(m["tracked_peak_total"].get<double>()) + " MiB tracked";
-    if (m["peak_phase"].is_string()) {
-        const std::string p = m["peak_phase"].get<std::string>();
-        s += " during " + p;
-        if (m["phases"].contains(p))
-            s += " (+" + mib(m["phases"][p]["transient_peak"].get<double>()) +
-                 " MiB allocated in it)";
+size_t category_bytes(const CategoryBytes& b, MemoryCategory c) {
+    return b[static_cast<int>(c)];
+}
+
+std::string memory_peak_text(const VariantResult& v) {
+    const MemoryRecord& m = v.memory;
+    std::string s = mib(m.tracked_peak_total) + " MiB tracked";
+    if (m.peak_phase) {
+        s += " during " + std::string(enum_name(*m.peak_phase));
+        if (const auto& pm = m.phases[column(*m.peak_phase)])
+            s += " (+" + mib(pm->transient_peak) + " MiB allocated in it)";
     } else {
         s += ", held through every phase (allocated at setup; no phase allocates on top)";
     }
-    const std::string cat = m["largest_category"].get<std::string>();
-    s += "; largest category " + cat + " (" + mib(m["tracked_peak"][cat].get<double>()) + " MiB)";
-    const json& d = m["device"];
-    if (d["available"].get<bool>())
-        s += "; " + d["kind"].get<std::string>() + " peak " +
-             mib(d["peak_used_bytes"].get<double>()) + " MiB" +
-             (d["total_bytes"].get<double>() > 0
-                  ? " of " + mib(d["total_bytes"].get<double>()) + " MiB"
-                  : std::string());
+    s += "; largest category " + std::string(enum_name(m.largest_category)) + " (" +
+         mib(category_bytes(m.tracked_peak, m.largest_category)) + " MiB)";
+    const DeviceMemoryRecord& d = m.device;
+    if (d.available)
+        s += "; " + d.kind + " peak " + mib(d.peak_used_bytes) + " MiB" +
+             (d.total_bytes > 0 ? " of " + mib(d.total_bytes) + " MiB" : std::string());
     return s;
 }
 
-std::string top_kernels_text(const json& v, size_t n) {
+std::string top_kernels_text(const VariantResult& v, size_t n) {
     std::string s;
-    const json& ks = v["kernels"];
-    for (size_t i = 0; i < ks.size() && i < n; ++i) {
+    for (size_t i = 0; i < v.kernels.size() && i < n; ++i) {
+        const KernelRecord& k = v.kernels[i];
         if (!s.empty()) s += ", ";
-        s += ks[i]["name"].get<std::string>() + " " +
-             f("%.1f%%", ks[i]["pct_of_step"].get<double>()) + " (" +
-             ks[i]["bound"].get<std::string>() + "-bound)";
+        s += k.name + " " + f("%.1f%%", k.pct_of_step) + " (" + to_string(k.bound) + "-bound)";
     }
     return s;
 }
 
 // Which phases moved against the baseline (mean ms, variant - baseline), largest first, and a
 // hint when background loader threads took cores from the compute.
-std::string phase_moves_text(const json& v, const json& base) {
-    if (!measured(v) || !measured(base)) return "";
+std::string phase_moves_text(const VariantResult& v, const VariantResult& base) {
+    if (!v.measured() || !base.measured()) return "";
     const Shares a = shares_of(base), b = shares_of(v);
     std::vector<std::pair<double, int>> moves;
-    for (int i = 0; i <= kPhaseCount; ++i) moves.emplace_back(b.ms[i] - a.ms[i], i);
+    for (int i = 0; i < kPhaseColumnCount; ++i) moves.emplace_back(b.ms[i] - a.ms[i], i);
     std::sort(moves.begin(), moves.end(),
               [](const auto& x, const auto& y) { return std::fabs(x.first) > std::fabs(y.first); });
-    const double step_delta = b.step_ms - a.step_ms;
-    std::string s =
-        "- vs the baseline (mean ms, variant − baseline): step " + signed_f("%.2f", step_delta);
+    std::string s = "- vs the baseline (mean ms, variant − baseline): step " +
+                    signed_f("%.2f", b.step_ms - a.step_ms);
     int shown = 0;
     for (const auto& [d, i] : moves) {
         if (shown == 3 || std::fabs(d) < 0.02 * a.step_ms) break;
-        s += std::string(shown++ ? ", " : "; ") + kPhaseNames[i] + " " + signed_f("%.2f", d);
+        s += std::string(shown++ ? ", " : "; ") + phase_column_name(i) + " " + signed_f("%.2f", d);
     }
     s += "\n";
-    const double data_d = b.ms[0] - a.ms[0], compute_d = (b.ms[2] + b.ms[3]) - (a.ms[2] + a.ms[3]);
-    if (v.value("backend", "") == "cpu" && data_d < -0.05 * a.step_ms &&
-        compute_d > 0.5 * -data_d && cfg(v, "data.workers") != cfg(base, "data.workers"))
+    const int data = column(Phase::data), fwd = column(Phase::forward),
+              bwd = column(Phase::backward);
+    const double data_d = b.ms[data] - a.ms[data];
+    const double compute_d = (b.ms[fwd] + b.ms[bwd]) - (a.ms[fwd] + a.ms[bwd]);
+    if (v.backend == "cpu" && data_d < -0.05 * a.step_ms && compute_d > 0.5 * -data_d &&
+        v.config_value("data.workers") != base.config_value("data.workers"))
         s += "- note: the data phase shrank but forward/backward grew by " + f("%.2f", compute_d) +
              " ms: on the CPU the loader's worker threads compete with the compute threads for "
              "the same cores, so the saved wait is spent again; the gain needs spare cores "
@@ -781,158 +533,43 @@ std::string phase_moves_text(const json& v, const json& base) {
     return s;
 }
 
-}  // namespace
-
-std::vector<std::string> suggestions_for(const json& v) {
-    std::vector<std::string> out;
-    if (!measured(v)) return out;
-    const Shares s = shares_of(v);
-    const std::string backend = v.value("backend", "");
-    const bool cuda = backend == "cuda";
-    auto ival = [&](const std::string& k) {
-        try {
-            return std::stoi(cfg(v, k));
-        } catch (...) {
-            return 0;
-        }
-    };
-    const double data = s.share(0), h2d = s.share(1), fwd = s.share(2), bwd = s.share(3),
-                 opt = s.share(4), sync = s.share(5), other = s.share(6);
-    if (data >= 0.20) {
-        const int workers = ival("data.workers");
-        std::string t = "data-bound: the data phase takes " + pct(data) + " of the step. ";
-        if (workers == 0)
-            t += "Load batches in the background: `data.workers: 2` with `data.prefetch: 2` or "
-                 "more (now workers 0: every batch is prepared inside the step)";
-        else
-            t += "With " + std::to_string(workers) +
-                 " workers the loader still cannot keep up: raise `data.workers` and "
-                 "`data.prefetch`, or make per-sample preprocessing cheaper";
-        if (cuda && cfg(v, "data.pin_memory") != "true")
-            t += "; `data.pin_memory: true` makes the h2d copy asynchronous";
-        if (ival("data.preprocess_us") > 0)
-            t += " (data.preprocess_us=" + cfg(v, "data.preprocess_us") +
-                 " is simulated per-sample work)";
-        out.push_back(t + ".");
-    }
-    if (h2d >= 0.10)
-        out.push_back("h2d takes " + pct(h2d) + " of the step: " +
-                      (cuda ? std::string("`data.pin_memory: true` and prefetching overlap the "
-                                          "copy; larger batches amortise it.")
-                            : std::string("larger batches amortise the copy.")));
-    if (fwd + bwd >= 0.50) {
-        std::string t = "compute in the model dominates (forward " + pct(fwd) + ", backward " +
-                        pct(bwd) + "). ";
-        std::vector<std::string> opts;
-        if (cuda && cfg(v, "run.precision") == "fp32")
-            opts.push_back("`run.precision: tf32` or `bf16` (tensor cores)");
-        if (cuda && cfg(v, "kernels.attention") == "naive")
-            opts.push_back("`kernels.attention: flash`");
-        if (cfg(v, "kernels.classifier") == "unfused")
-            opts.push_back("`kernels.classifier: fused` (no probability tensor)");
-        if (cfg(v, "kernels.layernorm") == "separate")
-            opts.push_back("`kernels.layernorm: fused_residual`");
-        if (cfg(v, "kernels.matmul_gelu") == "false") opts.push_back("`kernels.matmul_gelu: true`");
-        if (cfg(v, "run.recompute") != "none" && !cfg(v, "run.recompute").empty())
-            opts.push_back(
-                "`run.recompute: none` if memory allows (recompute costs backward "
-                "FLOPs)");
-        if (opts.empty()) opts.push_back("a larger batch per step (fewer, bigger GEMMs)");
-        t += "Try: ";
-        for (size_t i = 0; i < opts.size(); ++i) t += (i ? "; " : "") + opts[i];
-        t += ".";
-        if (!cuda) t += " (The CPU backend is fp32-only: precision variants need a GPU.)";
-        const json& ks = v["kernels"];
-        if (!ks.empty()) {
-            const json& k = ks[0];
-            t += " Top op: " + k["name"].get<std::string>() + " (" +
-                 f("%.1f%%", k["pct_of_step"].get<double>()) + " of the step, " +
-                 k["bound"].get<std::string>() + "-bound, " +
-                 f("%.0f%%", k["pct_of_roofline"].get<double>()) + " of its roofline)";
-            t += k["bound"] == "memory"
-                     ? ": fusing it with its neighbours saves the memory traffic."
-                     : ": it is arithmetic-limited; precision or a better GEMM path helps.";
-        } else if (v.value("profiled", false) == false) {
-            t += " Set `profile.kernels: true` to see which op dominates.";
-        }
-        out.push_back(t);
-    }
-    if (opt >= 0.15) {
-        if (cfg(v, "optim.impl") != "fused")
-            out.push_back("optimizer-bound: the optimizer takes " + pct(opt) +
-                          " of the step with `optim.impl: " + cfg(v, "optim.impl") +
-                          "`; `optim.impl: fused` updates the flat buffer in one pass.");
-        else
-            out.push_back("the fused optimizer still takes " + pct(opt) +
-                          " of the step: it costs a fixed time per step, so `run.grad_accum` "
-                          "(more samples per update) amortises it.");
-    }
-    if (sync + std::max(0.0, other) >= 0.15)
-        out.push_back("host waits and overhead take " + pct(sync + std::max(0.0, other)) +
-                      " of the step (sync " + pct(sync) + ", other " + pct(other) +
-                      "): fewer synchronisations (read the loss less often), fewer and larger "
-                      "launches (bigger batch, fused kernels).");
-    const json& d = v["memory"]["device"];
-    if (d["available"].get<bool>() && d["total_bytes"].get<double>() > 0) {
-        const double frac = d["peak_used_bytes"].get<double>() / d["total_bytes"].get<double>();
-        if (frac >= 0.80)
-            out.push_back("memory is near the limit (" + pct(frac) + " of " +
-                          mib(d["total_bytes"].get<double>()) +
-                          " MiB): `run.recompute: gelu` or `layernorm_gelu` trades FLOPs for "
-                          "activations; a smaller `data.batch_size` with `run.grad_accum` keeps "
-                          "the samples per update.");
-    }
-    const double jitter = v["stats"]["jitter"].get<double>();
-    if (jitter > kJitterWarnThreshold)
-        out.push_back("high jitter (IQR/median " + pct(jitter) +
-                      "): more `run.warmup_steps`, fixed shapes, and check the data loader and "
-                      "host syncs; other programs on the machine add noise too.");
-    if (out.empty())
-        out.push_back("no single phase dominates: the step is balanced; the largest is " +
-                      std::string(kPhaseNames[dominant(s)]) + " (" + pct(s.share(dominant(s))) +
-                      ").");
-    return out;
+// The variant the three questions are answered for: the baseline, else the first measured one.
+const VariantResult* reference_variant(const Results& res, const std::string& baseline) {
+    const VariantResult* ref = nullptr;
+    for (const VariantResult& v : res.variants)
+        if (v.name == baseline && v.measured()) ref = &v;
+    if (!ref)
+        for (const VariantResult& v : res.variants)
+            if (v.measured()) return &v;
+    return ref;
 }
 
-std::string render_report_md(const json& results) {
-    const Comparison cmp = build_comparison(results, "results.json");
-    const json& exp = results["experiment"];
-    const json& env = results["environment"];
-    const json& vs = results["variants"];
-    std::ostringstream o;
-    o << "# " << exp["name"].get<std::string>() << " — microtrain report\n\n";
-    o << "Experiment `" << exp["source"].get<std::string>() << "`, started "
-      << results["started_utc"].get<std::string>() << ", baseline `" << cmp.baseline << "`";
-    if (env.contains("git_commit") && env["git_commit"].is_string())
-        o << ", commit `" << env["git_commit"].get<std::string>().substr(0, 12) << "`"
-          << (env.value("git_dirty", false) ? " (with uncommitted changes)" : "");
+void write_header(std::ostringstream& o, const Results& res, const Comparison& cmp) {
+    const Environment& env = res.environment;
+    o << "# " << res.experiment.name << " — microtrain report\n\n";
+    o << "Experiment `" << res.experiment.source << "`, started " << res.started_utc
+      << ", baseline `" << cmp.baseline << "`";
+    if (env.git_commit)
+        o << ", commit `" << env.git_commit->substr(0, 12) << "`"
+          << (env.git_dirty.value_or(false) ? " (with uncommitted changes)" : "");
     o << ".\n";
-    if (results.value("interrupted", false))
+    if (res.interrupted)
         o << "\n**Interrupted (Ctrl-C): the numbers below cover only the steps measured before "
              "the interruption.**\n";
-    for (const json& v : vs)
-        if (v["status"] == "failed")
-            o << "\n**Failed: " << v["message"].get<std::string>() << "** (its measured steps are "
-              << "kept below)\n";
+    for (const VariantResult& v : res.variants)
+        if (v.status == RunStatus::failed)
+            o << "\n**Failed: " << v.message << "** (its measured steps are kept below)\n";
+}
 
-    // -- the three questions, answered for the baseline (or the first measured variant)
-    const json* ref = nullptr;
-    for (const json& v : vs)
-        if (v["name"] == cmp.baseline && measured(v)) ref = &v;
-    if (!ref)
-        for (const json& v : vs)
-            if (measured(v)) {
-                ref = &v;
-                break;
-            }
+void write_answers(std::ostringstream& o, const VariantResult* ref, const Comparison& cmp) {
     o << "\n## Answers\n\n";
     if (ref) {
         const Shares s = shares_of(*ref);
         const int d = dominant(s);
-        o << "- **Where is the step slow?** In `" << (*ref)["name"].get<std::string>() << "`, "
-          << kPhaseNames[d] << " takes " << pct(s.share(d)) << " of the mean step ("
-          << f("%.2f", s.ms[d]) << " of " << f("%.2f", s.step_ms) << " ms)";
-        if (!(*ref)["kernels"].empty()) o << "; top ops: " << top_kernels_text(*ref, 3);
+        o << "- **Where is the step slow?** In `" << ref->name << "`, " << phase_column_name(d)
+          << " takes " << pct(s.share(d)) << " of the mean step (" << f("%.2f", s.ms[d]) << " of "
+          << f("%.2f", s.step_ms) << " ms)";
+        if (!ref->kernels.empty()) o << "; top ops: " << top_kernels_text(*ref, 3);
         o << ".\n";
         o << "- **Where does memory peak?** " << memory_peak_text(*ref) << ".\n";
     } else {
@@ -947,71 +584,60 @@ std::string render_report_md(const json& results) {
     }
     if (!any_variant) o << " There is only the baseline: add variants to compare.";
     o << "\n";
+}
 
-    o << "\n## Comparison\n\n" << render_comparison_md(cmp);
-    o << "\n<!-- charts -->\n";
-
-    // -- phases
+void write_phase_table(std::ostringstream& o, const Results& res) {
     o << "\n## Phase breakdown\n\nMean ms per measured step (share of the mean step). `other` = "
          "step wall time − the sum of the phases (launch overhead, idle time; negative when host "
          "and device work overlapped).\n\n| Variant | steps |";
-    for (const char* p : kPhaseNames) o << " " << p << " |";
+    for (int i = 0; i < kPhaseColumnCount; ++i) o << " " << phase_column_name(i) << " |";
     o << " step (mean) | step p10–p90 | jitter |\n|---|---:|";
-    for (int i = 0; i <= kPhaseCount; ++i) o << "---:|";
+    for (int i = 0; i < kPhaseColumnCount; ++i) o << "---:|";
     o << "---:|---:|---:|\n";
-    for (const json& v : vs) {
-        if (!measured(v)) {
-            o << "| " << v["name"].get<std::string>() << " | 0 | "
-              << "– |" << std::string("") << " " << v["status"].get<std::string>()
-              << ": no measured steps |";
+    for (const VariantResult& v : res.variants) {
+        if (!v.measured()) {
+            o << "| " << v.name << " | 0 | – | " << to_string(v.status) << ": no measured steps |";
             for (int i = 0; i < kPhaseCount + 2; ++i) o << " |";
             o << "\n";
             continue;
         }
         const Shares s = shares_of(v);
-        const json& st = v["stats"]["step_ms"];
-        o << "| " << v["name"].get<std::string>() << " | " << v["measured_steps"].get<int>()
-          << " |";
-        for (int i = 0; i <= kPhaseCount; ++i)
+        const SeriesSummary& st = v.stats.step_ms;
+        o << "| " << v.name << " | " << v.measured_steps << " |";
+        for (int i = 0; i < kPhaseColumnCount; ++i)
             o << " " << f("%.2f", s.ms[i]) << " (" << f("%.0f%%", 100 * s.share(i)) << ") |";
-        const double jit = v["stats"]["jitter"].get<double>();
-        o << " " << f("%.2f", s.step_ms) << " | " << f("%.2f", st["p10"].get<double>()) << "–"
-          << f("%.2f", st["p90"].get<double>()) << " | " << pct(jit)
-          << (jit > kJitterWarnThreshold ? " ⚠" : "") << " |\n";
+        const double jit = v.stats.jitter;
+        o << " " << f("%.2f", s.step_ms) << " | " << f("%.2f", st.p10) << "–" << f("%.2f", st.p90)
+          << " | " << pct(jit) << (jit > kJitterWarnThreshold ? " ⚠" : "") << " |\n";
     }
+}
 
-    // -- throughput and FLOPs
+// The peaks each device's MFU and roofline use, in words (the first variant per device).
+std::string peaks_text(const VariantResult& v) {
+    const RooflineRecord& rf = v.roofline;
+    return "`" + v.device_name + "`: peak " + f("%.1f", rf.peak_flops_per_s / 1e9) + " GFLOP/s (" +
+           rf.flops_source + "), bandwidth " + f("%.1f", rf.bandwidth_bytes_per_s / 1e9) +
+           " GB/s (" + rf.bytes_source + "), ridge " + f("%.2f", rf.ridge_flops_per_byte) +
+           " FLOP/byte. " + "MFU: " + v.flops.peak_source;
+}
+
+void write_throughput(std::ostringstream& o, const Results& res) {
     o << "\n## Throughput and FLOPs\n\n| Variant | device | samples/step | tokens/step | model "
          "GFLOP/step | achieved GFLOP/s | peak GFLOP/s used for MFU | MFU |\n"
          "|---|---|---:|---:|---:|---:|---:|---:|\n";
-    for (const json& v : vs) {
-        if (!measured(v)) continue;
-        const json& fl = v["flops"];
-        o << "| " << v["name"].get<std::string>() << " | " << v["device_name"].get<std::string>()
-          << " | " << v["batch"]["samples_per_step"] << " | " << v["batch"]["tokens_per_step"]
-          << " | " << f("%.3f", fl["per_step"].get<double>() / 1e9) << " | "
-          << f("%.2f", fl["achieved_per_s"].get<double>() / 1e9) << " | "
-          << (fl["peak_per_s"].is_number() ? f("%.1f", fl["peak_per_s"].get<double>() / 1e9)
-                                           : std::string("n/a"))
-          << " | " << (fl["mfu"].is_number() ? pct(fl["mfu"].get<double>()) : "n/a") << " |\n";
-    }
     std::map<std::string, std::string> sources;  // by device: the first variant's figures
     bool mfu_over = false;
-    for (const json& v : vs)
-        if (measured(v)) {
-            const json& rf = v["roofline"];
-            if (v["flops"]["mfu"].is_number() && v["flops"]["mfu"].get<double>() > 1.0)
-                mfu_over = true;
-            if (sources.count(v["device_name"].get<std::string>())) continue;
-            sources[v["device_name"].get<std::string>()] =
-                ("`" + v["device_name"].get<std::string>() + "`: peak " +
-                 f("%.1f", rf["peak_flops_per_s"].get<double>() / 1e9) + " GFLOP/s (" +
-                 rf["flops_source"].get<std::string>() + "), bandwidth " +
-                 f("%.1f", rf["bandwidth_bytes_per_s"].get<double>() / 1e9) + " GB/s (" +
-                 rf["bytes_source"].get<std::string>() + "), ridge " +
-                 f("%.2f", rf["ridge_flops_per_byte"].get<double>()) + " FLOP/byte. " +
-                 "MFU: " + v["flops"]["peak_source"].get<std::string>());
-        }
+    for (const VariantResult& v : res.variants) {
+        if (!v.measured()) continue;
+        const FlopsRecord& fl = v.flops;
+        o << "| " << v.name << " | " << v.device_name << " | " << v.batch.samples_per_step << " | "
+          << v.batch.tokens_per_step << " | " << f("%.3f", fl.per_step / 1e9) << " | "
+          << f("%.2f", fl.achieved_per_s / 1e9) << " | "
+          << (fl.peak_per_s ? f("%.1f", *fl.peak_per_s / 1e9) : std::string("n/a")) << " | "
+          << (fl.mfu ? pct(*fl.mfu) : "n/a") << " |\n";
+        if (fl.mfu && *fl.mfu > 1.0) mfu_over = true;
+        if (!sources.count(v.device_name)) sources[v.device_name] = peaks_text(v);
+    }
     if (!sources.empty()) {
         o << "\nPeaks used:\n";
         for (const auto& [dev, s] : sources) o << "\n- " << s;
@@ -1020,134 +646,274 @@ std::string render_report_md(const json& results) {
     if (mfu_over)
         o << "\n**MFU above 100%: the training step ran faster than the measured peak, so the "
              "peak probe was disturbed (a busy machine when it ran). Delete `"
-          << env.value("peaks_cache", std::string("the peaks cache"))
+          << res.environment.peaks_cache
           << "/cpu_peaks.json` to re-measure on a quiet machine.**\n";
+}
 
-    // -- memory
+void write_memory_estimate_table(std::ostringstream& o, const Results& res) {
     o << "\n## Memory\n\nAnalytic estimate (printed before the run) beside the allocator's "
          "tracked peak per category, in MiB.\n\n| Variant | category | estimate | tracked peak | "
          "Δ (tracked − estimate) |\n|---|---|---:|---:|---:|\n";
-    for (const json& v : vs) {
-        if (v["status"] == "skipped") continue;
-        const json& m = v["memory"];
+    for (const VariantResult& v : res.variants) {
+        if (v.status == RunStatus::skipped) continue;
+        const MemoryRecord& m = v.memory;
         for (int c = 0; c < kMemoryCategoryCount; ++c) {
-            const std::string cat = to_string(static_cast<MemoryCategory>(c));
-            const double e = m["estimate"][cat].get<double>(),
-                         t = m["tracked_peak"][cat].get<double>();
-            o << "| " << v["name"].get<std::string>() << " | " << cat << " | " << mib(e) << " | "
-              << mib(t) << " | " << signed_f("%.1f", to_mib(t - e)) << " |\n";
+            const double e = static_cast<double>(m.estimate[c]);
+            const double t = static_cast<double>(m.tracked_peak[c]);
+            o << "| " << v.name << " | " << to_string(static_cast<MemoryCategory>(c)) << " | "
+              << mib(e) << " | " << mib(t) << " | " << signed_f("%.1f", to_mib(t - e)) << " |\n";
         }
-        const double e = m["estimate"]["total"].get<double>(),
-                     t = m["tracked_peak_total"].get<double>();
-        o << "| " << v["name"].get<std::string>() << " | **total (peak of the sum)** | " << mib(e)
-          << " | " << mib(t) << " | " << signed_f("%.1f", to_mib(t - e)) << " |\n";
+        const double e = static_cast<double>(m.estimate_total);
+        const double t = static_cast<double>(m.tracked_peak_total);
+        o << "| " << v.name << " | **total (peak of the sum)** | " << mib(e) << " | " << mib(t)
+          << " | " << signed_f("%.1f", to_mib(t - e)) << " |\n";
     }
+}
+
+void write_memory_peaks(std::ostringstream& o, const Results& res) {
     o << "\nWhere memory peaks:\n";
-    for (const json& v : vs) {
-        if (v["status"] == "skipped") continue;
-        o << "\n- `" << v["name"].get<std::string>() << "`: " << memory_peak_text(v);
-        const double rss = v["memory"]["process_peak_rss_bytes"].get<double>();
-        if (rss > 0)
+    for (const VariantResult& v : res.variants) {
+        if (v.status == RunStatus::skipped) continue;
+        o << "\n- `" << v.name << "`: " << memory_peak_text(v);
+        if (const size_t rss = v.memory.process_peak_rss_bytes; rss > 0)
             o << "; process peak RSS (getrusage, whole process so far) " << mib(rss) << " MiB";
     }
     o << "\n\nPer-phase peaks (tracked MiB / device-or-RSS MiB):\n\n| Variant |";
-    for (Phase p : kAllPhases) o << " " << to_string(p) << " |";
+    for (Phase p : kAllPhases) o << " " << enum_name(p) << " |";
     o << "\n|---|";
     for (int i = 0; i < kPhaseCount; ++i) o << "---:|";
     o << "\n";
-    for (const json& v : vs) {
-        if (v["status"] == "skipped") continue;
-        o << "| " << v["name"].get<std::string>() << " |";
-        const json& ph = v["memory"]["phases"];
+    for (const VariantResult& v : res.variants) {
+        if (v.status == RunStatus::skipped) continue;
+        o << "| " << v.name << " |";
         for (Phase p : kAllPhases) {
-            if (!ph.contains(to_string(p))) {
+            if (const auto& pm = v.memory.phases[column(p)])
+                o << " " << mib(pm->tracked_peak_total) << " / " << mib(pm->device_used_peak)
+                  << " |";
+            else
                 o << " – |";
-                continue;
-            }
-            const json& x = ph[to_string(p)];
-            o << " " << mib(x["tracked_peak_total"].get<double>()) << " / "
-              << mib(x["device_used_peak"].get<double>()) << " |";
         }
         o << "\n";
     }
+}
 
-    // -- kernels
-    for (const json& v : vs) {
-        if (v["kernels"].empty()) continue;
-        o << "\n## Kernels: " << v["name"].get<std::string>()
+void write_kernels(std::ostringstream& o, const Results& res) {
+    for (const VariantResult& v : res.variants) {
+        if (v.kernels.empty()) continue;
+        o << "\n## Kernels: " << v.name
           << "\n\nPer op over the measured steps (analytic FLOPs and bytes / measured time); "
              "bound = arithmetic intensity vs the ridge point ("
-          << f("%.2f", v["roofline"]["ridge_flops_per_byte"].get<double>())
+          << f("%.2f", v.roofline.ridge_flops_per_byte)
           << " FLOP/byte).\n\n| op | calls | total ms | ms/step | % of step | GFLOP/s | GB/s | "
              "FLOP/byte | bound | % of roofline "
              "|\n|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n";
-        size_t shown = 0;
-        for (const json& k : v["kernels"]) {
-            if (shown++ == 12) break;
-            o << "| " << k["name"].get<std::string>() << " | " << k["calls"] << " | "
-              << f("%.2f", k["total_ms"].get<double>()) << " | "
-              << f("%.3f", k["ms_per_step"].get<double>()) << " | "
-              << f("%.1f", k["pct_of_step"].get<double>()) << " | "
-              << f("%.2f", k["gflops_per_s"].get<double>()) << " | "
-              << f("%.2f", k["gb_per_s"].get<double>()) << " | "
-              << f("%.2f", k["intensity"].get<double>()) << " | " << k["bound"].get<std::string>()
-              << " | " << f("%.0f", k["pct_of_roofline"].get<double>()) << " |\n";
+        for (size_t i = 0; i < v.kernels.size() && i < 12; ++i) {
+            const KernelRecord& k = v.kernels[i];
+            o << "| " << k.name << " | " << k.calls << " | " << f("%.2f", k.total_ms) << " | "
+              << f("%.3f", k.ms_per_step) << " | " << f("%.1f", k.pct_of_step) << " | "
+              << f("%.2f", k.gflops_per_s) << " | " << f("%.2f", k.gb_per_s) << " | "
+              << f("%.2f", k.intensity) << " | " << to_string(k.bound) << " | "
+              << f("%.0f", k.pct_of_roofline) << " |\n";
         }
     }
+}
 
-    // -- bottleneck and next steps
+void write_bottlenecks(std::ostringstream& o, const Results& res, const VariantResult* ref,
+                       const std::string& baseline) {
     o << "\n## Bottleneck and next steps\n";
-    for (const json& v : vs) {
-        o << "\n### " << v["name"].get<std::string>() << "\n\n";
-        if (!measured(v)) {
-            o << v["status"].get<std::string>() << ": "
-              << (v["message"].get<std::string>().empty() ? "no measured steps"
-                                                          : v["message"].get<std::string>())
-              << "\n";
+    for (const VariantResult& v : res.variants) {
+        o << "\n### " << v.name << "\n\n";
+        if (!v.measured()) {
+            o << to_string(v.status) << ": "
+              << (v.message.empty() ? std::string("no measured steps") : v.message) << "\n";
             continue;
         }
         const Shares s = shares_of(v);
         const int d = dominant(s);
-        o << "- dominant phase: **" << kPhaseNames[d] << "** (" << pct(s.share(d))
+        o << "- dominant phase: **" << phase_column_name(d) << "** (" << pct(s.share(d))
           << " of the step)\n";
-        if (!v["kernels"].empty()) o << "- top ops: " << top_kernels_text(v, 5) << "\n";
+        if (!v.kernels.empty()) o << "- top ops: " << top_kernels_text(v, 5) << "\n";
         o << "- memory: " << memory_peak_text(v) << "\n";
-        if (v["name"] != cmp.baseline && ref && (*ref)["name"] == cmp.baseline)
-            o << phase_moves_text(v, *ref);
+        if (v.name != baseline && ref && ref->name == baseline) o << phase_moves_text(v, *ref);
         for (const std::string& sug : suggestions_for(v)) o << "- next: " << sug << "\n";
     }
+}
 
-    // -- effective configuration
+void write_configuration(std::ostringstream& o, const Results& res) {
+    const std::vector<VariantResult>& vs = res.variants;
     o << "\n## Effective configuration\n\nEvery key of every variant (the base plus the variant's "
          "`set:`); a key a variant changed is in bold.\n\n| key |";
-    for (const json& v : vs) o << " " << v["name"].get<std::string>() << " |";
+    for (const VariantResult& v : vs) o << " " << v.name << " |";
     o << "\n|---|";
     for (size_t i = 0; i < vs.size(); ++i) o << "---|";
     o << "\n";
     std::set<std::string> keys;
-    for (const json& v : vs)
-        for (auto it = v["config"].begin(); it != v["config"].end(); ++it) keys.insert(it.key());
+    for (const VariantResult& v : vs)
+        for (const auto& kv : v.config) keys.insert(kv.first);
     for (const std::string& k : keys) {
         o << "| " << k << " |";
-        for (const json& v : vs) {
-            const std::string val =
-                v["config"].contains(k) ? v["config"][k].get<std::string>() : "–";
-            const bool ch = v["changed"].contains(k);
-            o << " " << (ch ? "**" + val + "**" : val) << " |";
+        for (const VariantResult& v : vs) {
+            const auto it = v.config.find(k);
+            const std::string val = it != v.config.end() ? it->second : "–";
+            o << " " << (v.changed.count(k) ? "**" + val + "**" : val) << " |";
         }
         o << "\n";
     }
-    for (const json& v : vs)
-        if (v["knobs_changed"].get<int>() > 1)
-            o << "\n- `" << v["name"].get<std::string>() << "` changes "
-              << v["knobs_changed"].get<int>()
+    for (const VariantResult& v : vs)
+        if (v.knobs_changed > 1)
+            o << "\n- `" << v.name << "` changes " << v.knobs_changed
               << " knobs at once: its effect cannot be attributed to one of them.";
+}
+
+void write_environment(std::ostringstream& o, const Results& res) {
     o << "\n\n## Environment\n\n";
+    const json env = environment_to_json(res.environment);
     for (auto it = env.begin(); it != env.end(); ++it)
         o << "- " << it.key() << ": "
           << (it.value().is_string() ? it.value().get<std::string>() : it.value().dump()) << "\n";
     o << "\nFiles: results.json (everything), steps.csv (per step, per phase), trace.json (open in "
          "https://ui.perfetto.dev or chrome://tracing), report.html (this report with charts).\n";
+}
+
+}  // namespace
+
+namespace {
+
+// The compute-dominated suggestion: the knobs of this variant that trade for model speed.
+std::string compute_suggestion(const VariantResult& v, double fwd, double bwd) {
+    const bool cuda = v.backend == "cuda";
+    auto cfg = [&](const char* k) { return v.config_value(k); };
+    std::string t =
+        "compute in the model dominates (forward " + pct(fwd) + ", backward " + pct(bwd) + "). ";
+    std::vector<std::string> opts;
+    if (cuda && cfg("run.precision") == "fp32")
+        opts.push_back("`run.precision: tf32` or `bf16` (tensor cores)");
+    if (cuda && cfg("kernels.attention") == "naive") opts.push_back("`kernels.attention: flash`");
+    if (cfg("kernels.classifier") == "unfused")
+        opts.push_back("`kernels.classifier: fused` (no probability tensor)");
+    if (cfg("kernels.layernorm") == "separate")
+        opts.push_back("`kernels.layernorm: fused_residual`");
+    if (cfg("kernels.matmul_gelu") == "false") opts.push_back("`kernels.matmul_gelu: true`");
+    if (cfg("run.recompute") != "none" && !cfg("run.recompute").empty())
+        opts.push_back("`run.recompute: none` if memory allows (recompute costs backward FLOPs)");
+    if (opts.empty()) opts.push_back("a larger batch per step (fewer, bigger GEMMs)");
+    t += "Try: ";
+    for (size_t i = 0; i < opts.size(); ++i) t += (i ? "; " : "") + opts[i];
+    t += ".";
+    if (!cuda) t += " (The CPU backend is fp32-only: precision variants need a GPU.)";
+    if (!v.kernels.empty()) {
+        const KernelRecord& k = v.kernels[0];
+        t += " Top op: " + k.name + " (" + f("%.1f%%", k.pct_of_step) + " of the step, " +
+             to_string(k.bound) + "-bound, " + f("%.0f%%", k.pct_of_roofline) + " of its roofline)";
+        t += k.bound == Bound::memory
+                 ? ": fusing it with its neighbours saves the memory traffic."
+                 : ": it is arithmetic-limited; precision or a better GEMM path helps.";
+    } else if (!v.profiled) {
+        t += " Set `profile.kernels: true` to see which op dominates.";
+    }
+    return t;
+}
+
+// The data-bound suggestion: background loading, or more of it.
+std::string data_suggestion(const VariantResult& v, double data) {
+    auto ival = [&](const char* k) {
+        try {
+            return std::stoi(v.config_value(k));
+        } catch (...) {
+            return 0;
+        }
+    };
+    const int workers = ival("data.workers");
+    std::string t = "data-bound: the data phase takes " + pct(data) + " of the step. ";
+    if (workers == 0)
+        t += "Load batches in the background: `data.workers: 2` with `data.prefetch: 2` or "
+             "more (now workers 0: every batch is prepared inside the step)";
+    else
+        t += "With " + std::to_string(workers) +
+             " workers the loader still cannot keep up: raise `data.workers` and "
+             "`data.prefetch`, or make per-sample preprocessing cheaper";
+    if (v.backend == "cuda" && v.config_value("data.pin_memory") != "true")
+        t += "; `data.pin_memory: true` makes the h2d copy asynchronous";
+    if (ival("data.preprocess_us") > 0)
+        t += " (data.preprocess_us=" + v.config_value("data.preprocess_us") +
+             " is simulated per-sample work)";
+    return t + ".";
+}
+
+// The optimizer, host-overhead, memory-limit and jitter suggestions.
+void add_step_overhead_suggestions(std::vector<std::string>& out, const VariantResult& v,
+                                   const Shares& s) {
+    const double opt = s.share(column(Phase::optimizer)), sync = s.share(column(Phase::sync)),
+                 other = s.share(kPhaseCount);
+    if (opt >= 0.15) {
+        if (v.config_value("optim.impl") != "fused")
+            out.push_back("optimizer-bound: the optimizer takes " + pct(opt) +
+                          " of the step with `optim.impl: " + v.config_value("optim.impl") +
+                          "`; `optim.impl: fused` updates the flat buffer in one pass.");
+        else
+            out.push_back("the fused optimizer still takes " + pct(opt) +
+                          " of the step: it costs a fixed time per step, so `run.grad_accum` "
+                          "(more samples per update) amortises it.");
+    }
+    if (sync + std::max(0.0, other) >= 0.15)
+        out.push_back("host waits and overhead take " + pct(sync + std::max(0.0, other)) +
+                      " of the step (sync " + pct(sync) + ", other " + pct(other) +
+                      "): fewer synchronisations (read the loss less often), fewer and larger "
+                      "launches (bigger batch, fused kernels).");
+    const DeviceMemoryRecord& d = v.memory.device;
+    if (d.available && d.total_bytes > 0) {
+        const double frac = static_cast<double>(d.peak_used_bytes) / d.total_bytes;
+        if (frac >= 0.80)
+            out.push_back("memory is near the limit (" + pct(frac) + " of " + mib(d.total_bytes) +
+                          " MiB): `run.recompute: gelu` or `layernorm_gelu` trades FLOPs for "
+                          "activations; a smaller `data.batch_size` with `run.grad_accum` keeps "
+                          "the samples per update.");
+    }
+    if (v.stats.jitter > kJitterWarnThreshold)
+        out.push_back("high jitter (IQR/median " + pct(v.stats.jitter) +
+                      "): more `run.warmup_steps`, fixed shapes, and check the data loader and "
+                      "host syncs; other programs on the machine add noise too.");
+}
+
+}  // namespace
+
+std::vector<std::string> suggestions_for(const VariantResult& v) {
+    std::vector<std::string> out;
+    if (!v.measured()) return out;
+    const Shares s = shares_of(v);
+    const double data = s.share(column(Phase::data)), h2d = s.share(column(Phase::h2d)),
+                 fwd = s.share(column(Phase::forward)), bwd = s.share(column(Phase::backward));
+    if (data >= 0.20) out.push_back(data_suggestion(v, data));
+    if (h2d >= 0.10)
+        out.push_back("h2d takes " + pct(h2d) + " of the step: " +
+                      (v.backend == "cuda"
+                           ? std::string("`data.pin_memory: true` and prefetching overlap the "
+                                         "copy; larger batches amortise it.")
+                           : std::string("larger batches amortise the copy.")));
+    if (fwd + bwd >= 0.50) out.push_back(compute_suggestion(v, fwd, bwd));
+    add_step_overhead_suggestions(out, v, s);
+    if (out.empty())
+        out.push_back("no single phase dominates: the step is balanced; the largest is " +
+                      phase_column_name(dominant(s)) + " (" + pct(s.share(dominant(s))) + ").");
+    return out;
+}
+
+std::string render_report_md(const Results& results) {
+    const Comparison cmp = build_comparison(results);
+    const VariantResult* ref = reference_variant(results, cmp.baseline);
+    std::ostringstream o;
+    write_header(o, results, cmp);
+    write_answers(o, ref, cmp);
+    o << "\n## Comparison\n\n" << render_comparison_md(cmp);
+    o << "\n<!-- charts -->\n";
+    write_phase_table(o, results);
+    write_throughput(o, results);
+    write_memory_estimate_table(o, results);
+    write_memory_peaks(o, results);
+    write_kernels(o, results);
+    write_bottlenecks(o, results, ref, cmp.baseline);
+    write_configuration(o, results);
+    write_environment(o, results);
     return o.str();
 }
 
@@ -1168,8 +934,8 @@ std::string write_run_folder(const ExperimentResult& ex, const std::string& out_
     if (ec)
         throw std::runtime_error("cannot create the run folder '" + dir.string() +
                                  "': " + ec.message() + " (check report.out_dir / --out-dir)");
-    const json results = results_to_json(ex);
-    write_file_atomic((dir / "results.json").string(), results.dump(2) + "\n");
+    const Results results = to_results(ex);
+    write_file_atomic((dir / "results.json").string(), results_to_json(results).dump(2) + "\n");
     write_file_atomic((dir / "steps.csv").string(), steps_csv(ex));
     write_file_atomic((dir / "trace.json").string(), trace_json(ex).dump() + "\n");
     write_file_atomic((dir / "report.md").string(), render_report_md(results));

@@ -1,8 +1,10 @@
 // Reports: the run folder and the baseline-vs-variant comparison.
 //
-// results.json is the canonical record (schema_version 1); report.md and report.html are
-// rendered from it, and `microtrain compare` renders the same comparison table from two earlier
-// results.json files, so a table always means the same thing wherever it is printed.
+// results.json is the canonical record (the typed schema of harness/results.h); report.md and
+// report.html are rendered from the same Results, and `microtrain compare` renders the same
+// comparison table from two earlier results.json files, so a table always means the same thing
+// wherever it is printed. The comparison's verdicts are stored in results.json too (its
+// `comparison` block), computed once by build_comparison.
 //
 // Run folder <out_dir>/<experiment>-<YYYYmmdd-HHMMSS>/ : report.md, report.html, results.json,
 // steps.csv, trace.json — each written to a temporary file, fsynced and renamed.
@@ -18,33 +20,25 @@
 #include <string>
 #include <vector>
 
+#include "harness/results.h"
 #include "harness/runner.h"
 #include "io/atomic_file.h"
 
 namespace mt {
 
-inline constexpr int kResultsSchemaVersion = 1;
-
 // write_file_atomic (io/atomic_file.h) writes every file of the run folder.
 
-// Everything the run measured, as results.json holds it.
-nlohmann::json results_to_json(const ExperimentResult& ex);
 // steps.csv: one row per step of every variant (warm-up rows flagged), per-phase columns.
 std::string steps_csv(const ExperimentResult& ex);
 // trace.json: Chrome Trace Event format; one process per variant, tracks for steps, phases and
 // (when profiled) ops, profile.trace_steps measured steps each.
 nlohmann::json trace_json(const ExperimentResult& ex);
 
-// Thrown for a results.json that cannot be used; the message names the file and the key.
-struct ReportError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
-
 struct ComparisonRow {
     std::string name;     // variant (prefixed with the file label in `compare`)
     std::string changed;  // "run.precision=bf16" or "(baseline)"
     int knobs_changed = 0;
-    std::string status;  // ok / failed / interrupted / skipped
+    RunStatus status = RunStatus::ok;
     std::string message;
     bool is_baseline = false;
     bool has_stats = false;  // at least one measured step
@@ -59,6 +53,7 @@ struct ComparisonRow {
     std::optional<double> dtime_ms, speedup, dmem_bytes;
     bool within_noise = false;
     std::optional<bool> loss_ok;
+    Decision decision = Decision::not_applicable;  // the class of `verdict`
     std::string verdict;
 };
 
@@ -69,27 +64,29 @@ struct Comparison {
     std::vector<std::string> notes;   // warnings (jitter, missing baseline, config mismatch)
 };
 
-// The comparison of every variant of one results.json against its baseline. `label` names the
-// file in error messages.
+// The comparison of every variant of one results file against its baseline.
+Comparison build_comparison(const Results& results);
+// The same for a results.json document (read with results_from_json; `label` names it in error
+// messages).
 Comparison build_comparison(const nlohmann::json& results, const std::string& label = "results");
-// `microtrain compare`: the baseline variant of `a` (its compare.baseline, or `a_variant`)
+// `microtrain compare`: the baseline variant of `a` (its experiment baseline, or `a_variant`)
 // against every measured variant of `b` (or only `b_variant`). "What it changed" is the config
-// difference between the two. Throws ReportError for unreadable or incompatible inputs.
-Comparison compare_results(const nlohmann::json& a, const std::string& a_label,
-                           const nlohmann::json& b, const std::string& b_label,
-                           const std::string& a_variant = "", const std::string& b_variant = "");
-// Reads and checks a results.json (schema_version, variants). Throws ReportError.
+// difference between the two. Throws ReportError for unusable or incompatible inputs.
+Comparison compare_results(const Results& a, const std::string& a_label, const Results& b,
+                           const std::string& b_label, const std::string& a_variant = "",
+                           const std::string& b_variant = "");
+// Reads and checks a results.json (read_results) and returns the document. Throws ReportError.
 nlohmann::json load_results(const std::string& path);
 
 // The comparison table (markdown) with its legend.
 std::string render_comparison_md(const Comparison& c);
 // The full human report.
-std::string render_report_md(const nlohmann::json& results);
+std::string render_report_md(const Results& results);
 // The same report as one self-contained HTML page with inline SVG charts (report_html.cpp).
-std::string render_report_html(const nlohmann::json& results);
+std::string render_report_html(const Results& results);
 
-// Next-step suggestions for one variant of results.json, derived from its measurements.
-std::vector<std::string> suggestions_for(const nlohmann::json& variant);
+// Next-step suggestions for one variant, derived from its measurements.
+std::vector<std::string> suggestions_for(const VariantResult& variant);
 
 // Writes the run folder under `out_dir` and returns its path.
 std::string write_run_folder(const ExperimentResult& ex, const std::string& out_dir);

@@ -13,8 +13,6 @@
 namespace mt {
 namespace {
 
-using nlohmann::json;
-
 std::string esc(const std::string& s) {
     std::string o;
     for (char c : s) {
@@ -176,16 +174,13 @@ std::string md_to_html(const std::string& md, const std::string& charts) {
 
 // ---- charts -------------------------------------------------------------------------------------
 
-const char* kPhaseKeys[] = {"data", "h2d", "forward", "backward", "optimizer", "sync", "other"};
-const char* kPhaseColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759",
-                              "#b07aa1", "#76b7b2", "#bab0ac"};
-const char* kCatColors[] = {"#4e79a7", "#e15759", "#f28e2b", "#59a14f", "#b07aa1", "#9c755f"};
+// One colour per phase column (the phases, then other).
+const char* kPhaseColors[kPhaseColumnCount] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759",
+                                               "#b07aa1", "#76b7b2", "#bab0ac"};
+const char* kCatColors[kMemoryCategoryCount] = {"#4e79a7", "#e15759", "#f28e2b",
+                                                "#59a14f", "#b07aa1", "#9c755f"};
 const char* kLineColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
                              "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
-
-bool measured(const json& v) {
-    return v["stats"]["step_ms"]["n"].get<double>() > 0;
-}
 
 // A "nice" axis maximum and tick step for values up to `x`.
 std::pair<double, double> nice_axis(double x) {
@@ -228,16 +223,20 @@ std::string legend(double x, double y,
 // Bars leave ~150 px right of the longest bar for its label.
 constexpr double kW = 960, kLeft = 170, kPlotW = 640;
 
-std::string phase_chart(const json& vs) {
-    std::vector<const json*> rows;
+// Mean ms of a phase column, negative `other` drawn as nothing.
+double bar_ms(const VariantResult& v, int column) {
+    return std::max(0.0, phase_column_stats(v.stats, column).mean);
+}
+
+std::string phase_chart(const std::vector<VariantResult>& vs) {
+    std::vector<const VariantResult*> rows;
     double max_ms = 0;
-    for (const json& v : vs)
-        if (measured(v)) {
+    for (const VariantResult& v : vs)
+        if (v.measured()) {
             rows.push_back(&v);
             double sum = 0;
-            for (const char* p : kPhaseKeys)
-                sum += std::max(0.0, v["stats"]["phases_ms"][p]["mean"].get<double>());
-            max_ms = std::max({max_ms, sum, v["stats"]["step_ms"]["mean"].get<double>()});
+            for (int i = 0; i < kPhaseColumnCount; ++i) sum += bar_ms(v, i);
+            max_ms = std::max({max_ms, sum, v.stats.step_ms.mean});
         }
     if (rows.empty()) return "";
     const auto [amax, tick] = nice_axis(max_ms);
@@ -248,21 +247,20 @@ std::string phase_chart(const json& vs) {
       << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kW << "\" height=\"" << h
       << "\" viewBox=\"0 0 " << kW << " " << h << "\">";
     std::vector<std::pair<std::string, std::string>> leg;
-    for (int i = 0; i < 7; ++i) leg.emplace_back(kPhaseKeys[i], kPhaseColors[i]);
+    for (int i = 0; i < kPhaseColumnCount; ++i)
+        leg.emplace_back(phase_column_name(i), kPhaseColors[i]);
     o << legend(kLeft, 16, leg);
     double y = top;
-    for (const json* v : rows) {
+    for (const VariantResult* v : rows) {
         o << "<text x=\"" << kLeft - 8 << "\" y=\"" << y + bar / 2 + 4
-          << "\" font-size=\"12\" text-anchor=\"end\">" << esc((*v)["name"].get<std::string>())
-          << "</text>";
+          << "\" font-size=\"12\" text-anchor=\"end\">" << esc(v->name) << "</text>";
         double x = kLeft;
-        for (int i = 0; i < 7; ++i) {
-            const double ms =
-                std::max(0.0, (*v)["stats"]["phases_ms"][kPhaseKeys[i]]["mean"].get<double>());
+        for (int i = 0; i < kPhaseColumnCount; ++i) {
+            const double ms = bar_ms(*v, i);
             const double w = kPlotW * ms / amax;
             if (w <= 0) continue;
             o << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << bar
-              << "\" fill=\"" << kPhaseColors[i] << "\"><title>" << kPhaseKeys[i] << ": "
+              << "\" fill=\"" << kPhaseColors[i] << "\"><title>" << phase_column_name(i) << ": "
               << num(ms, 3) << " ms</title></rect>";
             if (w > 34)
                 o << "<text x=\"" << x + w / 2 << "\" y=\"" << y + bar / 2 + 4
@@ -271,20 +269,20 @@ std::string phase_chart(const json& vs) {
             x += w;
         }
         o << "<text x=\"" << x + 4 << "\" y=\"" << y + bar / 2 + 4 << "\" font-size=\"11\">"
-          << num((*v)["stats"]["step_ms"]["mean"].get<double>(), 2) << " ms</text>";
+          << num(v->stats.step_ms.mean, 2) << " ms</text>";
         y += bar + gap;
     }
     o << axis_x(kLeft, y, kPlotW, amax, tick, "ms") << "</svg></figure>\n";
     return o.str();
 }
 
-std::string distribution_chart(const json& vs) {
-    std::vector<const json*> rows;
+std::string distribution_chart(const std::vector<VariantResult>& vs) {
+    std::vector<const VariantResult*> rows;
     double max_ms = 0;
-    for (const json& v : vs)
-        if (measured(v)) {
+    for (const VariantResult& v : vs)
+        if (v.measured()) {
             rows.push_back(&v);
-            max_ms = std::max(max_ms, v["stats"]["step_ms"]["max"].get<double>());
+            max_ms = std::max(max_ms, v.stats.step_ms.max);
         }
     if (rows.empty()) return "";
     const auto [amax, tick] = nice_axis(max_ms);
@@ -297,49 +295,47 @@ std::string distribution_chart(const json& vs) {
       << kW << "\" height=\"" << h << "\" viewBox=\"0 0 " << kW << " " << h << "\">";
     double y = top;
     auto X = [&](double ms) { return kLeft + kPlotW * ms / amax; };
-    for (const json* v : rows) {
-        const json& s = (*v)["stats"]["step_ms"];
+    for (const VariantResult* v : rows) {
+        const SeriesSummary& s = v->stats.step_ms;
         const double cy = y + band / 2;
         o << "<text x=\"" << kLeft - 8 << "\" y=\"" << cy + 4
-          << "\" font-size=\"12\" text-anchor=\"end\">" << esc((*v)["name"].get<std::string>())
-          << "</text>";
-        o << "<line x1=\"" << X(s["p10"].get<double>()) << "\" y1=\"" << cy << "\" x2=\""
-          << X(s["p90"].get<double>()) << "\" y2=\"" << cy << "\" stroke=\"#555\"/>";
-        for (const char* k : {"p10", "p90"})
-            o << "<line x1=\"" << X(s[k].get<double>()) << "\" y1=\"" << cy - 7 << "\" x2=\""
-              << X(s[k].get<double>()) << "\" y2=\"" << cy + 7 << "\" stroke=\"#555\"/>";
-        o << "<rect x=\"" << X(s["q1"].get<double>()) << "\" y=\"" << cy - 11 << "\" width=\""
-          << std::max(1.0, X(s["q3"].get<double>()) - X(s["q1"].get<double>()))
+          << "\" font-size=\"12\" text-anchor=\"end\">" << esc(v->name) << "</text>";
+        o << "<line x1=\"" << X(s.p10) << "\" y1=\"" << cy << "\" x2=\"" << X(s.p90) << "\" y2=\""
+          << cy << "\" stroke=\"#555\"/>";
+        for (double q : {s.p10, s.p90})
+            o << "<line x1=\"" << X(q) << "\" y1=\"" << cy - 7 << "\" x2=\"" << X(q) << "\" y2=\""
+              << cy + 7 << "\" stroke=\"#555\"/>";
+        o << "<rect x=\"" << X(s.q1) << "\" y=\"" << cy - 11 << "\" width=\""
+          << std::max(1.0, X(s.q3) - X(s.q1))
           << "\" height=\"22\" fill=\"#a6c8e6\" stroke=\"#4e79a7\"/>";
-        o << "<line x1=\"" << X(s["median"].get<double>()) << "\" y1=\"" << cy - 11 << "\" x2=\""
-          << X(s["median"].get<double>()) << "\" y2=\"" << cy + 11
-          << "\" stroke=\"#1b3a5c\" stroke-width=\"2\"/>";
+        o << "<line x1=\"" << X(s.median) << "\" y1=\"" << cy - 11 << "\" x2=\"" << X(s.median)
+          << "\" y2=\"" << cy + 11 << "\" stroke=\"#1b3a5c\" stroke-width=\"2\"/>";
         int i = 0;
-        for (const json& st : (*v)["steps"]) {
-            if (st["warmup"].get<bool>()) continue;
+        for (const StepRow& st : v->steps) {
+            if (st.warmup) continue;
             const double jy = cy - 14 + (i++ * 7 % 29);  // deterministic vertical spread
-            o << "<circle cx=\"" << X(st["wall_ms"].get<double>()) << "\" cy=\"" << jy
-              << "\" r=\"2.2\" fill=\"#e15759\" fill-opacity=\"0.7\"><title>step " << st["step"]
-              << ": " << num(st["wall_ms"].get<double>(), 3) << " ms</title></circle>";
+            o << "<circle cx=\"" << X(st.wall_ms) << "\" cy=\"" << jy
+              << "\" r=\"2.2\" fill=\"#e15759\" fill-opacity=\"0.7\"><title>step " << st.step
+              << ": " << num(st.wall_ms, 3) << " ms</title></circle>";
         }
-        o << "<text x=\"" << X(s["max"].get<double>()) + 8 << "\" y=\"" << cy + 4
-          << "\" font-size=\"11\">median " << num(s["median"].get<double>()) << " ms</text>";
+        o << "<text x=\"" << X(s.max) + 8 << "\" y=\"" << cy + 4 << "\" font-size=\"11\">median "
+          << num(s.median) << " ms</text>";
         y += band;
     }
     o << axis_x(kLeft, y + 4, kPlotW, amax, tick, "ms per step") << "</svg></figure>\n";
     return o.str();
 }
 
-std::string loss_chart(const json& vs) {
+std::string loss_chart(const std::vector<VariantResult>& vs) {
     double lo = 1e300, hi = -1e300;
     int max_step = 0, warm = 0;
-    for (const json& v : vs)
-        for (const json& s : v["steps"]) {
-            if (!s["loss"].is_number()) continue;
-            lo = std::min(lo, s["loss"].get<double>());
-            hi = std::max(hi, s["loss"].get<double>());
-            max_step = std::max(max_step, s["step"].get<int>());
-            if (s["warmup"].get<bool>()) warm = std::max(warm, s["step"].get<int>() + 1);
+    for (const VariantResult& v : vs)
+        for (const StepRow& s : v.steps) {
+            if (!s.loss) continue;
+            lo = std::min(lo, *s.loss);
+            hi = std::max(hi, *s.loss);
+            max_step = std::max(max_step, s.step);
+            if (s.warmup) warm = std::max(warm, s.step + 1);
         }
     if (hi < lo) return "";
     if (hi - lo < 1e-6) {
@@ -380,17 +376,15 @@ std::string loss_chart(const json& vs) {
     // Same seed and batches often give identical curves: earlier variants are drawn wider, so a
     // curve hidden under a later one still shows as its border.
     int n_curves = 0;
-    for (const json& v : vs) n_curves += v["steps"].empty() ? 0 : 1;
+    for (const VariantResult& v : vs) n_curves += v.steps.empty() ? 0 : 1;
     int ci = 0, drawn = 0;
-    for (const json& v : vs) {
+    for (const VariantResult& v : vs) {
         const char* color = kLineColors[ci++ % 8];
         std::string pts;
-        for (const json& s : v["steps"])
-            if (s["loss"].is_number())
-                pts += num(X(s["step"].get<int>()), 1) + "," + num(Y(s["loss"].get<double>()), 1) +
-                       " ";
+        for (const StepRow& s : v.steps)
+            if (s.loss) pts += num(X(s.step), 1) + "," + num(Y(*s.loss), 1) + " ";
         if (pts.empty()) continue;
-        leg.emplace_back(v["name"].get<std::string>(), color);
+        leg.emplace_back(v.name, color);
         const double width = std::max(1.6, 1.6 + 2.4 * (n_curves - 1 - drawn++));
         o << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"" << width
           << "\" stroke-linejoin=\"round\" points=\"" << pts << "\"/>";
@@ -399,17 +393,15 @@ std::string loss_chart(const json& vs) {
     return o.str();
 }
 
-std::string memory_chart(const json& vs) {
-    std::vector<const json*> rows;
+std::string memory_chart(const std::vector<VariantResult>& vs) {
+    std::vector<const VariantResult*> rows;
     double max_b = 0;
-    for (const json& v : vs)
-        if (v["status"] != "skipped") {
+    for (const VariantResult& v : vs)
+        if (v.status != RunStatus::skipped) {
             rows.push_back(&v);
             double sum = 0;
-            for (int c = 0; c < kMemoryCategoryCount; ++c)
-                sum += v["memory"]["tracked_peak"][to_string(static_cast<MemoryCategory>(c))]
-                           .get<double>();
-            max_b = std::max({max_b, sum, v["memory"]["estimate"]["total"].get<double>()});
+            for (size_t bytes : v.memory.tracked_peak) sum += static_cast<double>(bytes);
+            max_b = std::max({max_b, sum, static_cast<double>(v.memory.estimate_total)});
         }
     if (rows.empty()) return "";
     const auto [amax, tick] = nice_axis(to_mib(max_b));
@@ -424,14 +416,13 @@ std::string memory_chart(const json& vs) {
         leg.emplace_back(to_string(static_cast<MemoryCategory>(c)), kCatColors[c]);
     o << legend(kLeft, 16, leg);
     double y = top;
-    for (const json* v : rows) {
+    for (const VariantResult* v : rows) {
         o << "<text x=\"" << kLeft - 8 << "\" y=\"" << y + bar / 2 + 4
-          << "\" font-size=\"12\" text-anchor=\"end\">" << esc((*v)["name"].get<std::string>())
-          << "</text>";
+          << "\" font-size=\"12\" text-anchor=\"end\">" << esc(v->name) << "</text>";
         double x = kLeft, total = 0;
         for (int c = 0; c < kMemoryCategoryCount; ++c) {
             const std::string cat = to_string(static_cast<MemoryCategory>(c));
-            const double m = to_mib((*v)["memory"]["tracked_peak"][cat].get<double>());
+            const double m = to_mib(static_cast<double>(v->memory.tracked_peak[c]));
             total += m;
             const double w = kPlotW * m / amax;
             if (w <= 0) continue;
@@ -440,7 +431,7 @@ std::string memory_chart(const json& vs) {
               << " MiB</title></rect>";
             x += w;
         }
-        const double est = to_mib((*v)["memory"]["estimate"]["total"].get<double>());
+        const double est = to_mib(static_cast<double>(v->memory.estimate_total));
         const double ex = kLeft + kPlotW * est / amax;
         o << "<line x1=\"" << ex << "\" y1=\"" << y - 3 << "\" x2=\"" << ex << "\" y2=\""
           << y + bar + 3 << "\" stroke=\"#000\" stroke-width=\"2\"><title>estimate " << num(est, 2)
@@ -473,14 +464,14 @@ li{margin:2px 0}
 
 }  // namespace
 
-std::string render_report_html(const json& results) {
-    const json& vs = results["variants"];
+std::string render_report_html(const Results& results) {
+    const std::vector<VariantResult>& vs = results.variants;
     const std::string charts = "<h2>Charts</h2>\n" + phase_chart(vs) + distribution_chart(vs) +
                                loss_chart(vs) + memory_chart(vs);
     std::ostringstream o;
     o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>"
-      << esc(results["experiment"]["name"].get<std::string>())
-      << " — microtrain report</title>\n<style>" << kStyle << "</style></head><body>\n"
+      << esc(results.experiment.name) << " — microtrain report</title>\n<style>" << kStyle
+      << "</style></head><body>\n"
       << md_to_html(render_report_md(results), charts) << "</body></html>\n";
     return o.str();
 }

@@ -1,6 +1,7 @@
-// Report writers and the comparison, on hand-built results (no training): results.json fields,
-// steps.csv consistency, trace.json structure, report.md table and delta signs, verdicts,
-// compare on two results files, error messages for bad files, atomic writes.
+// Report writers and the comparison, on hand-built results (no training): results.json fields
+// and its typed schema (round trip, key-path errors, the stored comparison), steps.csv
+// consistency, trace.json structure, report.md table and delta signs, verdicts, compare on two
+// results files, error messages for bad files, atomic writes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -285,7 +286,7 @@ TEST(Comparison, SmallDeltaInsideTheSpreadIsWithinNoise) {
 }
 
 TEST(ReportMd, HasTheTableDeltasWithSignsAndTheAnswers) {
-    const std::string md = render_report_md(results_to_json(make_experiment()));
+    const std::string md = render_report_md(to_results(make_experiment()));
     for (const char* s :
          {"| Variant | Changed | Step ms (median) | p90 ms | Samples/s | Tokens/s | MFU |",
           "## Answers", "Where is the step slow?", "Where does memory peak?",
@@ -309,8 +310,7 @@ TEST(Suggestions, FollowTheDominantPhase) {
     }
     r.config.optim.impl = AdamWImpl::unfused;
     ex.runs.push_back(r);
-    const json v = results_to_json(ex)["variants"][0];
-    const auto sug = suggestions_for(v);
+    const auto sug = suggestions_for(to_results(ex).variants[0]);
     std::string all;
     for (const auto& s : sug) all += s + "\n";
     EXPECT_NE(all.find("data-bound"), std::string::npos) << all;
@@ -319,7 +319,7 @@ TEST(Suggestions, FollowTheDominantPhase) {
 }
 
 TEST(ReportHtml, IsSelfContainedWithCharts) {
-    const std::string html = render_report_html(results_to_json(make_experiment()));
+    const std::string html = render_report_html(to_results(make_experiment()));
     EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
     size_t svgs = 0;
     for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
@@ -374,8 +374,8 @@ TEST(Compare, TwoResultsFilesGiveTheSameTable) {
     b.runs.push_back(tuned);
     const std::string ra = write_run_folder(a, (dir / "a").string());
     const std::string rb = write_run_folder(b, (dir / "b").string());
-    const json ja = load_results(ra + "/results.json");
-    const json jb = load_results(rb + "/results.json");
+    const Results ja = read_results(ra + "/results.json");
+    const Results jb = read_results(rb + "/results.json");
     const Comparison c = compare_results(ja, "A", jb, "B");
     ASSERT_EQ(c.rows.size(), 2u);
     EXPECT_EQ(c.rows[0].name, "A:baseline");
@@ -407,13 +407,180 @@ TEST(LoadResults, BadFilesGiveClearErrors) {
     expect_error((dir / "garbage.json").string(), "not valid JSON");
     { std::ofstream(dir / "other.json") << R"({"hello": 1})"; }
     expect_error((dir / "other.json").string(), "not a microtrain results.json");
-    { std::ofstream(dir / "v2.json") << R"({"schema_version": 2, "variants": []})"; }
-    expect_error((dir / "v2.json").string(), "schema_version 2");
+    { std::ofstream(dir / "v1.json") << R"({"schema_version": 1, "variants": []})"; }
+    expect_error((dir / "v1.json").string(),
+                 "has schema_version 1, this microtrain reads schema_version 2");
     json j = results_to_json(make_experiment());
     j["variants"][1].erase("stats");
     { std::ofstream(dir / "nostats.json") << j.dump(); }
     expect_error((dir / "nostats.json").string(), "variants[1]: missing key 'stats'");
     fs::remove_all(dir);
+}
+
+// ---- the typed schema --------------------------------------------------------------------------
+
+// make_experiment plus a variant whose time delta is within noise and whose loss is within
+// tolerance, and a non-finite loss (written as null).
+ExperimentResult make_experiment_with_noise() {
+    ExperimentResult ex = make_experiment();
+    ex.runs.push_back(make_run("same", {10.02, 10.08, 9.92, 10.01, 10.04}, 5.01, 100 << 20,
+                               {{"data.workers", "2"}}));
+    ex.runs[3].steps.back().grad_norm = std::nan("");
+    return ex;
+}
+
+TEST(ResultsSchema, ResultsJsonRoundTripsThroughTheSchema) {
+    const ExperimentResult ex = make_experiment_with_noise();
+    const Results typed = to_results(ex);
+    const json written = json::parse(results_to_json(typed).dump());  // as the file holds it
+    const Results read = results_from_json(written, "results.json");
+    const json rewritten = json::parse(results_to_json(read).dump());
+    EXPECT_EQ(written, rewritten);
+    EXPECT_EQ(written.dump(2), rewritten.dump(2));
+    EXPECT_TRUE(written["variants"][3]["steps"].back()["grad_norm"].is_null());
+    EXPECT_FALSE(read.variants[3].steps.back().grad_norm.has_value());
+    // Everything the reports need came back: the same report from the file as from the run.
+    EXPECT_EQ(render_report_md(read), render_report_md(typed));
+    EXPECT_EQ(render_report_html(read), render_report_html(typed));
+}
+
+TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
+    const json j = results_to_json(make_experiment());
+    EXPECT_EQ(j["schema_version"], 2);
+    for (const char* key : {"tool", "experiment", "started_utc", "interrupted", "environment",
+                            "units", "variants", "comparison"})
+        EXPECT_TRUE(j.contains(key)) << key;
+    const json& v = j["variants"][0];
+    for (const char* key :
+         {"name",           "status",      "message", "failed_step",  "failed_phase",
+          "backend",        "device_name", "threads", "config",       "changed",
+          "knobs_changed",  "model",       "batch",   "warmup_steps", "measure_steps",
+          "measured_steps", "setup_ms",    "stats",   "flops",        "roofline",
+          "loss",           "memory",      "kernels", "profiled",     "steps"})
+        EXPECT_TRUE(v.contains(key)) << key;
+    EXPECT_EQ(v.size(), 25u);  // nothing else: the comparison lives in its own block
+    EXPECT_EQ(v["memory"]["phases"].size(), 1u);  // only the phases that ran
+    EXPECT_TRUE(v["memory"]["phases"].contains("forward"));
+    EXPECT_EQ(v["stats"]["phases_ms"].size(), static_cast<size_t>(kPhaseCount + 1));
+    EXPECT_EQ(j["comparison"]["baseline"], "baseline");
+    EXPECT_EQ(j["comparison"]["variants"].size(), j["variants"].size());
+}
+
+// The rows of report.md's comparison table, by variant name: the cells after the name.
+std::map<std::string, std::vector<std::string>> comparison_table(const std::string& md) {
+    std::map<std::string, std::vector<std::string>> rows;
+    std::istringstream in(md.substr(md.find("## Comparison")));
+    std::string line;
+    std::getline(in, line);  // heading
+    std::getline(in, line);  // blank
+    std::getline(in, line);  // header row
+    std::getline(in, line);  // |---|
+    while (std::getline(in, line) && !line.empty()) {
+        std::vector<std::string> cells;
+        size_t start = 2;  // after "| "
+        for (size_t p; (p = line.find(" | ", start)) != std::string::npos; start = p + 3)
+            cells.push_back(line.substr(start, p - start));
+        cells.push_back(line.substr(start, line.size() - start - 2));  // before " |"
+        std::string name = cells[0].substr(0, cells[0].find(" ("));
+        rows[name] = cells;
+    }
+    return rows;
+}
+
+TEST(ResultsSchema, StoredComparisonEqualsTheVerdictsOfReportMd) {
+    const Results res = to_results(make_experiment_with_noise());
+    const json j = results_to_json(res);
+    const auto table = comparison_table(render_report_md(res));
+    ASSERT_EQ(table.size(), res.variants.size());
+    bool saw_noise = false, saw_loss_out = false;
+    for (const json& c : j["comparison"]["variants"]) {
+        const std::string name = c["variant"].get<std::string>();
+        ASSERT_TRUE(table.count(name)) << name;
+        const std::vector<std::string>& cells = table.at(name);
+        ASSERT_EQ(cells.size(), 15u) << name;
+        const std::string& dtime = cells[11];
+        EXPECT_EQ(cells[14], c["verdict"].get<std::string>()) << name;
+        EXPECT_EQ(c["verdict"].get<std::string>().rfind(c["decision"].get<std::string>(), 0), 0u)
+            << name;
+        EXPECT_EQ(dtime.find(", within noise") != std::string::npos, c["within_noise"].get<bool>())
+            << name;
+        const json& loss_ok = c["loss_within_tolerance"];
+        const bool has_delta = !c["is_baseline"].get<bool>() && c["delta_time_ms"].is_number();
+        EXPECT_EQ(cells[13], !has_delta          ? "–"
+                             : loss_ok.is_null() ? "n/a"
+                                                 : (loss_ok.get<bool>() ? "yes" : "no"))
+            << name;
+        if (c["is_baseline"].get<bool>()) {
+            EXPECT_EQ(dtime, "0 (1.00x)");
+        } else if (c["delta_time_ms"].is_number()) {
+            char want[64];
+            std::snprintf(want, sizeof want, "%+.2f (%.2fx", c["delta_time_ms"].get<double>(),
+                          c["speedup"].get<double>());
+            EXPECT_EQ(dtime.rfind(want, 0), 0u) << name << ": " << dtime << " vs " << want;
+            EXPECT_TRUE(c["delta_memory_bytes"].is_number()) << name;
+        } else {
+            EXPECT_EQ(dtime, "–") << name;
+        }
+        saw_noise |= c["within_noise"].get<bool>() && loss_ok == true;
+        saw_loss_out |= loss_ok == false;
+    }
+    EXPECT_TRUE(saw_noise);     // "same": within noise, loss within tolerance
+    EXPECT_TRUE(saw_loss_out);  // "lossy": loss out of tolerance
+    const json& same = j["comparison"]["variants"][6];
+    EXPECT_EQ(same["variant"], "same");
+    EXPECT_EQ(same["decision"], "reject");
+    EXPECT_EQ(j["comparison"]["variants"][5]["decision"], "not run");  // gpu-only, skipped
+}
+
+TEST(ResultsSchema, ReadingNamesTheKeyPathOfAMissingOrMistypedKey) {
+    const json good = json::parse(results_to_json(make_experiment()).dump());
+    auto error_of = [](const json& j) {
+        try {
+            results_from_json(j, "results.json");
+        } catch (const ReportError& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    json wrong_type = good;
+    wrong_type["variants"][2]["stats"]["step_ms"]["median"] = "fast";
+    EXPECT_EQ(error_of(wrong_type)
+                  .rfind("results.json: variants[2].stats.step_ms.median: "
+                         "expected a number, got \"fast\"",
+                         0),
+              0u)
+        << error_of(wrong_type);
+    json missing = good;
+    missing["variants"][0]["memory"]["device"].erase("kind");
+    EXPECT_EQ(error_of(missing), "results.json: variants[0].memory.device: missing key 'kind'");
+    json bad_enum = good;
+    bad_enum["variants"][1]["status"] = "fine";
+    EXPECT_NE(error_of(bad_enum).find("variants[1].status: expected one of ok, failed, "
+                                      "interrupted, skipped"),
+              std::string::npos)
+        << error_of(bad_enum);
+    json bad_step = good;
+    bad_step["variants"][0]["steps"][3]["warmup"] = 0;
+    EXPECT_NE(error_of(bad_step).find("variants[0].steps[3].warmup: expected true or false"),
+              std::string::npos)
+        << error_of(bad_step);
+    json no_comparison = good;
+    no_comparison.erase("comparison");
+    EXPECT_EQ(error_of(no_comparison), "results.json: (top level): missing key 'comparison'");
+}
+
+TEST(ResultsSchema, VersionOneIsRefusedNamingBothVersions) {
+    json v1 = json::parse(results_to_json(make_experiment()).dump());
+    v1["schema_version"] = 1;
+    v1.erase("comparison");
+    try {
+        results_from_json(v1, "old/results.json");
+        FAIL() << "a schema_version 1 file was read";
+    } catch (const ReportError& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "'old/results.json' has schema_version 1, this microtrain reads schema_version "
+                  "2; re-run the experiment with this version");
+    }
 }
 
 }  // namespace
