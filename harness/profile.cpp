@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "harness/report.h"
 #include "harness/peak_flops.h"
+#include "harness/report.h"
 
 namespace mt {
 namespace {
@@ -239,18 +239,6 @@ MachinePeaks measure_peaks(Backend& backend, bool force) {
         p.flops_source += std::string(" (not cached: ") + e.what() + ")";
     }
     return p;
-}
-
-const char* to_string(Bound b) {
-    switch (b) {
-        case Bound::compute:
-            return "compute";
-        case Bound::memory:
-            return "memory";
-        case Bound::unknown:
-            return "unknown";
-    }
-    return "?";
 }
 
 Bound roofline_bound(double flops_per_byte, const MachinePeaks& peaks) {

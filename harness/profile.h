@@ -58,7 +58,10 @@ MachinePeaks measure_peaks(Backend& backend, bool force = false);
 
 // Roofline verdict for an op of arithmetic intensity `flops_per_byte`.
 enum class Bound { compute, memory, unknown };
-const char* to_string(Bound b);
+template <>
+struct EnumSpelling<Bound> {
+    static constexpr std::array<std::string_view, 3> names{"compute", "memory", "unknown"};
+};
 Bound roofline_bound(double flops_per_byte, const MachinePeaks& peaks);
 // Attainable FLOP/s at that intensity: min(peak, intensity * bandwidth).
 double roofline_attainable(double flops_per_byte, const MachinePeaks& peaks);
