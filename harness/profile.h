@@ -22,6 +22,7 @@
 // (peak FLOP/s / bandwidth): intensity below the ridge = memory-bound.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,6 +31,7 @@
 
 #include "harness/timing.h"
 #include "kernels/backend.h"
+#include "model/gpt.h"
 
 namespace mt {
 
@@ -53,8 +55,29 @@ std::string peak_flops_source(const std::string& device_name, Precision precisio
 std::string peaks_cache_dir();
 
 // Returns the peaks of `backend`'s device: from the cache when present (CPU), else measured
-// now (a fraction of a second on CPU) and, on CPU, written to the cache. `force` re-measures.
+// now (a fraction of a second on CPU) and, on CPU, written to the cache. `force` re-measures
+// (and still returns the cache's figure when that is better).
 MachinePeaks measure_peaks(Backend& backend, bool force = false);
+// Measures the peaks now and returns this measurement, whatever the cache holds; on CPU it also
+// goes into the cache when it beats the cached figure. For a benchmark that reports the probes
+// of its own process (bench/cpu_step).
+MachinePeaks probe_peaks_now(Backend& backend);
+
+// The probes themselves, each timed with backend events: one untimed warm-up run, then the best
+// of at least 5 and up to 40 runs or ~1 s of them. *reps = the runs timed.
+// GEMM: out (M,N) = a (M,K) @ w (N,K)^T through matmul_forward on zeros; 2 M K N flops per run.
+double probe_gemm_flops_per_s(Backend& backend, int M, int K, int N, int* reps);
+// Copy: `bytes` copied (CPU: split over all OpenMP threads; CUDA: copy_device); counts
+// bytes read + written (2 x bytes per copy), the convention of kernels/op_costs.h.
+double probe_copy_bytes_per_s(Backend& backend, size_t bytes, int* reps);
+// The sizes measure_peaks probes on a backend kind: the GEMM's n (n^3) and the copy's bytes.
+int peak_probe_gemm_n(BackendKind kind);
+size_t peak_probe_copy_bytes(BackendKind kind);
+// Size of the last-level (L3) cache in bytes from sysfs; 0 when the kernel does not say.
+size_t last_level_cache_bytes();
+// The CPU model in a CPU backend's device name ("CPU: AMD EPYC (2 threads, eigen GEMM)" ->
+// "AMD EPYC"); "unknown" for any other name.
+std::string cpu_model_of(const std::string& device_name);
 
 // Roofline verdict for an op of arithmetic intensity `flops_per_byte`.
 enum class Bound { compute, memory, unknown };
@@ -79,7 +102,35 @@ struct KernelStat {
     double gb_per_s() const { return total_ms > 0 ? bytes / (total_ms * 1e-3) / 1e9 : 0; }
     double intensity() const { return bytes > 0 ? flops / bytes : 0; }
     Bound bound = Bound::unknown;
+    // Judged against the in-cache bandwidth: its bytes per call fit in the cache (only when a
+    // CacheBandwidth was given to KernelProfiler::table).
+    bool in_cache = false;
     double pct_of_roofline = 0;  // achieved / attainable at this intensity, percent
+};
+
+// A second, in-cache bandwidth roof: an op whose analytic bytes per call fit in `cache_bytes`
+// streams (mostly) from cache (its inputs were just written by the op before), so its memory
+// roof is `bytes_per_s` (a copy probe of a fraction of the cache) instead of DRAM's.
+struct CacheBandwidth {
+    size_t cache_bytes = 0;
+    double bytes_per_s = 0;  // 0: no in-cache roof
+};
+
+// Labels each matmul op by the GPT layer whose shape produced its analytic cost, so a profile
+// can tell the LM head from the MLP: "matmul_forward fc (N1024 256->1024)". Layers of identical
+// shape share a label ("fc+lm_head"). Other ops keep their name.
+class MatmulLayerLabels {
+  public:
+    MatmulLayerLabels(const GPTConfig& cfg, int B, int T);
+    std::string operator()(const OpRecord& op) const;
+
+  private:
+    struct Entry {
+        std::string op;
+        double flops;
+        std::string label;
+    };
+    std::vector<Entry> entries_;
 };
 
 // One timed op of a step, for the trace (offset from the step-start event, ms).
@@ -100,10 +151,16 @@ class KernelProfiler final : public OpObserver {
     // `step_start` (the PhaseTimer's step-start event, same clock as the op events).
     void finish_step(bool accumulate, const TimingEvent& step_start);
     const std::vector<OpInterval>& last_step_ops() const { return last_ops_; }
+    // Aggregate ops under `label(op)` instead of their name (e.g. MatmulLayerLabels).
+    void set_op_labels(std::function<std::string(const OpRecord&)> label) {
+        label_ = std::move(label);
+    }
     // Aggregated table sorted by total time, with % of step (of `mean_step_ms` over
-    // `measured_steps` steps) and the roofline verdict filled in.
+    // `measured_steps` steps) and the roofline verdict filled in (with `cache`: ops whose bytes
+    // per call fit in the cache are judged against its bandwidth).
     std::vector<KernelStat> table(double mean_step_ms, int measured_steps,
-                                  const MachinePeaks& peaks) const;
+                                  const MachinePeaks& peaks,
+                                  const CacheBandwidth& cache = {}) const;
 
   private:
     struct Pending {
@@ -118,6 +175,7 @@ class KernelProfiler final : public OpObserver {
     size_t used_ = 0;
     std::vector<Pending> pending_;
     std::vector<size_t> open_;  // stack of indices into pending_ (ops may nest)
+    std::function<std::string(const OpRecord&)> label_;
     std::map<std::string, KernelStat> agg_;
     std::vector<OpInterval> last_ops_;
 };

@@ -80,7 +80,9 @@ class TrainingSession {
     GPT& model() { return model_; }
     const AdamW& optimizer() const { return optim_; }
     const PhaseTimer& timer() const { return timer_; }
+    // The per-op profiler (null unless cfg.profile.kernels).
     const KernelProfiler* profiler() const { return profiler_.get(); }
+    KernelProfiler* profiler() { return profiler_.get(); }
     size_t n_params() const { return model_.parameter_table().total_count(); }
     // Analytic model FLOPs of one step: forward + backward over all grad_accum micro-steps.
     double flops_per_step() const;
