@@ -19,7 +19,13 @@
 // backend TimingEvent at each op begin/end (cudaEvents on CUDA, steady_clock on CPU), reads them
 // after the step's final sync, and aggregates by op name: calls, total ms, GFLOP/s, GB/s,
 // arithmetic intensity (flops / bytes) and the verdict against the ridge point
-// (peak FLOP/s / bandwidth): intensity below the ridge = memory-bound.
+// (peak FLOP/s / bandwidth): intensity below the ridge = memory-bound. Two optional refinements,
+// used by bench/cpu_step: ops aggregated under a label instead of their name (MatmulLayerLabels
+// tells the LM head's matmul from the MLP's), and a second, in-cache bandwidth roof for ops
+// whose bytes per call fit in the last-level cache (CacheBandwidth).
+//
+// The single probes (one GEMM shape, one copy size) are public, so a benchmark can add shapes
+// (the LM head's GEMM, an in-cache copy) measured exactly like the peaks.
 #pragma once
 
 #include <functional>
