@@ -207,5 +207,12 @@ TEST(RepeatedBatch, RejectsTokensThatAreNotBTimesT) {
     EXPECT_THROW(RepeatedBatch(2, 3, {1, 2, 3}, {1, 2, 3}), DataError);
 }
 
+TEST(CpuModelOf, StripsThePrefixAndTheBackendsSuffixButKeepsTheModelsOwnParentheses) {
+    EXPECT_EQ(cpu_model_of("CPU: AMD EPYC (2 threads, eigen GEMM)"), "AMD EPYC");
+    EXPECT_EQ(cpu_model_of("CPU: Intel(R) Xeon(R) Gold 6338 (1 thread, packed GEMM)"),
+              "Intel(R) Xeon(R) Gold 6338");
+    EXPECT_EQ(cpu_model_of("NVIDIA H200"), "unknown");
+}
+
 }  // namespace
 }  // namespace mt
