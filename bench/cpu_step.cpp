@@ -5,81 +5,79 @@
 //   cpu_step --preset gpt2-mini -B 4 -T 256 --threads 2 --warmup 2 --steps 5 [--json out.json]
 //            [--probe] [--profile]
 //
-// One step = zero_grad + forward (to the loss, read back) + backward + optimizer (global-norm
-// clip + fused AdamW), timed with std::chrono::steady_clock between the calls (CPU ops are
-// synchronous, so a clock read after a call is when its work is done). Phases:
-//   forward   = model.forward(...) + model.loss()
-//   backward  = model.zero_grad() + model.backward()     (PyTorch: zero_grad + loss.backward())
-//   optimizer = AdamW::step()                            (PyTorch: clip_grad_norm_ + opt.step())
-// step = their sum measured end to end (one clock read per boundary, nothing in between).
+// One step is harness/training.h's TrainingSession step — the same code `microtrain run` times —
+// on one repeated synthetic batch (B*T+1 uniform tokens from the seed, targets shifted by one),
+// with global-norm clipping and fused AdamW. Its phases are timed by the harness's PhaseTimer
+// (steady_clock on the CPU backend; CPU ops are synchronous, so a clock read after a call is when
+// its work is done). The JSON's phases:
+//   forward   = the forward phase (model.forward, to the per-token losses and their mean)
+//   backward  = the backward phase: zero_grad + backward   (PyTorch: zero_grad + loss.backward())
+//   optimizer = the optimizer + sync phases: AdamW::step, then the loss and grad-norm read-back
+//               and synchronize                       (PyTorch: clip_grad_norm_ + opt.step())
+// step = the step's wall time end to end (it also holds the data and h2d phases: handing out the
+// batch and copying its B*T ids, microseconds).
 //
 // Model FLOPs per step are GPT::training_flops_per_step (6 N_matmul_params B T + 12 L C T B T, the
 // nanoGPT/PaLM count); achieved GFLOP/s = that / median step time. The same formula is evaluated
 // independently by the PyTorch script, so both sides are divided by the same work.
 //
-// --probe measures, in this process, after the steps and with the same thread count:
+// --probe measures, in this process, after the steps and with the same thread count, with the
+// harness's probes (harness/profile.h; the same ones `microtrain run` uses for MFU and its
+// roofline, and this measurement goes into their cache when it beats the cached figure):
 //   sgemm: the backend's own matmul_forward (kernels/cpu/gemm.h — the packed AVX-512 GEMM, or
-//          Eigen's where that is not compiled — with mt_core's flags, exactly the GEMM the model
-//          runs) on 1024x1024x1024 and on the model's largest GEMM (the LM head,
-//          (B*T, C) x (C, Vp)), median of 5 reps after 1 warm-up. 2 M K N flops per rep. The
-//          roofline's compute peak is the faster of the two (the best GEMM rate seen here).
-//   copy:  a 256 MiB memcpy split across the threads (each copies its contiguous slice),
-//          median of 5; bandwidth counts bytes read + written (2 x 256 MiB), the same convention
-//          as the analytic bytes in kernels/op_costs.h.
+//          Eigen's where that is not compiled — exactly the GEMM the model runs) on
+//          1024x1024x1024 and on the model's largest GEMM (the LM head, (B*T, C) x (C, Vp)),
+//          best of at least 5 runs after 1 warm-up. 2 M K N flops per run. The roofline's
+//          compute peak is the faster of the two (the best GEMM rate seen here).
+//   copy:  a 64 MiB memcpy split across the threads (each copies its contiguous slice), best of
+//          the same; bandwidth counts bytes read + written (2 x 64 MiB), the same convention as
+//          the analytic bytes in the op table (kernels/ops.h).
 // Peak RSS (getrusage ru_maxrss) is read before the probes, so their buffers never count.
 //
-// --profile (implies --probe) attaches an OpObserver to the model: each op the model scopes
-// (kernels/op_costs.h gives its analytic flops and bytes) is timed with steady_clock over the
-// measured steps and aggregated per op and, for matmuls, per layer shape. The table gives
-// ms/step, % of step, GFLOP/s, GB/s, the arithmetic intensity and the roofline verdict against
-// the probes: ridge = sgemm probe FLOP/s / copy GB/s; an op below the ridge is memory-bound and
-// its attainable rate is intensity x bandwidth, above it compute-bound (attainable = sgemm
+// --profile (implies --probe) attaches the harness's KernelProfiler to the model: each op the
+// model scopes (the op table (kernels/ops.h) gives its analytic flops and bytes) is timed over the measured
+// steps and aggregated per op and, for matmuls, per layer shape (MatmulLayerLabels). The table
+// gives ms/step, % of step, GFLOP/s, GB/s, the arithmetic intensity and the roofline verdict
+// against the probes: ridge = sgemm probe FLOP/s / copy GB/s; an op below the ridge is memory-bound
+// and its attainable rate is intensity x bandwidth, above it compute-bound (attainable = sgemm
 // probe). "% roof" = achieved / attainable. Two bandwidths are measured: DRAM (256 MiB copy)
 // and in-cache (a copy of a quarter of the L3 size, from sysfs); an op whose analytic bytes per
 // call fit in the L3 is judged against the in-cache rate (mem-LLC), otherwise DRAM (mem-DRAM). Time
 // not inside any op (memsets of gradient scratch, the clip-scale scalar, loss read-back) is listed
 // as "(outside ops)".
-#include <omp.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "harness/profile.h"
+#include "harness/training.h"
 #include "io/atomic_file.h"
-#include "kernels/backend.h"
 #include "kernels/cpu/gemm.h"
-#include "kernels/ops.h"
-#include "model/gpt.h"
-#include "optim/adamw.h"
+#include "kernels/enum_names.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
-
-double ms_between(Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 double median(std::vector<double> v) {
     if (v.empty()) throw std::invalid_argument("median of an empty series");
     std::sort(v.begin(), v.end());
     const size_t n = v.size();
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double mean(const std::vector<double>& v) {
+    double t = 0;
+    for (double x : v) t += x;
+    return t / static_cast<double>(v.size());
 }
 
 json series_json(const std::vector<double>& v) {
@@ -96,207 +94,6 @@ double peak_rss_mib() {
     return static_cast<double>(ru.ru_maxrss) / 1024.0;
 }
 
-std::string cpu_model() {
-    std::ifstream f("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(f, line))
-        if (line.rfind("model name", 0) == 0) {
-            auto s = line.substr(line.find(':') + 1);
-            return s.substr(std::min(s.size(), s.find_first_not_of(" \t")));
-        }
-    return "unknown";
-}
-
-// ---- probes -----------------------------------------------------------------------------------
-
-struct GemmProbe {
-    int M = 0, K = 0, N = 0;
-    double gflops = 0;  // median over reps
-};
-
-// out (M,N) = a (M,K) b(N,K)^T through the backend's matmul_forward (no bias): the GEMM the
-// model runs, with mt_core's compile flags. Operands are filled with small values (not zeros, so
-// no denormal or zero shortcut can flatter the number).
-GemmProbe probe_gemm(mt::Backend& be, int M, int K, int N, int reps) {
-    using mt::MemoryCategory;
-    mt::DeviceBuffer a(be, sizeof(float) * size_t(M) * K, MemoryCategory::workspace);
-    mt::DeviceBuffer b(be, sizeof(float) * size_t(N) * K, MemoryCategory::workspace);
-    mt::DeviceBuffer c(be, sizeof(float) * size_t(M) * N, MemoryCategory::workspace);
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> u(-1.f, 1.f);
-    for (size_t i = 0; i < size_t(M) * K; ++i) a.as<float>()[i] = u(rng);
-    for (size_t i = 0; i < size_t(N) * K; ++i) b.as<float>()[i] = u(rng);
-    std::vector<double> ms;
-    for (int r = 0; r < reps + 1; ++r) {
-        const auto t0 = Clock::now();
-        be.run(mt::op::MatmulForward{.out = c.get(),
-                                     .inp = a.get(),
-                                     .weight = b.get(),
-                                     .bias = nullptr,
-                                     .N = M,
-                                     .C = K,
-                                     .OC = N});
-        const auto t1 = Clock::now();
-        if (r > 0) ms.push_back(ms_between(t0, t1));  // rep 0 warms caches and the pack buffers
-    }
-    if (!std::isfinite(c.as<float>()[0]))
-        throw std::runtime_error("sgemm probe produced a non-finite value");
-    return {M, K, N, 2.0 * M * K * N / (median(ms) * 1e-3) / 1e9};
-}
-
-// Copy bandwidth: `bytes` memcpy'd `inner` times per timed rep, each of the OpenMP threads
-// copying one contiguous slice. Returns GB/s counting read + write (2 x bytes per copy).
-double probe_copy_gbps(size_t bytes, int reps, int inner) {
-    std::vector<char> src(bytes), dst(bytes);
-    std::memset(src.data(), 1, bytes);  // touch every page before timing
-    std::memset(dst.data(), 2, bytes);
-    std::vector<double> ms;
-    for (int r = 0; r < reps + 1; ++r) {
-        const auto t0 = Clock::now();
-        for (int i = 0; i < inner; ++i)
-#pragma omp parallel
-        {
-            const size_t nt = static_cast<size_t>(omp_get_num_threads());
-            const size_t id = static_cast<size_t>(omp_get_thread_num());
-            const size_t chunk = (bytes + nt - 1) / nt;
-            const size_t lo = std::min(bytes, id * chunk), hi = std::min(bytes, lo + chunk);
-            std::memcpy(dst.data() + lo, src.data() + lo, hi - lo);
-        }
-        const auto t1 = Clock::now();
-        if (r > 0) ms.push_back(ms_between(t0, t1));
-    }
-    if (dst[bytes / 2] != 1) throw std::runtime_error("copy probe: the copy did not happen");
-    return 2.0 * static_cast<double>(bytes) * inner / (median(ms) * 1e-3) / 1e9;
-}
-
-// Size of the last-level (L3) cache in bytes from sysfs; 0 when the kernel does not say.
-size_t llc_bytes() {
-    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index3/size");
-    std::string s;
-    if (!(f >> s) || s.empty()) return 0;
-    size_t mult = 1;
-    if (s.back() == 'K') mult = size_t(1) << 10;
-    if (s.back() == 'M') mult = size_t(1) << 20;
-    try {
-        return static_cast<size_t>(std::stoull(s)) * mult;
-    } catch (const std::exception&) {
-        return 0;
-    }
-}
-
-// ---- per-op profile ---------------------------------------------------------------------------
-
-// Names each matmul call by the layer whose shape produced its analytic cost, so the table can
-// tell the LM head from the MLP: "matmul_forward fc (1024x256 -> 1024)".
-class ShapeNamer {
-  public:
-    ShapeNamer(const mt::GPTConfig& cfg, int B, int T) {
-        const long long N = static_cast<long long>(B) * T, C = cfg.n_embd;
-        const long long Vp = cfg.padded_vocab_size();
-        const struct {
-            const char* layer;
-            long long in, out;
-        } layers[] = {{"qkv", C, 3 * C},
-                      {"attn_proj", C, C},
-                      {"fc", C, 4 * C},
-                      {"fc_proj", 4 * C, C},
-                      {"lm_head", C, Vp}};
-        for (const auto& l : layers) {
-            // Layers of identical shape (tiny: lm_head C->Vp=256 is fc's C->4C) share one row.
-            std::string layer;
-            for (const auto& o : layers)
-                if (o.in == l.in && o.out == l.out)
-                    layer += (layer.empty() ? "" : "+") + std::string(o.layer);
-            const std::string shape = " " + layer + " (N" + std::to_string(N) + " " +
-                                      std::to_string(l.in) + "->" + std::to_string(l.out) + ")";
-            names_.push_back({"matmul_forward",
-                              mt::op::MatmulForward{.N = static_cast<int>(N),
-                                                    .C = static_cast<int>(l.in),
-                                                    .OC = static_cast<int>(l.out)}
-                                  .record(4)
-                                  .flops,
-                              "matmul_forward" + shape});
-            names_.push_back({"matmul_gelu_forward",
-                              mt::op::MatmulForward{.N = static_cast<int>(N),
-                                                    .C = static_cast<int>(l.in),
-                                                    .OC = static_cast<int>(l.out)}
-                                  .record(4)
-                                  .flops,
-                              "matmul_gelu_forward" + shape});
-            names_.push_back({"matmul_backward",
-                              mt::op::MatmulBackward{.N = static_cast<int>(N),
-                                                     .C = static_cast<int>(l.in),
-                                                     .OC = static_cast<int>(l.out)}
-                                  .record(4)
-                                  .flops,
-                              "matmul_backward" + shape});
-        }
-    }
-    std::string name(const mt::OpRecord& op) const {
-        for (const auto& n : names_)
-            if (op.name == n.op && std::abs(op.flops - n.flops) <= 1e-9 * n.flops) return n.label;
-        return std::string(op.name);
-    }
-
-  private:
-    struct Entry {
-        std::string op;
-        double flops;
-        std::string label;
-    };
-    std::vector<Entry> names_;
-};
-
-struct OpStat {
-    long long calls = 0;
-    double ms = 0, flops = 0, bytes = 0;
-    bool is_matmul = false;
-};
-
-// The model's OpObserver: steady_clock at op_begin/op_end (ops are synchronous on the CPU), a
-// stack for nesting (time is charged to the innermost op only, so nothing counts twice).
-class StepProfiler final : public mt::OpObserver {
-  public:
-    explicit StepProfiler(ShapeNamer namer) : namer_(std::move(namer)) {}
-    bool recording = false;
-
-    void op_begin(const mt::OpRecord& op) override {
-        const auto now = Clock::now();
-        // The enclosing op (if any) pauses: bank its own time so far.
-        if (!stack_.empty()) stack_.back().self_ms += ms_between(stack_.back().t0, now);
-        stack_.push_back({op, now, 0.0});
-    }
-    void op_end(const mt::OpRecord& op) override {
-        const auto now = Clock::now();
-        if (stack_.empty() || stack_.back().op.name != op.name)
-            throw std::logic_error("op_end(" + std::string(op.name) + ") without its op_begin");
-        Open o = stack_.back();
-        stack_.pop_back();
-        const double self_ms = o.self_ms + ms_between(o.t0, now);
-        if (!stack_.empty()) stack_.back().t0 = now;  // the enclosing op resumes
-        if (!recording) return;
-        OpStat& s = stats_[namer_.name(op)];
-        s.calls++;
-        s.ms += self_ms;
-        s.flops += op.flops;
-        s.bytes += op.bytes;
-        s.is_matmul = op.name.find("matmul") != std::string_view::npos;
-    }
-    const std::map<std::string, OpStat>& stats() const { return stats_; }
-
-  private:
-    struct Open {
-        mt::OpRecord op;
-        Clock::time_point t0;  // when this op last (re)started running
-        double self_ms;        // own time banked before a nested op paused it
-    };
-    ShapeNamer namer_;
-    std::vector<Open> stack_;
-    std::map<std::string, OpStat> stats_;
-};
-
-// ---- the benchmark ----------------------------------------------------------------------------
-
 struct Args {
     std::string preset;
     int B = 4, T = 0, threads = 2, warmup = 2, steps = 5;
@@ -307,234 +104,269 @@ struct Args {
     bool fuse_gelu = false;
 };
 
-int run(const Args& a) {
+template <class E>
+E parse_kernel(const std::string& flag, const std::string& value) {
+    if (auto e = mt::parse_enum<E>(value)) return *e;
+    throw std::invalid_argument(flag + " '" + value + "': expected one of " +
+                                mt::enum_choices<E>());
+}
+
+// The run: the preset at (B, T), fp32, the kernel flags, and the AdamW the PyTorch side uses.
+mt::RunConfig bench_config(const Args& a, const mt::GPTConfig& model, int T) {
+    mt::RunConfig c;
+    c.variant = "cpu_step";
+    c.backend = mt::BackendChoice::cpu;
+    c.model_preset = a.preset;
+    c.model = model;
+    c.data.batch_size = a.B;
+    c.data.seq_len = T;
+    c.run.seed = a.seed;
+    c.run.threads = a.threads;
+    c.run.precision = mt::Precision::fp32;
+    c.kernels.attention = parse_kernel<mt::AttentionImpl>("--attention", a.attention);
+    c.kernels.classifier = parse_kernel<mt::ClassifierImpl>("--classifier", a.classifier);
+    c.kernels.layernorm = parse_kernel<mt::LayerNormImpl>("--layernorm", a.layernorm);
+    c.kernels.fuse_gelu = a.fuse_gelu;
+    c.optim.lr = 3e-4f;
+    c.optim.beta1 = 0.9f;
+    c.optim.beta2 = 0.95f;
+    c.optim.eps = 1e-8f;
+    c.optim.weight_decay = 0.1f;
+    c.optim.grad_clip = 1.0f;
+    c.optim.impl = mt::AdamWImpl::fused;
+    c.profile.kernels = a.profile;
+    c.profile.trace = false;
+    return c;
+}
+
+// Per measured step, in ms; the losses of every step (warm-up included).
+struct StepSeries {
+    std::vector<double> forward, backward, optimizer, step, losses;
+};
+
+// Warm-up + measured steps, one line each. Returns false (after saying so) at a non-finite loss.
+bool run_steps(mt::TrainingSession& session, const Args& a, StepSeries& series) {
+    using mt::Phase;
+    for (int s = 0; s < a.warmup + a.steps; ++s) {
+        const bool measured = s >= a.warmup;
+        const mt::StepRecord rec = session.step(s, !measured);
+        const double fwd = rec.times[Phase::forward], bwd = rec.times[Phase::backward];
+        const double opt = rec.times[Phase::optimizer] + rec.times[Phase::sync];
+        if (!std::isfinite(rec.loss)) {
+            std::fprintf(stderr, "cpu_step: loss is not finite (%f) at step %d\n", rec.loss, s + 1);
+            return false;
+        }
+        std::printf("  step %2d %-7s loss %.4f  %9.1f ms (fwd %.1f bwd %.1f opt %.1f)\n", s + 1,
+                    measured ? "" : "warmup", rec.loss, rec.times.wall_ms, fwd, bwd, opt);
+        std::fflush(stdout);
+        series.losses.push_back(rec.loss);
+        if (!measured) continue;
+        series.forward.push_back(fwd);
+        series.backward.push_back(bwd);
+        series.optimizer.push_back(opt);
+        series.step.push_back(rec.times.wall_ms);
+    }
+    return true;
+}
+
+// The step's numbers as bench/run_cpu_bench.sh reads them.
+json step_json(const Args& a, const mt::RunConfig& cfg, mt::TrainingSession& session,
+               const StepSeries& series, double rss) {
+    const mt::GPTConfig& m = cfg.model;
+    const double step_ms = median(series.step);
+    const double tokens = static_cast<double>(cfg.data.batch_size) * cfg.data.seq_len;
+    const std::string device = session.backend().device_name();
+    json out;
+    out["impl"] = "microtrain";
+    out["preset"] = a.preset;
+    out["model"] = {{"n_layer", m.n_layer},
+                    {"n_head", m.n_head},
+                    {"n_embd", m.n_embd},
+                    {"vocab_size", m.vocab_size},
+                    {"padded_vocab_size", m.padded_vocab_size()},
+                    {"max_seq_len", m.max_seq_len},
+                    {"params", session.n_params()}};
+    out["B"] = cfg.data.batch_size;
+    out["T"] = cfg.data.seq_len;
+    out["threads"] = a.threads;
+    out["warmup"] = a.warmup;
+    out["steps"] = a.steps;
+    out["device"] = device;
+    out["cpu_model"] = mt::cpu_model_of(device);
+    out["kernels"] = {{"attention", a.attention},
+                      {"classifier", a.classifier},
+                      {"layernorm", a.layernorm},
+                      {"fuse_gelu", a.fuse_gelu}};
+    out["profiled"] = a.profile;
+    out["step_ms"] = series_json(series.step);
+    out["forward_ms"] = series_json(series.forward);
+    out["backward_ms"] = series_json(series.backward);
+    out["optimizer_ms"] = series_json(series.optimizer);
+    out["tokens_per_s"] = tokens / (step_ms * 1e-3);
+    out["flops_per_step"] = session.flops_per_step();
+    out["gflops"] = session.flops_per_step() / (step_ms * 1e-3) / 1e9;
+    out["peak_rss_mib"] = rss;
+    out["losses"] = series.losses;
+    return out;
+}
+
+// The probes of this process: the harness's peaks (1024^3 sgemm, DRAM copy), the LM head's GEMM
+// shape and an in-cache copy of a quarter of the LLC (source + destination = half of it).
+struct Probes {
+    mt::MachinePeaks peaks;
+    int lm_M = 0, lm_K = 0, lm_N = 0;
+    double lm_flops_per_s = 0;
+    size_t llc_bytes = 0;
+    double llc_bytes_per_s = 0;
+    // The roofline's peaks: the compute roof is the faster GEMM probe.
+    mt::MachinePeaks roof() const {
+        mt::MachinePeaks r = peaks;
+        r.flops_per_s = std::max(peaks.flops_per_s, lm_flops_per_s);
+        return r;
+    }
+};
+
+Probes run_probes(mt::Backend& backend, const mt::RunConfig& cfg) {
+    Probes p;
+    p.peaks = mt::probe_peaks_now(backend);
+    p.lm_M = cfg.data.batch_size * cfg.data.seq_len;
+    p.lm_K = cfg.model.n_embd;
+    p.lm_N = cfg.model.padded_vocab_size();
+    int reps = 0;
+    p.lm_flops_per_s = mt::probe_gemm_flops_per_s(backend, p.lm_M, p.lm_K, p.lm_N, &reps);
+    p.llc_bytes = mt::last_level_cache_bytes();
+    if (p.llc_bytes >= (size_t(1) << 20))
+        p.llc_bytes_per_s = mt::probe_copy_bytes_per_s(backend, p.llc_bytes / 4, &reps);
+    backend.reset_peaks();
+    return p;
+}
+
+json probe_json(const Probes& p) {
+    const double mib = 1 << 20;
+    return {
+        {"sgemm_impl", std::string(mt::cpu::gemm_impl_name()) + " via CpuBackend::matmul_forward"},
+        {"sgemm_1024_gflops", p.peaks.flops_per_s / 1e9},
+        {"sgemm_model_gflops", p.lm_flops_per_s / 1e9},
+        {"sgemm_model_shape", {p.lm_M, p.lm_K, p.lm_N}},
+        {"copy_gbps", p.peaks.bytes_per_s / 1e9},
+        {"copy_mib", static_cast<double>(mt::peak_probe_copy_bytes(mt::BackendKind::cpu)) / mib},
+        {"copy_llc_gbps", p.llc_bytes_per_s / 1e9},
+        {"copy_llc_mib", static_cast<double>(p.llc_bytes / 4) / mib},
+        {"llc_mib", static_cast<double>(p.llc_bytes) / mib}};
+}
+
+// "compute", "mem-LLC" (judged against the in-cache copy rate) or "mem-DRAM".
+const char* bound_label(const mt::KernelStat& k) {
+    if (k.bound == mt::Bound::compute) return "compute";
+    if (k.bound == mt::Bound::memory) return k.in_cache ? "mem-LLC" : "mem-DRAM";
+    return "unknown";
+}
+
+// Prints the per-op roofline table and returns it as JSON.
+json profile_json(const mt::KernelProfiler& profiler, const Probes& p, const Args& a,
+                  const StepSeries& series) {
+    const mt::MachinePeaks roof = p.roof();
+    const double mean_step = mean(series.step);
+    const std::vector<mt::KernelStat> rows =
+        profiler.table(mean_step, a.steps, roof, {p.llc_bytes, p.llc_bytes_per_s});
+    std::printf(
+        "\n  per-op profile: mean over %d measured steps, step %.1f ms (mean); "
+        "sgemm probe (best of the two) %.1f GFLOP/s, copy %.1f GB/s DRAM (ridge %.1f flop/B), "
+        "%.1f GB/s in the %.0f MiB LLC\n",
+        a.steps, mean_step, roof.flops_per_s / 1e9, roof.bytes_per_s / 1e9, roof.ridge(),
+        p.llc_bytes_per_s / 1e9, static_cast<double>(p.llc_bytes) / (1 << 20));
+    std::printf("  %-44s %6s %9s %6s %8s %7s %7s %-8s %6s\n", "op", "calls", "ms/step", "%step",
+                "GFLOP/s", "GB/s", "flop/B", "bound", "%roof");
+    json table = json::array();
+    double op_ms = 0;
+    for (const mt::KernelStat& k : rows) {
+        const double calls = static_cast<double>(k.calls) / a.steps;
+        op_ms += k.ms_per_step;
+        std::printf("  %-44s %6.0f %9.2f %5.1f%% %8.1f %7.1f %7.1f %-8s %5.0f%%\n", k.name.c_str(),
+                    calls, k.ms_per_step, k.pct_of_step, k.gflops_per_s(), k.gb_per_s(),
+                    k.intensity(), bound_label(k), k.pct_of_roofline);
+        table.push_back({{"op", k.name},
+                         {"calls_per_step", calls},
+                         {"ms_per_step", k.ms_per_step},
+                         {"pct_of_step", k.pct_of_step},
+                         {"gflops", k.gflops_per_s()},
+                         {"gbps", k.gb_per_s()},
+                         {"flops_per_byte", k.intensity()},
+                         {"bound", bound_label(k)},
+                         {"pct_of_roofline", k.pct_of_roofline}});
+    }
+    const double outside = mean_step - op_ms;
+    std::printf("  %-44s %6s %9.2f %5.1f%%\n", "(outside ops: memsets, clip scale, loss read)", "",
+                outside, 100.0 * outside / mean_step);
+    return {{"ops", table},
+            {"outside_ops_ms_per_step", outside},
+            {"mean_step_ms", mean_step},
+            {"ridge_flops_per_byte", roof.ridge()}};
+}
+
+// The preset and T, or nullopt after printing why not.
+std::optional<mt::GPTConfig> checked_preset(const Args& a, int* T) {
     auto cfg = mt::gpt_preset(a.preset);
     if (!cfg) {
         std::string names;
         for (const auto& n : mt::gpt_preset_names()) names += (names.empty() ? "" : ", ") + n;
         std::fprintf(stderr, "cpu_step: unknown --preset '%s'; expected one of: %s\n",
                      a.preset.c_str(), names.c_str());
-        return 2;
+        return std::nullopt;
     }
-    const int T = a.T > 0 ? a.T : cfg->max_seq_len;
-    if (T > cfg->max_seq_len) {
+    *T = a.T > 0 ? a.T : cfg->max_seq_len;
+    if (*T > cfg->max_seq_len) {
         std::fprintf(stderr,
-                     "cpu_step: -T %d exceeds max_seq_len %d of preset '%s'; use -T <= %d\n", T,
+                     "cpu_step: -T %d exceeds max_seq_len %d of preset '%s'; use -T <= %d\n", *T,
                      cfg->max_seq_len, a.preset.c_str(), cfg->max_seq_len);
-        return 2;
+        return std::nullopt;
     }
-    const int B = a.B;
+    return cfg;
+}
 
-    mt::BackendOptions bopt;
-    bopt.precision = mt::Precision::fp32;
-    bopt.num_threads = a.threads;
-    bopt.kernels.attention =
-        a.attention == "flash" ? mt::AttentionImpl::flash : mt::AttentionImpl::naive;
-    bopt.kernels.classifier =
-        a.classifier == "unfused" ? mt::ClassifierImpl::unfused : mt::ClassifierImpl::fused;
-    bopt.kernels.layernorm = a.layernorm == "fused_residual" ? mt::LayerNormImpl::fused_residual
-                                                             : mt::LayerNormImpl::separate;
-    bopt.kernels.fuse_gelu = a.fuse_gelu;
-    auto backend = mt::create_backend(mt::BackendKind::cpu, bopt);
+int run(const Args& a) {
+    int T = 0;
+    const auto model = checked_preset(a, &T);
+    if (!model) return 2;
+    const mt::RunConfig cfg = bench_config(a, *model, T);
+    mt::TrainingInputs inputs;
+    inputs.batches = std::make_unique<mt::RepeatedBatch>(
+        mt::RepeatedBatch::uniform_random(a.B, T, model->vocab_size, a.seed));
+    inputs.track_memory = false;  // the bench reports the process's peak RSS instead
+    mt::TrainingSession session(mt::create_training_backend(cfg, mt::BackendKind::cpu), cfg,
+                                std::move(inputs));
+    if (session.profiler())
+        session.profiler()->set_op_labels(mt::MatmulLayerLabels(*model, a.B, T));
 
-    mt::ModelOptions mopt;
-    mopt.kernels = bopt.kernels;
-    mt::GPT model(*backend, *cfg, mopt);
-    model.init_weights(a.seed);
-    model.allocate_activations(B, T);
-    mt::AdamWConfig ocfg;  // the PyTorch side uses the same values
-    ocfg.lr = 3e-4f;
-    ocfg.beta1 = 0.9f;
-    ocfg.beta2 = 0.95f;
-    ocfg.eps = 1e-8f;
-    ocfg.weight_decay = 0.1f;
-    ocfg.grad_clip = 1.0f;
-    ocfg.impl = mt::AdamWImpl::fused;
-    mt::AdamW opt(model, ocfg);
-
-    // Synthetic batch: B*T+1 uniform tokens, targets = inputs shifted by one (as nanoGPT's
-    // get_batch).
-    const size_t n = static_cast<size_t>(B) * T;
-    std::vector<int> tokens(n + 1);
-    std::mt19937 rng(static_cast<uint32_t>(a.seed));
-    for (auto& t : tokens) t = static_cast<int>(rng() % static_cast<uint32_t>(cfg->vocab_size));
-    std::vector<int> in(tokens.begin(), tokens.end() - 1), tg(tokens.begin() + 1, tokens.end());
-    mt::DeviceBuffer d_in(*backend, n * sizeof(int), mt::MemoryCategory::data);
-    mt::DeviceBuffer d_tg(*backend, n * sizeof(int), mt::MemoryCategory::data);
-    backend->copy_to_device(d_in.get(), in.data(), n * sizeof(int));
-    backend->copy_to_device(d_tg.get(), tg.data(), n * sizeof(int));
-
-    std::unique_ptr<StepProfiler> prof;
-    if (a.profile) {
-        prof = std::make_unique<StepProfiler>(ShapeNamer(*cfg, B, T));
-        model.backend().set_op_observer(prof.get());
-    }
-
-    const double flops = model.training_flops_per_step(B, T);
-    const size_t nparams = model.parameter_table().total_count();
     std::printf("cpu_step: microtrain %s (%s), %zu params, B=%d T=%d, %s\n", a.preset.c_str(),
-                cfg->describe().c_str(), nparams, B, T, backend->device_name().c_str());
+                model->describe().c_str(), session.n_params(), a.B, T,
+                session.backend().device_name().c_str());
     std::printf("  kernels: attention=%s classifier=%s layernorm=%s fuse_gelu=%s%s\n",
                 a.attention.c_str(), a.classifier.c_str(), a.layernorm.c_str(),
                 a.fuse_gelu ? "on" : "off", a.profile ? "  [profiling: per-op clocks on]" : "");
 
-    std::vector<double> fwd, bwd, optm, step, losses;
-    for (int s = 0; s < a.warmup + a.steps; ++s) {
-        const bool measured = s >= a.warmup;
-        if (prof) prof->recording = measured;
-        const auto t0 = Clock::now();
-        model.forward(d_in.as<int>(), d_tg.as<int>(), B, T);
-        const float loss = model.loss();
-        const auto t1 = Clock::now();
-        model.zero_grad();
-        model.backward();
-        const auto t2 = Clock::now();
-        opt.step();
-        backend->synchronize();
-        const auto t3 = Clock::now();
-        if (!std::isfinite(loss)) {
-            std::fprintf(stderr, "cpu_step: loss is not finite (%f) at step %d\n", loss, s + 1);
-            return 1;
-        }
-        std::printf("  step %2d %-7s loss %.4f  %9.1f ms (fwd %.1f bwd %.1f opt %.1f)\n", s + 1,
-                    measured ? "" : "warmup", loss, ms_between(t0, t3), ms_between(t0, t1),
-                    ms_between(t1, t2), ms_between(t2, t3));
-        std::fflush(stdout);
-        losses.push_back(loss);
-        if (!measured) continue;
-        fwd.push_back(ms_between(t0, t1));
-        bwd.push_back(ms_between(t1, t2));
-        optm.push_back(ms_between(t2, t3));
-        step.push_back(ms_between(t0, t3));
-    }
-    model.backend().set_op_observer(nullptr);
+    StepSeries series;
+    if (!run_steps(session, a, series)) return 1;
+    session.finish();                   // detaches the profiler
     const double rss = peak_rss_mib();  // before the probes allocate anything
-    const double step_ms = median(step);
-    const double gflops = flops / (step_ms * 1e-3) / 1e9;
-
-    json out;
-    out["impl"] = "microtrain";
-    out["preset"] = a.preset;
-    out["model"] = {{"n_layer", cfg->n_layer},
-                    {"n_head", cfg->n_head},
-                    {"n_embd", cfg->n_embd},
-                    {"vocab_size", cfg->vocab_size},
-                    {"padded_vocab_size", cfg->padded_vocab_size()},
-                    {"max_seq_len", cfg->max_seq_len},
-                    {"params", nparams}};
-    out["B"] = B;
-    out["T"] = T;
-    out["threads"] = a.threads;
-    out["warmup"] = a.warmup;
-    out["steps"] = a.steps;
-    out["device"] = backend->device_name();
-    out["cpu_model"] = cpu_model();
-    out["kernels"] = {{"attention", a.attention},
-                      {"classifier", a.classifier},
-                      {"layernorm", a.layernorm},
-                      {"fuse_gelu", a.fuse_gelu}};
-    out["profiled"] = a.profile;
-    out["step_ms"] = series_json(step);
-    out["forward_ms"] = series_json(fwd);
-    out["backward_ms"] = series_json(bwd);
-    out["optimizer_ms"] = series_json(optm);
-    out["tokens_per_s"] = static_cast<double>(n) / (step_ms * 1e-3);
-    out["flops_per_step"] = flops;
-    out["gflops"] = gflops;
-    out["peak_rss_mib"] = rss;
-    out["losses"] = losses;
-
+    json out = step_json(a, cfg, session, series, rss);
+    const double step_ms = median(series.step), gflops = out["gflops"].get<double>();
     std::printf("  median step %.1f ms  (forward %.1f, backward %.1f, optimizer %.1f)\n", step_ms,
-                median(fwd), median(bwd), median(optm));
+                median(series.forward), median(series.backward), median(series.optimizer));
     std::printf("  %.0f tokens/s, %.3f GFLOP/step, %.1f GFLOP/s, peak RSS %.0f MiB\n",
-                static_cast<double>(n) / (step_ms * 1e-3), flops / 1e9, gflops, rss);
+                out["tokens_per_s"].get<double>(), session.flops_per_step() / 1e9, gflops, rss);
 
-    double peak_flops = 0, bw = 0, bw_llc = 0;
-    const size_t llc = llc_bytes();
     if (a.probe || a.profile) {
-        const GemmProbe sq = probe_gemm(*backend, 1024, 1024, 1024, 5);
-        const GemmProbe lm = probe_gemm(*backend, B * T, cfg->n_embd, cfg->padded_vocab_size(), 5);
-        bw = probe_copy_gbps(size_t(256) << 20, 5, 1) * 1e9;
-        // In-cache copy: source + destination = half the LLC, 20 copies per timed rep.
-        if (llc >= (size_t(1) << 20)) bw_llc = probe_copy_gbps(llc / 4, 5, 20) * 1e9;
-        peak_flops = std::max(sq.gflops, lm.gflops) * 1e9;
-        out["probe"] = {{"sgemm_impl", std::string(mt::cpu::gemm_impl_name()) +
-                                           " via CpuBackend::matmul_forward"},
-                        {"sgemm_1024_gflops", sq.gflops},
-                        {"sgemm_model_gflops", lm.gflops},
-                        {"sgemm_model_shape", {lm.M, lm.K, lm.N}},
-                        {"copy_gbps", bw / 1e9},
-                        {"copy_mib", 256},
-                        {"copy_llc_gbps", bw_llc / 1e9},
-                        {"copy_llc_mib", static_cast<double>(llc / 4) / (1 << 20)},
-                        {"llc_mib", static_cast<double>(llc) / (1 << 20)}};
+        const Probes p = run_probes(session.backend(), cfg);
+        out["probe"] = probe_json(p);
         std::printf(
             "  probe: sgemm 1024^3 %.1f GFLOP/s, sgemm %dx%dx%d (LM head) %.1f GFLOP/s, "
             "copy %.1f GB/s DRAM, %.1f GB/s in LLC (read+write); step reaches %.0f%% of the "
             "1024^3 probe\n",
-            sq.gflops, lm.M, lm.K, lm.N, lm.gflops, bw / 1e9, bw_llc / 1e9,
-            100.0 * gflops / sq.gflops);
-    }
-
-    if (prof) {
-        const double ridge = peak_flops / bw;  // flops per byte, against DRAM
-        std::vector<std::pair<std::string, OpStat>> rows(prof->stats().begin(),
-                                                         prof->stats().end());
-        std::sort(rows.begin(), rows.end(),
-                  [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
-        const double steps = a.steps;
-        double op_ms = 0;
-        for (const auto& [k, s] : rows) op_ms += s.ms;
-        const double mean_step = [&] {
-            double t = 0;
-            for (double v : step) t += v;
-            return t / static_cast<double>(step.size());
-        }();
-        std::printf(
-            "\n  per-op profile: mean over %d measured steps, step %.1f ms (mean); "
-            "sgemm probe (best of the two) %.1f GFLOP/s, copy %.1f GB/s DRAM (ridge %.1f flop/B), "
-            "%.1f GB/s in the "
-            "%.0f MiB LLC\n",
-            a.steps, mean_step, peak_flops / 1e9, bw / 1e9, ridge, bw_llc / 1e9,
-            static_cast<double>(llc) / (1 << 20));
-        std::printf("  %-44s %6s %9s %6s %8s %7s %7s %-8s %6s\n", "op", "calls", "ms/step", "%step",
-                    "GFLOP/s", "GB/s", "flop/B", "bound", "%roof");
-        json table = json::array();
-        for (const auto& [name, s] : rows) {
-            const double sec = s.ms * 1e-3;
-            const double fl = sec > 0 ? s.flops / sec : 0, by = sec > 0 ? s.bytes / sec : 0;
-            const double intensity = s.bytes > 0 ? s.flops / s.bytes : 0;
-            // An op whose analytic bytes per call fit in the LLC streams (mostly) from cache
-            // (its inputs were just written by the op before): its bandwidth roof is the
-            // in-cache copy rate, otherwise DRAM's.
-            const bool in_llc = bw_llc > 0 && s.bytes / static_cast<double>(s.calls) <= llc;
-            const double op_bw = in_llc ? bw_llc : bw;
-            const bool compute = intensity >= peak_flops / op_bw;
-            const char* bound = compute ? "compute" : in_llc ? "mem-LLC" : "mem-DRAM";
-            // Memory-bound ops are judged on bandwidth (achieved GB/s over the copy probe),
-            // which equals achieved / attainable FLOP/s but also works for flop-free ops.
-            const double roof = compute ? 100.0 * fl / peak_flops : 100.0 * by / op_bw;
-            std::printf("  %-44s %6.0f %9.2f %5.1f%% %8.1f %7.1f %7.1f %-8s %5.0f%%\n",
-                        name.c_str(), s.calls / steps, s.ms / steps,
-                        100.0 * s.ms / steps / mean_step, fl / 1e9, by / 1e9, intensity, bound,
-                        roof);
-            table.push_back({{"op", name},
-                             {"calls_per_step", s.calls / steps},
-                             {"ms_per_step", s.ms / steps},
-                             {"pct_of_step", 100.0 * s.ms / steps / mean_step},
-                             {"gflops", fl / 1e9},
-                             {"gbps", by / 1e9},
-                             {"flops_per_byte", intensity},
-                             {"bound", bound},
-                             {"pct_of_roofline", roof}});
-        }
-        const double outside = mean_step - op_ms / steps;
-        std::printf("  %-44s %6s %9.2f %5.1f%%\n", "(outside ops: memsets, clip scale, loss read)",
-                    "", outside, 100.0 * outside / mean_step);
-        out["profile"] = {{"ops", table},
-                          {"outside_ops_ms_per_step", outside},
-                          {"mean_step_ms", mean_step},
-                          {"ridge_flops_per_byte", ridge}};
+            p.peaks.flops_per_s / 1e9, p.lm_M, p.lm_K, p.lm_N, p.lm_flops_per_s / 1e9,
+            p.peaks.bytes_per_s / 1e9, p.llc_bytes_per_s / 1e9,
+            100.0 * gflops * 1e9 / p.peaks.flops_per_s);
+        if (session.profiler()) out["profile"] = profile_json(*session.profiler(), p, a, series);
     }
 
     if (!a.json_path.empty()) {

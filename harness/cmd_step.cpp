@@ -18,11 +18,10 @@
 #include <vector>
 
 #include "harness/commands.h"
+#include "harness/training.h"
 #include "io/safetensors.h"
-#include "kernels/backend.h"
+#include "kernels/enum_names.h"
 #include "model/checkpoint.h"
-#include "model/gpt.h"
-#include "optim/adamw.h"
 
 namespace mt {
 namespace {
@@ -40,16 +39,11 @@ struct StepArgs {
     std::string impl = "fused";
 };
 
-struct Batch {
-    int B = 0, T = 0;
-    std::vector<int32_t> inputs, targets;
-};
-
 // Reads and validates X against the model config: both tensors present, integer, 2-D and of
 // the same shape, 1 <= T <= max_seq_len, every id in [0, vocab_size).
-Batch read_batch(const std::string& path, const GPTConfig& cfg, const std::string& weights) {
+RepeatedBatch read_batch(const std::string& path, const GPTConfig& cfg,
+                         const std::string& weights) {
     SafeTensorsFile x = SafeTensorsFile::open(path);
-    Batch b;
     const TensorEntry* tensors[2] = {x.find("inputs"), x.find("targets")};
     const char* names[2] = {"inputs", "targets"};
     for (int i = 0; i < 2; ++i) {
@@ -66,31 +60,31 @@ Batch read_batch(const std::string& path, const GPTConfig& cfg, const std::strin
         throw CheckpointError(path + ": 'inputs' has shape " + shape_string(tensors[0]->shape) +
                               " but 'targets' has shape " + shape_string(tensors[1]->shape) +
                               "; they must have the same shape (B, T)");
-    b.B = static_cast<int>(tensors[0]->shape[0]);
-    b.T = static_cast<int>(tensors[0]->shape[1]);
-    if (b.T > cfg.max_seq_len)
-        throw CheckpointError(path + ": sequence length T=" + std::to_string(b.T) + " (shape " +
+    const int B = static_cast<int>(tensors[0]->shape[0]);
+    const int T = static_cast<int>(tensors[0]->shape[1]);
+    if (T > cfg.max_seq_len)
+        throw CheckpointError(path + ": sequence length T=" + std::to_string(T) + " (shape " +
                               shape_string(tensors[0]->shape) + ") exceeds max_seq_len=" +
                               std::to_string(cfg.max_seq_len) + " of the model in " + weights);
-    b.inputs = x.read_i32("inputs");
-    b.targets = x.read_i32("targets");
+    std::vector<int32_t> ids_of[2] = {x.read_i32("inputs"), x.read_i32("targets")};
     for (int i = 0; i < 2; ++i) {
-        const auto& ids = i == 0 ? b.inputs : b.targets;
+        const auto& ids = ids_of[i];
         for (size_t k = 0; k < ids.size(); ++k)
             if (ids[k] < 0 || ids[k] >= cfg.vocab_size)
                 throw CheckpointError(
                     path + ": tensor '" + names[i] + "' has token id " + std::to_string(ids[k]) +
-                    " at (b=" + std::to_string(k / b.T) + ", t=" + std::to_string(k % b.T) +
+                    " at (b=" + std::to_string(k / T) + ", t=" + std::to_string(k % T) +
                     "), outside [0, vocab_size=" + std::to_string(cfg.vocab_size) +
                     ") of the model in " + weights);
     }
-    return b;
+    return RepeatedBatch(B, T, std::move(ids_of[0]), std::move(ids_of[1]));
 }
 
+// --optim-impl: one of the AdamWImpl spellings (optim/adamw.h), never a silent default.
 AdamWImpl parse_impl(const std::string& s) {
-    if (s == "unfused") return AdamWImpl::unfused;
-    if (s == "multi_tensor") return AdamWImpl::multi_tensor;
-    return AdamWImpl::fused;
+    if (auto impl = parse_enum<AdamWImpl>(s)) return *impl;
+    throw std::invalid_argument("--optim-impl '" + s + "' is not an AdamW implementation; " +
+                                "expected one of " + enum_choices<AdamWImpl>());
 }
 
 std::string fmt_float(float v) {
@@ -99,40 +93,51 @@ std::string fmt_float(float v) {
     return buf;
 }
 
+// The RunConfig of `step`: W's model, X's shape, one micro-batch per step, the given AdamW with
+// a constant LR, no trace.
+RunConfig step_config(const StepArgs& a, const GPTConfig& model, const Batch& batch) {
+    RunConfig c;
+    c.variant = "step";
+    c.model = model;
+    c.data.batch_size = batch.B;
+    c.data.seq_len = batch.T;
+    c.optim = a.optim;
+    c.optim.impl = parse_impl(a.impl);
+    c.optim.schedule = LRSchedule{};  // constant LR
+    c.run.threads = a.threads;
+    c.profile.trace = false;
+    return c;
+}
+
 int run_step(const StepArgs& a) {
     SafeTensorsFile w = SafeTensorsFile::open(a.weights);
-    const GPTConfig cfg = read_checkpoint_config(w);
-    const Batch batch = read_batch(a.batch, cfg, a.weights);
+    auto batch =
+        std::make_unique<RepeatedBatch>(read_batch(a.batch, read_checkpoint_config(w), a.weights));
+    const RunConfig rc = step_config(a, read_checkpoint_config(w), batch->batch());
+    const GPTConfig& cfg = rc.model;
+    const AdamWConfig& oc = rc.optim;
+    const int B = rc.data.batch_size, T = rc.data.seq_len;
 
-    BackendOptions bopt;
-    bopt.num_threads = a.threads;
-    auto backend = create_backend(a.backend == "cuda" ? BackendKind::cuda : BackendKind::cpu, bopt);
-    GPT model(*backend, cfg);
-    const CheckpointLoadInfo info = load_checkpoint(w, model, nullptr);
+    TrainingInputs inputs;
+    inputs.batches = std::move(batch);
+    CheckpointLoadInfo info;  // W's wte row count, for the output shapes
+    inputs.load_weights = [&](GPT& model) { info = load_checkpoint(w, model, nullptr); };
+    inputs.track_memory = false;
+    TrainingSession session(
+        create_training_backend(rc, a.backend == "cuda" ? BackendKind::cuda : BackendKind::cpu), rc,
+        std::move(inputs));
 
-    AdamWConfig oc = a.optim;
-    oc.impl = parse_impl(a.impl);
-    oc.schedule = LRSchedule{};  // constant LR
-    AdamW opt(model, oc);
-
-    const int B = batch.B, T = batch.T;
-    const size_t n = static_cast<size_t>(B) * T;
-    model.allocate_activations(B, T);
-    DeviceBuffer d_in(*backend, n * sizeof(int32_t), MemoryCategory::data);
-    DeviceBuffer d_tg(*backend, n * sizeof(int32_t), MemoryCategory::data);
-    backend->copy_to_device(d_in.get(), batch.inputs.data(), n * sizeof(int32_t));
-    backend->copy_to_device(d_tg.get(), batch.targets.data(), n * sizeof(int32_t));
-
+    // Each step's loss is read back before the next step; the gradients of the first are copied
+    // out once they are complete, before its optimizer update.
     std::vector<float> losses(a.steps);
     std::vector<float> first_grads;
+    const auto copy_first_grads = [&](GPT& model) { first_grads = model.get_grads(); };
     for (int s = 0; s < a.steps; ++s) {
-        model.zero_grad();
-        model.forward(d_in.as<int>(), d_tg.as<int>(), B, T);
-        losses[s] = model.loss();
-        model.backward();
-        if (s == 0) first_grads = model.get_grads();
-        opt.step();
+        const StepRecord rec = session.step(
+            s, /*warmup=*/false, s == 0 ? copy_first_grads : TrainingSession::GradientsReady{});
+        losses[s] = static_cast<float>(rec.loss);
     }
+    GPT& model = session.model();
     const std::vector<float> params = model.get_params();
 
     // O: loss, grad.<name>, <name>. Spans into the host vectors above (alive until write()).
@@ -171,13 +176,13 @@ int run_step(const StepArgs& a) {
     out.set_metadata("weight_decay", fmt_float(oc.weight_decay));
     out.set_metadata("grad_clip", fmt_float(oc.grad_clip));
     out.set_metadata("optim_impl", to_string(oc.impl));
-    out.set_metadata("device", backend->device_name());
+    out.set_metadata("device", session.backend().device_name());
     out.set_metadata("source", "microtrain step");
     out.write(a.out);
 
     std::printf("microtrain step: %s, batch %dx%d, %d AdamW step%s (%s, lr %g) on %s\n",
                 cfg.describe().c_str(), B, T, a.steps, a.steps == 1 ? "" : "s", to_string(oc.impl),
-                static_cast<double>(oc.lr), backend->device_name().c_str());
+                static_cast<double>(oc.lr), session.backend().device_name().c_str());
     for (int s = 0; s < a.steps; ++s)
         std::printf("  loss before step %d: %.6f\n", s + 1, losses[s]);
     std::printf("wrote %s\n", a.out.c_str());

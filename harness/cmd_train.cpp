@@ -1,16 +1,13 @@
 // `microtrain train`: a plain training loop on synthetic or text data, printing loss and
 // ms/step each step. The quickest way to see the model learn; `microtrain run` is the
 // measured, reported experiment.
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <random>
+#include <memory>
 #include <string>
 
 #include "harness/commands.h"
-#include "kernels/backend.h"
-#include "model/gpt.h"
-#include "optim/adamw.h"
+#include "harness/training.h"
 
 namespace mt {
 namespace {
@@ -23,6 +20,21 @@ struct TrainArgs {
     uint64_t seed = 1337;
 };
 
+// The RunConfig of `train`: the preset, one micro-batch per step, AdamW's defaults but the LR.
+RunConfig train_config(const TrainArgs& a, const GPTConfig& model) {
+    RunConfig c;
+    c.variant = "train";
+    c.model_preset = a.preset;
+    c.model = model;
+    c.data.batch_size = a.batch;
+    c.data.seq_len = a.seq_len;
+    c.optim.lr = a.lr;
+    c.run.seed = a.seed;
+    c.run.threads = a.threads;
+    c.profile.trace = false;
+    return c;
+}
+
 int run_train(const TrainArgs& a) {
     auto config = gpt_preset(a.preset);
     if (!config) {
@@ -34,45 +46,26 @@ int run_train(const TrainArgs& a) {
                      a.seq_len, config->max_seq_len, a.preset.c_str());
         return 2;
     }
-    BackendOptions bopt;
-    bopt.num_threads = a.threads;
-    auto backend = create_backend(a.backend == "cuda" ? BackendKind::cuda : BackendKind::cpu, bopt);
-    GPT model(*backend, *config);
-    model.init_weights(a.seed);
-    model.allocate_activations(a.batch, a.seq_len);
-    AdamWConfig oc;
-    oc.lr = a.lr;
-    AdamW opt(model, oc);
-
+    const RunConfig cfg = train_config(a, *config);
     // One fixed pseudo-random batch: repeated, the loss falls well below ln(V) as the model
     // memorises it, which is the visible sign that forward, backward and AdamW work together.
-    const size_t n = static_cast<size_t>(a.batch) * a.seq_len;
-    std::vector<int> tokens(n + 1);
-    std::mt19937 rng(static_cast<uint32_t>(a.seed));
-    for (auto& t : tokens) t = static_cast<int>(rng() % static_cast<uint32_t>(config->vocab_size));
-    std::vector<int> inputs(tokens.begin(), tokens.end() - 1),
-        targets(tokens.begin() + 1, tokens.end());
-    DeviceBuffer d_in(*backend, n * sizeof(int), MemoryCategory::data);
-    DeviceBuffer d_tg(*backend, n * sizeof(int), MemoryCategory::data);
-    backend->copy_to_device(d_in.get(), inputs.data(), n * sizeof(int));
-    backend->copy_to_device(d_tg.get(), targets.data(), n * sizeof(int));
+    TrainingInputs inputs;
+    inputs.batches = std::make_unique<RepeatedBatch>(
+        RepeatedBatch::uniform_random(a.batch, a.seq_len, config->vocab_size, a.seed));
+    inputs.track_memory = false;
+    TrainingSession session(
+        create_training_backend(cfg, a.backend == "cuda" ? BackendKind::cuda : BackendKind::cpu),
+        cfg, std::move(inputs));
 
     std::printf("microtrain train: %s (%s), %zu params, B=%d T=%d on %s\n", a.preset.c_str(),
-                config->describe().c_str(), model.parameter_table().total_count(), a.batch,
-                a.seq_len, backend->device_name().c_str());
+                config->describe().c_str(), session.n_params(), a.batch, a.seq_len,
+                session.backend().device_name().c_str());
     std::printf("initial loss should be near ln(V) = %.3f\n", std::log(double(config->vocab_size)));
     for (int step = 0; step < a.steps; ++step) {
-        auto t0 = std::chrono::steady_clock::now();
-        model.zero_grad();
-        model.forward(d_in.as<int>(), d_tg.as<int>(), a.batch, a.seq_len);
-        model.backward();
-        opt.step();
-        float loss = model.loss();
-        auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                      .count();
-        std::printf("step %4d  loss %.4f  %.1f ms/step\n", step + 1, loss, ms);
+        const StepRecord rec = session.step(step, /*warmup=*/false);
+        std::printf("step %4d  loss %.4f  %.1f ms/step\n", step + 1, rec.loss, rec.times.wall_ms);
         std::fflush(stdout);
-        if (!std::isfinite(loss)) {
+        if (!std::isfinite(rec.loss)) {
             std::fprintf(stderr, "microtrain train: loss is not finite at step %d\n", step + 1);
             return 1;
         }

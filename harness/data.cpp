@@ -441,6 +441,33 @@ const Batch& DataLoader::next() {
     return m.current;
 }
 
+RepeatedBatch::RepeatedBatch(int B, int T, std::vector<int> inputs, std::vector<int> targets)
+    : inputs_(std::move(inputs)), targets_(std::move(targets)) {
+    const size_t n = static_cast<size_t>(B) * static_cast<size_t>(T);
+    if (B < 1 || T < 1 || inputs_.size() != n || targets_.size() != n)
+        throw DataError("RepeatedBatch: expected B*T = " + std::to_string(n) +
+                        " inputs and targets for B=" + std::to_string(B) +
+                        " T=" + std::to_string(T) + ", got " + std::to_string(inputs_.size()) +
+                        " and " + std::to_string(targets_.size()));
+    batch_.B = B;
+    batch_.T = T;
+    batch_.inputs = inputs_.data();
+    batch_.targets = targets_.data();
+}
+
+RepeatedBatch RepeatedBatch::uniform_random(int B, int T, int vocab_size, uint64_t seed) {
+    const size_t n = static_cast<size_t>(B) * static_cast<size_t>(T);
+    std::vector<int> tokens(n + 1);
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    for (auto& t : tokens) t = static_cast<int>(rng() % static_cast<uint32_t>(vocab_size));
+    return RepeatedBatch(B, T, std::vector<int>(tokens.begin(), tokens.end() - 1),
+                         std::vector<int>(tokens.begin() + 1, tokens.end()));
+}
+
+const Batch& RepeatedBatch::next() {
+    return batch_;
+}
+
 size_t DataLoader::num_tokens() const {
     return impl_->n;
 }

@@ -17,12 +17,44 @@ struct DataError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-// A host batch: inputs and targets, each B*T int32, row-major (B, T).
+// A host batch: inputs and targets, each B*T int32, row-major (B, T). The one batch type of the
+// project: a view whose tokens are owned by the BatchSource that handed it out.
 struct Batch {
     int B = 0, T = 0;
-    int* inputs = nullptr;   // points into host memory owned by the loader
+    int* inputs = nullptr;  // points into host memory owned by the batch source
     int* targets = nullptr;
-    uint64_t index = 0;      // 0-based batch number in the deterministic order
+    uint64_t index = 0;  // 0-based batch number in the deterministic order
+};
+
+// Where a training step's batches come from (harness/training.h asks it once per micro-step).
+class BatchSource {
+  public:
+    virtual ~BatchSource() = default;
+    // The next batch; it stays valid until the next call.
+    virtual const Batch& next() = 0;
+};
+
+// One batch held in memory and handed out on every call: the `step` command's given batch, and
+// the one repeated batch of `train` and bench/cpu_step (a model that memorises it shows that
+// forward, backward and the optimizer work together). Owns its tokens.
+class RepeatedBatch final : public BatchSource {
+  public:
+    // inputs and targets: B*T ids each, row-major (B, T). Throws DataError on a size mismatch.
+    RepeatedBatch(int B, int T, std::vector<int> inputs, std::vector<int> targets);
+    // B*T+1 ids drawn uniformly from [0, vocab_size) by std::mt19937(seed); inputs = ids[0..n),
+    // targets = ids[1..n] (shifted by one, as nanoGPT's get_batch).
+    static RepeatedBatch uniform_random(int B, int T, int vocab_size, uint64_t seed);
+    // Moving keeps the vectors' buffers, so batch_ still points at them; a copy would not.
+    RepeatedBatch(RepeatedBatch&&) noexcept = default;
+    RepeatedBatch& operator=(RepeatedBatch&&) noexcept = default;
+    RepeatedBatch(const RepeatedBatch&) = delete;
+    RepeatedBatch& operator=(const RepeatedBatch&) = delete;
+    const Batch& next() override;
+    const Batch& batch() const { return batch_; }
+
+  private:
+    std::vector<int> inputs_, targets_;
+    Batch batch_;
 };
 
 // Writes an llm.c token file: 256 int32 header (magic 20240520, version 1, count) + uint16 tokens.
@@ -36,8 +68,8 @@ size_t token_file_count(const std::string& path);
 // Produces batches in a deterministic order (by seed) for any number of workers: workers 0
 // loads synchronously inside next(); workers > 0 fill a ring of `prefetch` batches in background
 // threads. Either way batch i is the same. Epochs wrap.
-class DataLoader {
-public:
+class DataLoader final : public BatchSource {
+  public:
     // vocab_size: tokens must be < vocab_size (checked; DataError otherwise).
     DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, Backend* backend = nullptr);
     ~DataLoader();
@@ -45,11 +77,11 @@ public:
     DataLoader& operator=(const DataLoader&) = delete;
 
     // Blocks until the next batch is ready. The returned batch stays valid until the next call.
-    const Batch& next();
-    size_t num_tokens() const;   // tokens in the source (synthetic: nominal size)
+    const Batch& next() override;
+    size_t num_tokens() const;     // tokens in the source (synthetic: nominal size)
     std::string describe() const;  // "synthetic, B4 T64, workers 0" etc.
 
-private:
+  private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -15,6 +16,7 @@
 
 #include "harness/peak_flops.h"
 #include "harness/report.h"
+#include "kernels/ops.h"
 
 namespace mt {
 namespace {
@@ -116,55 +118,47 @@ void parallel_copy(void* dst, const void* src, size_t n) {
 MachinePeaks probe(Backend& backend) {
     const bool cpu = backend.kind() == BackendKind::cpu;
     MachinePeaks p;
-    {
-        // out (n,n) = a (n,n) @ w(n,n)^T: 2 n^3 flops. Zeros: GEMM speed does not depend on
-        // values, and zeros are never denormal.
-        const int n = cpu ? 1024 : 4096;
-        int reps = 0;
-        const size_t bytes = static_cast<size_t>(n) * n * backend.compute_elem_bytes();
-        DeviceBuffer a(backend, bytes, MemoryCategory::workspace);
-        DeviceBuffer w(backend, bytes, MemoryCategory::workspace);
-        DeviceBuffer out(backend, bytes, MemoryCategory::workspace);
-        backend.memset_zero(a.get(), bytes);
-        backend.memset_zero(w.get(), bytes);
-        const double ms = time_best_ms(backend, &reps, [&] {
-            backend.run(op::MatmulForward{.out = out.get(),
-                                          .inp = a.get(),
-                                          .weight = w.get(),
-                                          .bias = nullptr,
-                                          .N = n,
-                                          .C = n,
-                                          .OC = n});
-        });
-        const double flops = 2.0 * n * static_cast<double>(n) * n;
-        p.flops_per_s = ms > 0 ? flops / (ms * 1e-3) : 0;
-        std::ostringstream s;
-        s << "measured: " << n << "^3 " << (cpu ? "sgemm" : "GEMM") << " via matmul_forward ("
-          << to_string(backend.precision()) << "), best of " << reps;
-        p.flops_source = s.str();
-    }
-    {
-        // A copy of `bytes` reads and writes each byte once -> 2 * bytes moved. CPU: the
-        // buffers are host memory; every thread copies a slice. CUDA: copy_device (d2d).
-        const size_t bytes = (cpu ? 64u : 256u) << 20;
-        int reps = 0;
-        DeviceBuffer src(backend, bytes, MemoryCategory::workspace);
-        DeviceBuffer dst(backend, bytes, MemoryCategory::workspace);
-        backend.memset_zero(src.get(), bytes);
-        backend.memset_zero(dst.get(), bytes);
-        const double ms = time_best_ms(backend, &reps, [&] {
-            if (cpu)
-                parallel_copy(dst.get(), src.get(), bytes);
-            else
-                backend.copy_device(dst.get(), src.get(), bytes);
-        });
-        p.bytes_per_s = ms > 0 ? 2.0 * static_cast<double>(bytes) / (ms * 1e-3) : 0;
-        std::ostringstream s;
-        s << "measured: " << (cpu ? "parallel memcpy" : "copy_device") << " of " << (bytes >> 20)
-          << " MiB (read + write), best of " << reps;
-        p.bytes_source = s.str();
-    }
+    const int n = peak_probe_gemm_n(backend.kind());
+    int reps = 0;
+    p.flops_per_s = probe_gemm_flops_per_s(backend, n, n, n, &reps);
+    std::ostringstream fs;
+    fs << "measured: " << n << "^3 " << (cpu ? "sgemm" : "GEMM") << " via matmul_forward ("
+       << to_string(backend.precision()) << "), best of " << reps;
+    p.flops_source = fs.str();
+
+    const size_t bytes = peak_probe_copy_bytes(backend.kind());
+    p.bytes_per_s = probe_copy_bytes_per_s(backend, bytes, &reps);
+    std::ostringstream bs;
+    bs << "measured: " << (cpu ? "parallel memcpy" : "copy_device") << " of " << (bytes >> 20)
+       << " MiB (read + write), best of " << reps;
+    p.bytes_source = bs.str();
     backend.synchronize();
+    return p;
+}
+
+// Records a CPU measurement in the cache unless the cache holds a better one (a probe on a busy
+// machine only under-estimates the peak, never over-estimates it). Returns what the cache now
+// holds; *note says where the figure went, for its source line.
+MachinePeaks remember_cpu_peaks(const std::string& name, const MachinePeaks& p, std::string* note) {
+    try {
+        std::filesystem::create_directories(peaks_cache_dir());
+        nlohmann::json j = read_cache();
+        j["probe_version"] = kProbeVersion;
+        if (!j.contains("devices")) j["devices"] = nlohmann::json::object();
+        if (auto old = cached_peaks(name); old && old->flops_per_s >= p.flops_per_s) {
+            *note = " (the cache in " + cache_file() + " keeps a better figure)";
+            return *old;
+        }
+        j["devices"][name] = {{"flops_per_s", p.flops_per_s},
+                              {"bytes_per_s", p.bytes_per_s},
+                              {"flops_probe", p.flops_source},
+                              {"bytes_probe", p.bytes_source},
+                              {"measured_utc", utc_now()}};
+        write_file_atomic(cache_file(), j.dump(2) + "\n");
+        *note = " (now cached in " + cache_file() + ")";
+    } catch (const std::exception& e) {
+        *note = std::string(" (not cached: ") + e.what() + ")";
+    }
     return p;
 }
 
@@ -206,6 +200,72 @@ std::optional<double> peak_flops(const std::string& device_name, Precision preci
     return cuda_peak_flops(device_name, precision);
 }
 
+int peak_probe_gemm_n(BackendKind kind) {
+    return kind == BackendKind::cpu ? 1024 : 4096;
+}
+
+size_t peak_probe_copy_bytes(BackendKind kind) {
+    return (kind == BackendKind::cpu ? size_t(64) : size_t(256)) << 20;
+}
+
+double probe_gemm_flops_per_s(Backend& backend, int M, int K, int N, int* reps) {
+    // out (M,N) = a (M,K) @ w(N,K)^T: 2 M K N flops. Zeros: GEMM speed does not depend on
+    // values, and zeros are never denormal.
+    const size_t esize = backend.compute_elem_bytes();
+    const size_t a_bytes = size_t(M) * K * esize, w_bytes = size_t(N) * K * esize;
+    DeviceBuffer a(backend, a_bytes, MemoryCategory::workspace);
+    DeviceBuffer w(backend, w_bytes, MemoryCategory::workspace);
+    DeviceBuffer out(backend, size_t(M) * N * esize, MemoryCategory::workspace);
+    backend.memset_zero(a.get(), a_bytes);
+    backend.memset_zero(w.get(), w_bytes);
+    const double ms = time_best_ms(backend, reps, [&] {
+        backend.run(op::MatmulForward{
+            .out = out.get(), .inp = a.get(), .weight = w.get(), .N = M, .C = K, .OC = N});
+    });
+    const double flops = 2.0 * M * static_cast<double>(K) * N;
+    return ms > 0 ? flops / (ms * 1e-3) : 0;
+}
+
+double probe_copy_bytes_per_s(Backend& backend, size_t bytes, int* reps) {
+    // A copy of `bytes` reads and writes each byte once -> 2 * bytes moved. CPU: the buffers are
+    // host memory; every thread copies a slice. CUDA: copy_device (d2d).
+    const bool cpu = backend.kind() == BackendKind::cpu;
+    DeviceBuffer src(backend, bytes, MemoryCategory::workspace);
+    DeviceBuffer dst(backend, bytes, MemoryCategory::workspace);
+    backend.memset_zero(src.get(), bytes);
+    backend.memset_zero(dst.get(), bytes);
+    const double ms = time_best_ms(backend, reps, [&] {
+        if (cpu)
+            parallel_copy(dst.get(), src.get(), bytes);
+        else
+            backend.copy_device(dst.get(), src.get(), bytes);
+    });
+    return ms > 0 ? 2.0 * static_cast<double>(bytes) / (ms * 1e-3) : 0;
+}
+
+size_t last_level_cache_bytes() {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index3/size");
+    std::string s;
+    if (!(f >> s) || s.empty()) return 0;
+    size_t mult = 1;
+    if (s.back() == 'K') mult = size_t(1) << 10;
+    if (s.back() == 'M') mult = size_t(1) << 20;
+    try {
+        return static_cast<size_t>(std::stoull(s)) * mult;
+    } catch (const std::exception&) {
+        return 0;
+    }
+}
+
+std::string cpu_model_of(const std::string& device_name) {
+    const std::string prefix = "CPU: ";
+    if (device_name.rfind(prefix, 0) != 0) return "unknown";
+    std::string model = device_name.substr(prefix.size());
+    // The backend appends " (<threads>, <GEMM>)"; a model name's own "(R)" has no space before.
+    if (const size_t suffix = model.rfind(" ("); suffix != std::string::npos) model.resize(suffix);
+    return model.empty() ? "unknown" : model;
+}
+
 MachinePeaks measure_peaks(Backend& backend, bool force) {
     static std::mutex mu;
     static std::map<std::string, MachinePeaks> in_process;  // CUDA peaks: once per process
@@ -226,37 +286,21 @@ MachinePeaks measure_peaks(Backend& backend, bool force) {
         in_process[name] = p;
         return p;
     }
-    try {
-        std::filesystem::create_directories(peaks_cache_dir());
-        nlohmann::json j = read_cache();
-        j["probe_version"] = kProbeVersion;
-        if (!j.contains("devices")) j["devices"] = nlohmann::json::object();
-        // Keep the best figure ever measured: a probe on a busy machine only under-estimates
-        // the peak, never over-estimates it.
-        if (auto old = cached_peaks(name); old && old->flops_per_s >= p.flops_per_s) return *old;
-        j["devices"][name] = {{"flops_per_s", p.flops_per_s},
-                              {"bytes_per_s", p.bytes_per_s},
-                              {"flops_probe", p.flops_source},
-                              {"bytes_probe", p.bytes_source},
-                              {"measured_utc", utc_now()}};
-        write_file_atomic(cache_file(), j.dump(2) + "\n");
-        p.flops_source += " (now cached in " + cache_file() + ")";
-    } catch (const std::exception& e) {
-        p.flops_source += std::string(" (not cached: ") + e.what() + ")";
-    }
-    return p;
+    std::string note;
+    MachinePeaks best = remember_cpu_peaks(name, p, &note);
+    if (best.from_cache) return best;  // the cache's better figure, with its own source line
+    best.flops_source += note;
+    return best;
 }
 
-const char* to_string(Bound b) {
-    switch (b) {
-        case Bound::compute:
-            return "compute";
-        case Bound::memory:
-            return "memory";
-        case Bound::unknown:
-            return "unknown";
-    }
-    return "?";
+MachinePeaks probe_peaks_now(Backend& backend) {
+    MachinePeaks p = probe(backend);
+    backend.reset_peaks();
+    if (backend.kind() != BackendKind::cpu) return p;
+    std::string note;
+    remember_cpu_peaks(backend.device_name(), p, &note);
+    p.flops_source += note;
+    return p;
 }
 
 Bound roofline_bound(double flops_per_byte, const MachinePeaks& peaks) {
@@ -280,7 +324,7 @@ TimingEvent& KernelProfiler::next_event(size_t* index) {
 }
 
 void KernelProfiler::op_begin(const OpRecord& op) {
-    Pending p{std::string(op.name), op.flops, op.bytes, 0, 0, false};
+    Pending p{label_ ? label_(op) : std::string(op.name), op.flops, op.bytes, 0, 0, false};
     next_event(&p.begin_event).record();
     pending_.push_back(std::move(p));
     open_.push_back(pending_.size() - 1);
@@ -315,25 +359,73 @@ void KernelProfiler::finish_step(bool accumulate, const TimingEvent& step_start)
 }
 
 std::vector<KernelStat> KernelProfiler::table(double mean_step_ms, int measured_steps,
-                                              const MachinePeaks& peaks) const {
+                                              const MachinePeaks& peaks,
+                                              const CacheBandwidth& cache) const {
     std::vector<KernelStat> out;
     for (const auto& [name, k0] : agg_) {
         KernelStat k = k0;
         k.ms_per_step = measured_steps > 0 ? k.total_ms / measured_steps : 0;
         k.pct_of_step = mean_step_ms > 0 ? 100.0 * k.ms_per_step / mean_step_ms : 0;
-        k.bound = roofline_bound(k.intensity(), peaks);
-        const double attainable = roofline_attainable(k.intensity(), peaks);
+        MachinePeaks roof = peaks;
+        k.in_cache =
+            cache.bytes_per_s > 0 && k.calls > 0 &&
+            k.bytes / static_cast<double>(k.calls) <= static_cast<double>(cache.cache_bytes);
+        if (k.in_cache) roof.bytes_per_s = cache.bytes_per_s;
+        k.bound = roofline_bound(k.intensity(), roof);
+        const double attainable = roofline_attainable(k.intensity(), roof);
         // Achieved / attainable. Memory-bound ops this equals achieved GB/s / bandwidth; ops with
         // no flops (copies, casts) are measured on bandwidth directly.
         if (k.total_ms > 0 && k.flops > 0 && attainable > 0)
             k.pct_of_roofline = 100.0 * (k.gflops_per_s() * 1e9) / attainable;
-        else if (k.total_ms > 0 && peaks.bytes_per_s > 0)
-            k.pct_of_roofline = 100.0 * (k.gb_per_s() * 1e9) / peaks.bytes_per_s;
+        else if (k.total_ms > 0 && roof.bytes_per_s > 0)
+            k.pct_of_roofline = 100.0 * (k.gb_per_s() * 1e9) / roof.bytes_per_s;
         out.push_back(k);
     }
     std::sort(out.begin(), out.end(),
               [](const KernelStat& a, const KernelStat& b) { return a.total_ms > b.total_ms; });
     return out;
+}
+
+// ---- MatmulLayerLabels ------------------------------------------------------------------------
+
+MatmulLayerLabels::MatmulLayerLabels(const GPTConfig& cfg, int B, int T) {
+    const long long N = static_cast<long long>(B) * T, C = cfg.n_embd;
+    const long long Vp = cfg.padded_vocab_size();
+    const struct {
+        const char* layer;
+        long long in, out;
+    } layers[] = {{"qkv", C, 3 * C},
+                  {"attn_proj", C, C},
+                  {"fc", C, 4 * C},
+                  {"fc_proj", 4 * C, C},
+                  {"lm_head", C, Vp}};
+    for (const auto& l : layers) {
+        // Layers of identical shape (tiny: lm_head C->Vp=256 is fc's C->4C) share one label.
+        std::string layer;
+        for (const auto& o : layers) {
+            if (o.in != l.in || o.out != l.out) continue;
+            if (!layer.empty()) layer += '+';
+            layer += o.layer;
+        }
+        const std::string shape = " " + layer + " (N" + std::to_string(N) + " " +
+                                  std::to_string(l.in) + "->" + std::to_string(l.out) + ")";
+        // fp32 costs (4-byte elements): only the flops identify the layer, and they do not
+        // depend on the element size.
+        const double fwd =
+            op::MatmulForward{.N = int(N), .C = int(l.in), .OC = int(l.out)}.record(4).flops;
+        entries_.push_back({"matmul_forward", fwd, "matmul_forward" + shape});
+        entries_.push_back({"matmul_gelu_forward", fwd, "matmul_gelu_forward" + shape});
+        entries_.push_back(
+            {"matmul_backward",
+             op::MatmulBackward{.N = int(N), .C = int(l.in), .OC = int(l.out)}.record(4).flops,
+             "matmul_backward" + shape});
+    }
+}
+
+std::string MatmulLayerLabels::operator()(const OpRecord& op) const {
+    for (const auto& e : entries_)
+        if (op.name == e.op && std::abs(op.flops - e.flops) <= 1e-9 * e.flops) return e.label;
+    return std::string(op.name);
 }
 
 }  // namespace mt

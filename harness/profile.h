@@ -19,9 +19,16 @@
 // backend TimingEvent at each op begin/end (cudaEvents on CUDA, steady_clock on CPU), reads them
 // after the step's final sync, and aggregates by op name: calls, total ms, GFLOP/s, GB/s,
 // arithmetic intensity (flops / bytes) and the verdict against the ridge point
-// (peak FLOP/s / bandwidth): intensity below the ridge = memory-bound.
+// (peak FLOP/s / bandwidth): intensity below the ridge = memory-bound. Two optional refinements,
+// used by bench/cpu_step: ops aggregated under a label instead of their name (MatmulLayerLabels
+// tells the LM head's matmul from the MLP's), and a second, in-cache bandwidth roof for ops
+// whose bytes per call fit in the last-level cache (CacheBandwidth).
+//
+// The single probes (one GEMM shape, one copy size) are public, so a benchmark can add shapes
+// (the LM head's GEMM, an in-cache copy) measured exactly like the peaks.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,6 +37,7 @@
 
 #include "harness/timing.h"
 #include "kernels/backend.h"
+#include "model/gpt.h"
 
 namespace mt {
 
@@ -53,12 +61,36 @@ std::string peak_flops_source(const std::string& device_name, Precision precisio
 std::string peaks_cache_dir();
 
 // Returns the peaks of `backend`'s device: from the cache when present (CPU), else measured
-// now (a fraction of a second on CPU) and, on CPU, written to the cache. `force` re-measures.
+// now (a fraction of a second on CPU) and, on CPU, written to the cache. `force` re-measures
+// (and still returns the cache's figure when that is better).
 MachinePeaks measure_peaks(Backend& backend, bool force = false);
+// Measures the peaks now and returns this measurement, whatever the cache holds; on CPU it also
+// goes into the cache when it beats the cached figure. For a benchmark that reports the probes
+// of its own process (bench/cpu_step).
+MachinePeaks probe_peaks_now(Backend& backend);
+
+// The probes themselves, each timed with backend events: one untimed warm-up run, then the best
+// of at least 5 and up to 40 runs or ~1 s of them. *reps = the runs timed.
+// GEMM: out (M,N) = a (M,K) @ w (N,K)^T through matmul_forward on zeros; 2 M K N flops per run.
+double probe_gemm_flops_per_s(Backend& backend, int M, int K, int N, int* reps);
+// Copy: `bytes` copied (CPU: split over all OpenMP threads; CUDA: copy_device); counts
+// bytes read + written (2 x bytes per copy), the convention of the op table (kernels/ops.h).
+double probe_copy_bytes_per_s(Backend& backend, size_t bytes, int* reps);
+// The sizes measure_peaks probes on a backend kind: the GEMM's n (n^3) and the copy's bytes.
+int peak_probe_gemm_n(BackendKind kind);
+size_t peak_probe_copy_bytes(BackendKind kind);
+// Size of the last-level (L3) cache in bytes from sysfs; 0 when the kernel does not say.
+size_t last_level_cache_bytes();
+// The CPU model in a CPU backend's device name ("CPU: AMD EPYC (2 threads, eigen GEMM)" ->
+// "AMD EPYC"); "unknown" for any other name.
+std::string cpu_model_of(const std::string& device_name);
 
 // Roofline verdict for an op of arithmetic intensity `flops_per_byte`.
 enum class Bound { compute, memory, unknown };
-const char* to_string(Bound b);
+template <>
+struct EnumSpelling<Bound> {
+    static constexpr std::array<std::string_view, 3> names{"compute", "memory", "unknown"};
+};
 Bound roofline_bound(double flops_per_byte, const MachinePeaks& peaks);
 // Attainable FLOP/s at that intensity: min(peak, intensity * bandwidth).
 double roofline_attainable(double flops_per_byte, const MachinePeaks& peaks);
@@ -76,7 +108,35 @@ struct KernelStat {
     double gb_per_s() const { return total_ms > 0 ? bytes / (total_ms * 1e-3) / 1e9 : 0; }
     double intensity() const { return bytes > 0 ? flops / bytes : 0; }
     Bound bound = Bound::unknown;
+    // Judged against the in-cache bandwidth: its bytes per call fit in the cache (only when a
+    // CacheBandwidth was given to KernelProfiler::table).
+    bool in_cache = false;
     double pct_of_roofline = 0;  // achieved / attainable at this intensity, percent
+};
+
+// A second, in-cache bandwidth roof: an op whose analytic bytes per call fit in `cache_bytes`
+// streams (mostly) from cache (its inputs were just written by the op before), so its memory
+// roof is `bytes_per_s` (a copy probe of a fraction of the cache) instead of DRAM's.
+struct CacheBandwidth {
+    size_t cache_bytes = 0;
+    double bytes_per_s = 0;  // 0: no in-cache roof
+};
+
+// Labels each matmul op by the GPT layer whose shape produced its analytic cost, so a profile
+// can tell the LM head from the MLP: "matmul_forward fc (N1024 256->1024)". Layers of identical
+// shape share a label ("fc+lm_head"). Other ops keep their name.
+class MatmulLayerLabels {
+  public:
+    MatmulLayerLabels(const GPTConfig& cfg, int B, int T);
+    std::string operator()(const OpRecord& op) const;
+
+  private:
+    struct Entry {
+        std::string op;
+        double flops;
+        std::string label;
+    };
+    std::vector<Entry> entries_;
 };
 
 // One timed op of a step, for the trace (offset from the step-start event, ms).
@@ -97,10 +157,16 @@ class KernelProfiler final : public OpObserver {
     // `step_start` (the PhaseTimer's step-start event, same clock as the op events).
     void finish_step(bool accumulate, const TimingEvent& step_start);
     const std::vector<OpInterval>& last_step_ops() const { return last_ops_; }
+    // Aggregate ops under `label(op)` instead of their name (e.g. MatmulLayerLabels).
+    void set_op_labels(std::function<std::string(const OpRecord&)> label) {
+        label_ = std::move(label);
+    }
     // Aggregated table sorted by total time, with % of step (of `mean_step_ms` over
-    // `measured_steps` steps) and the roofline verdict filled in.
+    // `measured_steps` steps) and the roofline verdict filled in (with `cache`: ops whose bytes
+    // per call fit in the cache are judged against its bandwidth).
     std::vector<KernelStat> table(double mean_step_ms, int measured_steps,
-                                  const MachinePeaks& peaks) const;
+                                  const MachinePeaks& peaks,
+                                  const CacheBandwidth& cache = {}) const;
 
   private:
     struct Pending {
@@ -115,6 +181,7 @@ class KernelProfiler final : public OpObserver {
     size_t used_ = 0;
     std::vector<Pending> pending_;
     std::vector<size_t> open_;  // stack of indices into pending_ (ops may nest)
+    std::function<std::string(const OpRecord&)> label_;
     std::map<std::string, KernelStat> agg_;
     std::vector<OpInterval> last_ops_;
 };

@@ -1,13 +1,5 @@
-// The experiment runner (see runner.h).
-//
-// One step, as DESIGN.md fixes it (per micro-step m = 0 .. grad_accum-1 the first four repeat):
-//   data      loader.next()                            host clock: the host waits for a batch
-//   h2d       copy_to_device(inputs), (targets)         device events
-//   forward   model.forward(.., grad_scale 1/accum)     device events
-//   backward  (m == 0: zero_grad) model.backward()      device events
-//   optimizer AdamW::step (global norm, clip, update)   device events
-//   sync      loss (+ grad norm) read-back, synchronize device events around the host wait
-// Each phase boundary also resets/reads the allocator peaks and samples device memory.
+// The experiment runner (see runner.h). One step's phases are harness/training.h's
+// TrainingSession; this file runs a variant's steps through it and records what they measured.
 #include "harness/runner.h"
 
 #include <omp.h>
@@ -22,8 +14,7 @@
 #include <limits>
 #include <sstream>
 
-#include "harness/data.h"
-#include "optim/adamw.h"
+#include "harness/training.h"
 
 namespace mt {
 namespace {
@@ -79,7 +70,7 @@ std::string fmt_mib(double bytes) {
     return b;
 }
 
-void print_estimate(std::FILE* out, const RunConfig& c, const MemoryEstimate& e) {
+void print_estimate(std::FILE* out, const MemoryEstimate& e) {
     if (!out) return;
     std::fprintf(out,
                  "  memory estimate: params %s, grads %s, optimizer %s, activations %s, "
@@ -87,7 +78,6 @@ void print_estimate(std::FILE* out, const RunConfig& c, const MemoryEstimate& e)
                  fmt_mib(e.params).c_str(), fmt_mib(e.grads).c_str(), fmt_mib(e.optimizer).c_str(),
                  fmt_mib(e.activations).c_str(), fmt_mib(e.workspace).c_str(),
                  fmt_mib(e.data).c_str(), fmt_mib(e.total()).c_str());
-    (void)c;
 }
 
 // Progress: one line per step, or a single \r-updated bar on a terminal.
@@ -152,238 +142,174 @@ std::optional<BackendKind> resolve_backend(const RunConfig& c, std::string* skip
     return kind;
 }
 
-RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool inject,
-                      bool* interrupted) {
+// The variant's backend, the machine's peaks, the memory estimate and the TrainingSession, in
+// that order: the peak probe's buffers are gone (and its peaks reset) before the model exists.
+std::unique_ptr<TrainingSession> set_up_session(const RunConfig& cfg, BackendKind kind,
+                                                std::FILE* out, RunResult& r) {
+    const auto t_setup = std::chrono::steady_clock::now();
+    std::unique_ptr<Backend> backend = create_training_backend(cfg, kind);
+    r.device_name = backend->device_name();
+    r.threads = kind == BackendKind::cpu ? omp_get_max_threads() : 0;
+    if (out) std::fprintf(out, "  device: %s\n", r.device_name.c_str());
+
+    r.peaks = measure_peaks(*backend);
+    r.peak_flops = peak_flops(r.device_name, cfg.run.precision);
+    r.peak_flops_source = peak_flops_source(r.device_name, cfg.run.precision);
+
+    ModelOptions mo;
+    mo.kernels = cfg.kernels;
+    mo.recompute = cfg.run.recompute;
+    r.estimate =
+        GPT::estimate_memory(cfg.model, mo, cfg.data.batch_size, cfg.data.seq_len, *backend);
+    print_estimate(out, r.estimate);
+
+    auto session = std::make_unique<TrainingSession>(std::move(backend), cfg);
+    r.n_params = session->n_params();
+    r.flops_per_step = session->flops_per_step();
+    r.setup_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_setup)
+            .count();
+    return session;
+}
+
+// Keeps the step's phase (and, when profiling, op) timeline while fewer than profile.trace_steps
+// measured steps are kept. `t0` is the first kept step's start: the trace's time origin.
+void record_trace(const TrainingSession& session, const StepRecord& rec, const RunConfig& cfg,
+                  std::optional<std::chrono::steady_clock::time_point>& t0, RunResult& r) {
+    if (rec.warmup || !cfg.profile.trace ||
+        static_cast<int>(r.trace.size()) >= cfg.profile.trace_steps)
+        return;
+    const PhaseTimer& timer = session.timer();
+    if (!t0) t0 = timer.last_step_start();
+    TraceStep ts;
+    ts.step = rec.step;
+    ts.start_ms = std::chrono::duration<double, std::milli>(timer.last_step_start() - *t0).count();
+    ts.wall_ms = rec.times.wall_ms;
+    ts.phases = timer.last_intervals();
+    if (session.profiler()) ts.ops = session.profiler()->last_step_ops();
+    r.trace.push_back(std::move(ts));
+}
+
+// Marks the variant failed at a step whose loss or gradient norm is not finite, with what to try.
+void fail_on_non_finite(const RunConfig& cfg, const StepRecord& rec, RunResult& r) {
+    const bool loss_bad = !std::isfinite(rec.loss);
+    r.status = RunStatus::failed;
+    r.failed_step = rec.step;
+    r.failed_phase = loss_bad ? "forward" : "backward";
+    std::ostringstream msg;
+    msg << "variant '" << cfg.variant << "': non-finite "
+        << (loss_bad ? "loss (" + std::to_string(rec.loss) + ")"
+                     : "gradient norm (" + std::to_string(rec.grad_norm) + ")")
+        << " at step " << rec.step << (rec.warmup ? " (warm-up)" : "") << ", produced in the "
+        << r.failed_phase << " phase and detected at the sync read-back; this variant "
+        << "stopped there ("
+        << (loss_bad ? "lower optim.lr or check the data"
+                     : "enable optim.grad_clip or lower optim.lr")
+        << ")";
+    r.message = msg.str();
+}
+
+void mark_interrupted(int step, RunResult& r) {
+    r.status = RunStatus::interrupted;
+    int measured = 0;
+    for (const auto& s : r.steps) measured += s.warmup ? 0 : 1;
+    r.message = "interrupted (Ctrl-C) after step " + std::to_string(step) + "; " +
+                std::to_string(measured) + " measured step(s) kept";
+}
+
+// Warm-up + measured steps until the end, a non-finite loss or an interrupt. `step` is the step
+// running now (for an exception's message). Returns true when interrupted.
+bool run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOptions& opt,
+               bool inject, RunResult& r, int& step) {
+    const int total_steps = cfg.run.warmup_steps + cfg.run.measure_steps;
+    Progress progress(opt.out, opt.progress_bar.value_or(opt.out && isatty(fileno(opt.out))),
+                      cfg.variant, total_steps, cfg.run.warmup_steps);
+    std::optional<std::chrono::steady_clock::time_point> trace_t0;
+    bool interrupted = false;
+    for (step = 0; step < total_steps; ++step) {
+        StepRecord rec = session.step(step, step < cfg.run.warmup_steps);
+        if (inject && step == opt.inject_nan_at_step)
+            rec.loss = std::numeric_limits<double>::quiet_NaN();
+        record_trace(session, rec, cfg, trace_t0, r);
+        r.steps.push_back(rec);
+        progress.step(step, rec.loss, rec.times.wall_ms);
+        if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) {
+            fail_on_non_finite(cfg, rec, r);
+            break;
+        }
+        if (g_interrupted.load() || (inject && step == opt.interrupt_at_step)) {
+            mark_interrupted(step, r);
+            interrupted = true;
+            break;
+        }
+    }
+    progress.end();
+    return interrupted;
+}
+
+// After the steps: the memory summary, an honest MFU denominator and the per-op table.
+void finish_variant(TrainingSession& session, BackendKind kind, RunResult& r) {
+    r.memory = session.finish();
+    // A CPU peak probe disturbed by a busy machine makes MFU exceed 100%: the model just ran
+    // faster than the "peak". Re-probe once now (the cache keeps the best figure ever
+    // measured) so the report uses an honest denominator.
+    const Precision precision = r.config.run.precision;
+    if (kind == BackendKind::cpu && r.peak_flops && *r.peak_flops > 0) {
+        const RunStats st = compute_run_stats(r);
+        if (st.achieved_flops_per_s > *r.peak_flops) {
+            r.peaks = measure_peaks(session.backend(), /*force=*/true);
+            r.peak_flops = peak_flops(r.device_name, precision);
+            r.peak_flops_source = peak_flops_source(r.device_name, precision);
+        }
+    }
+    if (session.profiler()) {
+        const RunStats st = compute_run_stats(r);
+        r.kernels = session.profiler()->table(st.step_ms.mean, st.measured, r.peaks);
+    }
+}
+
+RunResult skipped_variant(const RunConfig& cfg, const std::string& reason, std::FILE* out) {
     RunResult r;
     r.config = cfg;
-    std::string skip;
-    const auto kind = resolve_backend(cfg, &skip);
+    r.status = RunStatus::skipped;
+    r.message = reason;
+    r.backend = cfg.backend == BackendChoice::cpu ? "cpu" : "cuda";
+    if (out) std::fprintf(out, "  skipped: %s\n", reason.c_str());
+    return r;
+}
+
+RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool inject,
+                      bool* interrupted) {
     std::FILE* out = opt.out;
     if (out) std::fprintf(out, "\nvariant '%s'\n", cfg.variant.c_str());
-    if (!kind) {
-        r.status = RunStatus::skipped;
-        r.message = skip;
-        r.backend = cfg.backend == BackendChoice::cpu ? "cpu" : "cuda";
-        if (out) std::fprintf(out, "  skipped: %s\n", skip.c_str());
-        return r;
-    }
-    r.backend = to_string(*kind);
+    std::string skip;
+    const auto kind = resolve_backend(cfg, &skip);
+    if (!kind) return skipped_variant(cfg, skip, out);
 
-    const int B = cfg.data.batch_size, T = cfg.data.seq_len, accum = cfg.run.grad_accum;
-    const int total_steps = cfg.run.warmup_steps + cfg.run.measure_steps;
-    const char* phase_name = "setup";
+    RunResult r;
+    r.config = cfg;
+    r.backend = to_string(*kind);
+    std::unique_ptr<TrainingSession> session;
     int step = -1;
     try {
-        const auto t_setup = std::chrono::steady_clock::now();
-        BackendOptions bo;
-        bo.precision = cfg.run.precision;
-        bo.kernels = cfg.kernels;
-        bo.num_threads = cfg.run.threads;
-        std::unique_ptr<Backend> backend = create_backend(*kind, bo);
-        r.device_name = backend->device_name();
-        r.threads = *kind == BackendKind::cpu ? omp_get_max_threads() : 0;
-        if (out) std::fprintf(out, "  device: %s\n", r.device_name.c_str());
-
-        // Peaks first, so the probe's buffers are gone (and its peaks reset) before the model.
-        r.peaks = measure_peaks(*backend);
-        r.peak_flops = peak_flops(r.device_name, cfg.run.precision);
-        r.peak_flops_source = peak_flops_source(r.device_name, cfg.run.precision);
-
-        ModelOptions mo;
-        mo.kernels = cfg.kernels;
-        mo.recompute = cfg.run.recompute;
-        r.estimate = GPT::estimate_memory(cfg.model, mo, B, T, *backend);
-        print_estimate(out, cfg, r.estimate);
-
-        MemoryTracker mem(*backend);
-        GPT model(*backend, cfg.model, mo);
-        model.init_weights(cfg.run.seed);
-        model.allocate_activations(B, T);
-        r.n_params = model.parameter_table().total_count();
-        r.flops_per_step = model.training_flops_per_step(B, T) * accum;
-        AdamW optim(model, cfg.optim);
-        DataLoader loader(cfg.data, cfg.model.vocab_size, cfg.run.seed, backend.get());
-        const size_t n = static_cast<size_t>(B) * T;
-        DeviceBuffer d_in(*backend, n * sizeof(int), MemoryCategory::data);
-        DeviceBuffer d_tg(*backend, n * sizeof(int), MemoryCategory::data);
-        // With accumulation, each micro-step's mean loss is reduced on the device into its own
-        // slot, so the step's loss needs one read-back, not one sync per micro-step.
-        DeviceBuffer d_losses;
-        if (accum > 1)
-            d_losses = DeviceBuffer(*backend, accum * sizeof(float), MemoryCategory::workspace);
-        std::vector<float> h_losses(static_cast<size_t>(accum));
-
-        std::unique_ptr<KernelProfiler> profiler;
-        if (cfg.profile.kernels) {
-            profiler = std::make_unique<KernelProfiler>(*backend);
-            model.backend().set_op_observer(profiler.get());
-        }
-        backend->synchronize();
-        mem.setup_done();
-        r.setup_ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_setup)
-                .count();
-
-        PhaseTimer timer(*backend);
-        auto enter = [&](Phase p) {
-            phase_name = to_string(p);
-            mem.phase_begin(p);
-            timer.begin(p);
-        };
-        auto leave = [&](Phase p) {
-            timer.end(p);
-            mem.phase_end(p);
-        };
-        Progress progress(out, opt.progress_bar.value_or(out && isatty(fileno(out))), cfg.variant,
-                          total_steps, cfg.run.warmup_steps);
-        std::optional<std::chrono::steady_clock::time_point> trace_t0;
-        const bool clipping = cfg.optim.grad_clip > 0;
-
-        for (step = 0; step < total_steps; ++step) {
-            const bool warm = step < cfg.run.warmup_steps;
-            StepRecord rec;
-            rec.step = step;
-            rec.warmup = warm;
-            timer.begin_step();
-            for (int m = 0; m < accum; ++m) {
-                enter(Phase::data);
-                const Batch& batch = loader.next();
-                leave(Phase::data);
-
-                enter(Phase::h2d);
-                backend->copy_to_device(d_in.get(), batch.inputs, n * sizeof(int));
-                backend->copy_to_device(d_tg.get(), batch.targets, n * sizeof(int));
-                leave(Phase::h2d);
-
-                enter(Phase::forward);
-                model.forward(d_in.as<int>(), d_tg.as<int>(), B, T, 1.0f / accum);
-                if (accum > 1)
-                    backend->run(op::LossMean{.loss = d_losses.as<float>() + m,
-                                              .losses = model.losses_device(),
-                                              .N = static_cast<int>(n)});
-                leave(Phase::forward);
-
-                enter(Phase::backward);
-                if (m == 0) model.zero_grad();
-                model.backward();
-                leave(Phase::backward);
-            }
-            enter(Phase::optimizer);
-            rec.lr = optim.current_lr();
-            optim.step();
-            leave(Phase::optimizer);
-
-            enter(Phase::sync);
-            if (accum == 1) {
-                rec.loss = model.loss();
-            } else {
-                backend->copy_to_host(h_losses.data(), d_losses.get(), accum * sizeof(float));
-                double s = 0;
-                for (float x : h_losses) s += x;
-                rec.loss = s / accum;
-            }
-            rec.grad_norm = clipping ? optim.last_grad_norm() : 0.0;
-            backend->synchronize();
-            leave(Phase::sync);
-            phase_name = "sync";
-            rec.times = timer.finish_step();
-            if (profiler) profiler->finish_step(!warm, timer.step_start_event());
-
-            if (inject && step == opt.inject_nan_at_step)
-                rec.loss = std::numeric_limits<double>::quiet_NaN();
-
-            if (!warm && cfg.profile.trace &&
-                static_cast<int>(r.trace.size()) < cfg.profile.trace_steps) {
-                if (!trace_t0) trace_t0 = timer.last_step_start();
-                TraceStep ts;
-                ts.step = step;
-                ts.start_ms =
-                    std::chrono::duration<double, std::milli>(timer.last_step_start() - *trace_t0)
-                        .count();
-                ts.wall_ms = rec.times.wall_ms;
-                ts.phases = timer.last_intervals();
-                if (profiler) ts.ops = profiler->last_step_ops();
-                r.trace.push_back(std::move(ts));
-            }
-            r.steps.push_back(rec);
-            progress.step(step, rec.loss, rec.times.wall_ms);
-
-            if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) {
-                const bool loss_bad = !std::isfinite(rec.loss);
-                r.status = RunStatus::failed;
-                r.failed_step = step;
-                r.failed_phase = loss_bad ? "forward" : "backward";
-                std::ostringstream msg;
-                msg << "variant '" << cfg.variant << "': non-finite "
-                    << (loss_bad ? "loss (" + std::to_string(rec.loss) + ")"
-                                 : "gradient norm (" + std::to_string(rec.grad_norm) + ")")
-                    << " at step " << step << (warm ? " (warm-up)" : "") << ", produced in the "
-                    << r.failed_phase << " phase and detected at the sync read-back; this variant "
-                    << "stopped there ("
-                    << (loss_bad ? "lower optim.lr or check the data"
-                                 : "enable optim.grad_clip or lower optim.lr")
-                    << ")";
-                r.message = msg.str();
-                break;
-            }
-            if (g_interrupted.load() || (inject && step == opt.interrupt_at_step)) {
-                r.status = RunStatus::interrupted;
-                *interrupted = true;
-                int measured = 0;
-                for (const auto& s : r.steps) measured += s.warmup ? 0 : 1;
-                r.message = "interrupted (Ctrl-C) after step " + std::to_string(step) + "; " +
-                            std::to_string(measured) + " measured step(s) kept";
-                break;
-            }
-        }
-        progress.end();
-        mem.finish();
-        r.memory = mem.summary();
-        // A CPU peak probe disturbed by a busy machine makes MFU exceed 100%: the model just ran
-        // faster than the "peak". Re-probe once now (the cache keeps the best figure ever
-        // measured) so the report uses an honest denominator.
-        if (*kind == BackendKind::cpu && r.peak_flops && *r.peak_flops > 0) {
-            const RunStats st = compute_run_stats(r);
-            if (st.achieved_flops_per_s > *r.peak_flops) {
-                r.peaks = measure_peaks(*backend, /*force=*/true);
-                r.peak_flops = peak_flops(r.device_name, cfg.run.precision);
-                r.peak_flops_source = peak_flops_source(r.device_name, cfg.run.precision);
-            }
-        }
-        if (profiler) {
-            const RunStats st = compute_run_stats(r);
-            r.kernels = profiler->table(st.step_ms.mean, st.measured, r.peaks);
-            model.backend().set_op_observer(nullptr);
-        }
+        session = set_up_session(cfg, *kind, out, r);
+        if (run_steps(*session, cfg, opt, inject, r, step)) *interrupted = true;
+        finish_variant(*session, *kind, r);
     } catch (const std::exception& e) {
+        const std::string phase = session ? session->current_phase() : "setup";
         r.status = RunStatus::failed;
         r.failed_step = step;
-        r.failed_phase = phase_name;
-        r.message =
-            "variant '" + cfg.variant + "' failed " +
-            (step < 0 ? std::string("during setup")
-                      : "at step " + std::to_string(step) + " in the " + phase_name + " phase") +
-            ": " + e.what();
+        r.failed_phase = phase;
+        r.message = "variant '" + cfg.variant + "' failed " +
+                    (step < 0 ? std::string("during setup")
+                              : "at step " + std::to_string(step) + " in the " + phase + " phase") +
+                    ": " + e.what();
     }
     if (out && r.status != RunStatus::ok) std::fprintf(out, "  %s\n", r.message.c_str());
     return r;
 }
 
 }  // namespace
-
-const char* to_string(RunStatus s) {
-    switch (s) {
-        case RunStatus::ok:
-            return "ok";
-        case RunStatus::failed:
-            return "failed";
-        case RunStatus::interrupted:
-            return "interrupted";
-        case RunStatus::skipped:
-            return "skipped";
-    }
-    return "?";
-}
 
 ExperimentResult run_experiment(const ExperimentSpec& spec, const RunnerOptions& options) {
     SigintScope sigint(options.handle_sigint);

@@ -38,7 +38,11 @@ struct TraceStep {
 };
 
 enum class RunStatus { ok, failed, interrupted, skipped };
-const char* to_string(RunStatus s);
+template <>
+struct EnumSpelling<RunStatus> {
+    static constexpr std::array<std::string_view, 4> names{"ok", "failed", "interrupted",
+                                                           "skipped"};
+};
 
 struct RunResult {
     RunConfig config;

@@ -1,0 +1,113 @@
+// The training step, defined once. A TrainingSession owns everything one training run needs —
+// the backend, the GPT, its AdamW, the batch source, the device input buffers, the PhaseTimer,
+// the memory tracker and (profile.kernels) the per-op profiler — built from a RunConfig, and
+// runs one step at a time. `microtrain run` (harness/runner.cpp), `microtrain train`,
+// `microtrain step` and bench/cpu_step all step through it, so the four cannot drift apart.
+//
+// One step (DESIGN.md); for each micro-step m = 0 .. grad_accum-1 the first four phases repeat:
+//   data      batches.next()                              host clock: the host waits for a batch
+//   h2d       copy_to_device(inputs), (targets)           device events
+//   forward   model.forward(.., grad_scale 1/accum)       device events; with accum > 1 the
+//             micro-step's mean loss is reduced into its own device slot
+//   backward  (m == 0: zero_grad) model.backward()        device events
+//   optimizer AdamW::step (global norm, clip, update)     device events
+//   sync      loss (+ grad norm) read-back, synchronize   device events around the host wait
+// Each phase boundary also resets/reads the allocator peaks and samples device memory (when
+// memory tracking is on).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "harness/data.h"
+#include "harness/memory.h"
+#include "harness/profile.h"
+#include "harness/run_config.h"
+#include "harness/runner.h"
+#include "harness/timing.h"
+#include "kernels/backend.h"
+#include "model/gpt.h"
+#include "optim/adamw.h"
+
+namespace mt {
+
+// The backend a RunConfig asks for on `kind`: its precision, kernel choices and thread count.
+std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKind kind);
+
+// What a session takes beyond the RunConfig; every field has the runner's default.
+struct TrainingInputs {
+    // Initial weights: empty = GPT::init_weights(cfg.run.seed); otherwise called once on the new
+    // model (e.g. load_checkpoint from a safetensors file) instead.
+    std::function<void(GPT& model)> load_weights;
+    // Batches: null = a DataLoader over cfg.data seeded with cfg.run.seed; otherwise this source,
+    // whose batches must be (cfg.data.batch_size, cfg.data.seq_len).
+    std::unique_ptr<BatchSource> batches;
+    // Sample memory at every phase boundary (MemoryTracker). Off where nobody reads the summary
+    // (train, step, the bench), because each sample reads /proc on the CPU.
+    bool track_memory = true;
+};
+
+class TrainingSession {
+  public:
+    // Takes the backend (create_training_backend), so a caller can probe the machine's peaks on
+    // it before the model's buffers exist. Builds the model, its weights, the activations for
+    // (B, T), AdamW, the batches, the device buffers and, when cfg.profile.kernels, the
+    // KernelProfiler attached to the model; then synchronises. Throws what the parts throw.
+    TrainingSession(std::unique_ptr<Backend> backend, const RunConfig& cfg,
+                    TrainingInputs inputs = {});
+    ~TrainingSession();
+    TrainingSession(const TrainingSession&) = delete;
+    TrainingSession& operator=(const TrainingSession&) = delete;
+
+    // Called after the last micro-step's backward and before the optimizer, outside every phase:
+    // the gradients of this step are complete (the `step` command copies the first ones).
+    using GradientsReady = std::function<void(GPT& model)>;
+
+    // Runs step number `index` (0-based over warm-up + measured steps) and returns its record:
+    // phase times, mean loss over the micro-steps, grad norm (0 without clipping), the LR used.
+    // A warm-up step's per-op times are not accumulated into the profiler's table.
+    StepRecord step(int index, bool warmup, const GradientsReady& gradients_ready = {});
+
+    // The phase running now, or the last one entered ("setup" before the first step): where a
+    // failure happened, for the error message.
+    const char* current_phase() const { return phase_name_; }
+
+    // Ends memory tracking (process peak RSS) and returns the summary; detaches the profiler.
+    MemorySummary finish();
+
+    Backend& backend() { return *backend_; }
+    GPT& model() { return model_; }
+    const AdamW& optimizer() const { return optim_; }
+    const PhaseTimer& timer() const { return timer_; }
+    // The per-op profiler (null unless cfg.profile.kernels).
+    const KernelProfiler* profiler() const { return profiler_.get(); }
+    KernelProfiler* profiler() { return profiler_.get(); }
+    size_t n_params() const { return model_.parameter_table().total_count(); }
+    // Analytic model FLOPs of one step: forward + backward over all grad_accum micro-steps.
+    double flops_per_step() const;
+
+  private:
+    void micro_step(int m);
+    double read_back_loss();
+    void enter(Phase p);
+    void leave(Phase p);
+
+    RunConfig cfg_;
+    int B_, T_, accum_;
+    std::unique_ptr<Backend> backend_;
+    std::unique_ptr<MemoryTracker> memory_;  // null when not tracking
+    GPT model_;
+    AdamW optim_;
+    std::unique_ptr<BatchSource> batches_;
+    DeviceBuffer d_inputs_, d_targets_;
+    // With accumulation, each micro-step's mean loss is reduced on the device into its own slot,
+    // so the step's loss needs one read-back, not one sync per micro-step.
+    DeviceBuffer d_losses_;
+    std::vector<float> h_losses_;
+    std::unique_ptr<KernelProfiler> profiler_;
+    PhaseTimer timer_;
+    const char* phase_name_ = "setup";
+};
+
+}  // namespace mt
