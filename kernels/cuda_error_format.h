@@ -1,6 +1,6 @@
-// Plain-C++ (header-only, so mt_cuda links it without depending on mt_core's objects)
-// formatting of CUDA / cuBLAS / cuDNN failures, kept free of CUDA headers so the CPU
-// test suite can pin the exact wording (tests/test_peak_flops.cpp). The CUDA backend's
+// Plain-C++ formatting of CUDA / cuBLAS / cuDNN failures, kept free of CUDA headers (and in
+// kernels/, not kernels/cuda/) so the CPU test suite can pin the exact wording
+// (tests/test_peak_flops.cpp) in builds without the CUDA backend. The CUDA backend's
 // CUDA_CHECK / CUBLAS_CHECK macros (kernels/cuda/runtime.cuh) call these with the library's own
 // name and description of the status.
 #pragma once

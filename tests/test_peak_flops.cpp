@@ -1,5 +1,5 @@
 // CPU-side tests of what the GPU path needs but no GPU to check: the peak-FLOP/s table (MFU's
-// denominator), the analytic FLOP/byte formulas of kernels/op_costs.h on small known cases, and
+// denominator), the analytic FLOP/byte formulas of the op table (kernels/ops.h) on small known cases, and
 // the wording of CUDA error / out-of-memory messages.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Status-to-exception plumbing for CUDA and cuBLAS (messages formatted by
-// kernels/cuda_error_format.cpp, which the CPU tests pin).
+// kernels/cuda_error_format.h, which the CPU tests pin).
 #include "kernels/cuda/runtime.cuh"
 
 namespace mt::cuda {
