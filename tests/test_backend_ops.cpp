@@ -6,8 +6,9 @@
 //       finite differences (in double, through those float64 forwards) of L = sum(dout * fwd(x))
 //       for every input that has a gradient, with gradients starting non-zero (the += rule).
 //   BackendOps/Cuda<Precision>MatchesCpu.<Case>   every other backend against the CPU backend
-//       on the same inputs (Mirror, tests/cuda/cuda_test_util.h). Without a usable CUDA device
-//       these skip, saying why.
+//       on the same inputs (Mirror, tests/cuda/cuda_test_util.h): today CUDA at fp32 and bf16
+//       (and tf32 for one matmul case). Without a usable CUDA device these skip, saying why
+//       (ctest lists them as skipped, not passed).
 //   BackendOps.<Behaviour>   coverage (every op in kOpNames has a case of each kind) and the
 //       front's own rules: the same rejection on every backend, "has no kernel" for a null
 //       entry, a bad request never reaching the kernel.
@@ -79,6 +80,8 @@ class BackendCase : public ::testing::Test {
     Precision precision_;
 };
 
+// The suite of the other backend at precision p. Today that backend is CUDA (Mirror pairs the
+// CPU with it); another backend would get its own suites and a Mirror of its own.
 const char* other_suite(Precision p) {
     switch (p) {
         case Precision::fp32:
