@@ -94,7 +94,7 @@ export -f configure
 stage configure 120 configure || true
 
 # ---- 3. build (Release, sm_$ARCH only) ----
-TESTS=(test_peak_flops test_cuda_backend test_cuda_ops test_cuda_attention test_cuda_training)
+TESTS=(test_peak_flops test_backend_ops test_cuda_backend test_cuda_attention test_cuda_training)
 export TESTS_STR="${TESTS[*]}"
 build() {
     # shellcheck disable=SC2086
