@@ -35,9 +35,9 @@
 // Peak RSS (getrusage ru_maxrss) is read before the probes, so their buffers never count.
 //
 // --profile (implies --probe) attaches the harness's KernelProfiler to the model: each op the
-// model scopes (the op table (kernels/ops.h) gives its analytic flops and bytes) is timed over the measured
-// steps and aggregated per op and, for matmuls, per layer shape (MatmulLayerLabels). The table
-// gives ms/step, % of step, GFLOP/s, GB/s, the arithmetic intensity and the roofline verdict
+// model scopes (the op table (kernels/ops.h) gives its analytic flops and bytes) is timed over the
+// measured steps and aggregated per op and, for matmuls, per layer shape (MatmulLayerLabels). The
+// table gives ms/step, % of step, GFLOP/s, GB/s, the arithmetic intensity and the roofline verdict
 // against the probes: ridge = sgemm probe FLOP/s / copy GB/s; an op below the ridge is memory-bound
 // and its attainable rate is intensity x bandwidth, above it compute-bound (attainable = sgemm
 // probe). "% roof" = achieved / attainable. Two bandwidths are measured: DRAM (256 MiB copy)
@@ -45,8 +45,6 @@
 // call fit in the L3 is judged against the in-cache rate (mem-LLC), otherwise DRAM (mem-DRAM). Time
 // not inside any op (memsets of gradient scratch, the clip-scale scalar, loss read-back) is listed
 // as "(outside ops)".
-#include <sys/resource.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -57,7 +55,9 @@
 #include <string>
 #include <vector>
 
+#include "harness/memory.h"
 #include "harness/profile.h"
+#include "harness/timing.h"
 #include "harness/training.h"
 #include "io/atomic_file.h"
 #include "kernels/cpu/gemm.h"
@@ -67,31 +67,14 @@ namespace {
 
 using json = nlohmann::json;
 
-double median(std::vector<double> v) {
-    if (v.empty()) throw std::invalid_argument("median of an empty series");
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double mean(const std::vector<double>& v) {
-    double t = 0;
-    for (double x : v) t += x;
-    return t / static_cast<double>(v.size());
+// The harness's statistics (harness/timing.h), the ones `microtrain run` reports.
+double median(const std::vector<double>& v) {
+    return mt::compute_stats(v).median;
 }
 
 json series_json(const std::vector<double>& v) {
-    return {{"median", median(v)},
-            {"min", *std::min_element(v.begin(), v.end())},
-            {"max", *std::max_element(v.begin(), v.end())},
-            {"all", v}};
-}
-
-// Peak resident set size of this process in MiB (Linux reports ru_maxrss in KiB).
-double peak_rss_mib() {
-    rusage ru{};
-    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-    return static_cast<double>(ru.ru_maxrss) / 1024.0;
+    const mt::SeriesStats s = mt::compute_stats(v);
+    return {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"all", v}};
 }
 
 struct Args {
@@ -266,7 +249,7 @@ const char* bound_label(const mt::KernelStat& k) {
 json profile_json(const mt::KernelProfiler& profiler, const Probes& p, const Args& a,
                   const StepSeries& series) {
     const mt::MachinePeaks roof = p.roof();
-    const double mean_step = mean(series.step);
+    const double mean_step = mt::compute_stats(series.step).mean;
     const std::vector<mt::KernelStat> rows =
         profiler.table(mean_step, a.steps, roof, {p.llc_bytes, p.llc_bytes_per_s});
     std::printf(
@@ -347,8 +330,9 @@ int run(const Args& a) {
 
     StepSeries series;
     if (!run_steps(session, a, series)) return 1;
-    session.finish();                   // detaches the profiler
-    const double rss = peak_rss_mib();  // before the probes allocate anything
+    session.finish();  // detaches the profiler
+    // Peak RSS in MiB, before the probes allocate anything.
+    const double rss = static_cast<double>(mt::process_peak_rss_bytes()) / (1 << 20);
     json out = step_json(a, cfg, session, series, rss);
     const double step_ms = median(series.step), gflops = out["gflops"].get<double>();
     std::printf("  median step %.1f ms  (forward %.1f, backward %.1f, optimizer %.1f)\n", step_ms,

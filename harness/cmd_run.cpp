@@ -64,7 +64,9 @@ int run_run(const RunArgs& a) {
     bool failed = false;
     for (const RunResult& r : ex.runs) failed |= r.status == RunStatus::failed;
     try {
-        const Comparison cmp = build_comparison(load_results(dir + "/results.json"), dir);
+        // From the file just written, read back through the schema once: the table printed here
+        // is the one results.json holds.
+        const Comparison cmp = build_comparison(read_results(dir + "/results.json"));
         std::printf("\n%s\n", render_comparison_md(cmp).c_str());
     } catch (const std::exception& e) {
         std::fprintf(stderr, "microtrain run: could not render the comparison: %s\n", e.what());

@@ -351,10 +351,6 @@ Comparison build_comparison(const Results& results) {
     return c;
 }
 
-Comparison build_comparison(const json& results, const std::string& label) {
-    return build_comparison(results_from_json(results, label));
-}
-
 Comparison compare_results(const Results& a, const std::string& a_label, const Results& b,
                            const std::string& b_label, const std::string& a_variant,
                            const std::string& b_variant) {

@@ -66,9 +66,6 @@ struct Comparison {
 
 // The comparison of every variant of one results file against its baseline.
 Comparison build_comparison(const Results& results);
-// The same for a results.json document (read with results_from_json; `label` names it in error
-// messages).
-Comparison build_comparison(const nlohmann::json& results, const std::string& label = "results");
 // `microtrain compare`: the baseline variant of `a` (its experiment baseline, or `a_variant`)
 // against every measured variant of `b` (or only `b_variant`). "What it changed" is the config
 // difference between the two. Throws ReportError for unusable or incompatible inputs.

@@ -237,7 +237,8 @@ TEST(TraceJson, IsChromeTraceFormatWithEveryPhase) {
 }
 
 TEST(Comparison, DeltasAreBaselineMinusVariantAndVerdictsFollow) {
-    const Comparison c = build_comparison(results_to_json(make_experiment()));
+    const Comparison c =
+        build_comparison(results_from_json(results_to_json(make_experiment()), "results"));
     ASSERT_EQ(c.rows.front().name, "baseline");
     EXPECT_TRUE(c.rows.front().is_baseline);
     EXPECT_EQ(c.rows.front().verdict, "baseline");
@@ -277,7 +278,7 @@ TEST(Comparison, SmallDeltaInsideTheSpreadIsWithinNoise) {
     ex.baseline = "baseline";
     ex.runs.push_back(make_run("baseline", {9, 10, 11, 10, 12, 8}, 5.0, 1 << 20));
     ex.runs.push_back(make_run("tiny-gain", {8.8, 9.8, 10.8, 9.8, 11.8, 7.8}, 5.0, 1 << 20));
-    const Comparison c = build_comparison(results_to_json(ex));
+    const Comparison c = build_comparison(results_from_json(results_to_json(ex), "results"));
     const ComparisonRow& r = row(c, "tiny-gain");
     EXPECT_GT(*r.dtime_ms, 0);
     EXPECT_TRUE(r.within_noise);

@@ -201,7 +201,7 @@ TEST_F(RunnerTest, VariantNeedingAGpuIsSkippedWithAReason) {
     EXPECT_EQ(ex.runs[0].status, RunStatus::ok);
     EXPECT_EQ(ex.runs[1].status, RunStatus::skipped);
     EXPECT_NE(ex.runs[1].message.find("needs a GPU"), std::string::npos) << ex.runs[1].message;
-    const Comparison c = build_comparison(results_to_json(ex));
+    const Comparison c = build_comparison(to_results(ex));
     EXPECT_NE(c.rows[1].verdict.find("needs a GPU"), std::string::npos) << c.rows[1].verdict;
 }
 

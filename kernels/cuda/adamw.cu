@@ -118,10 +118,10 @@ __global__ void adamw_fused_kernel(float* p, const float* grad, float* m, float*
     }
 }
 
-void adamw(AdamWVariant variant, float* params, const float* grads, float* m, float* v,
-           std::span<const AdamWSlice> slices, const math::AdamWScalars& sc,
+void adamw(AdamWImpl impl, float* params, const float* grads, float* m, float* v,
+           std::span<const TensorSlice> slices, const math::AdamWScalars& sc,
            const float* grad_scale, cudaStream_t s) {
-    if (variant == AdamWVariant::unfused) {
+    if (impl == AdamWImpl::unfused) {
         for (const auto& t : slices) {
             if (t.count == 0) continue;
             const unsigned g = grid_for(t.count);
@@ -137,7 +137,7 @@ void adamw(AdamWVariant variant, float* params, const float* grads, float* m, fl
         }
         return;
     }
-    if (variant == AdamWVariant::multi_tensor) {
+    if (impl == AdamWImpl::multi_tensor) {
         for (const auto& t : slices) {
             if (t.count == 0) continue;
             adamw_tensor_kernel<<<grid_for(t.count), kThreads, 0, s>>>(
@@ -147,19 +147,13 @@ void adamw(AdamWVariant variant, float* params, const float* grads, float* m, fl
         }
         return;
     }
-    // fused: sort slices by offset, reject overlaps, merge adjacent slices with the same flag.
-    std::vector<AdamWSlice> sorted(slices.begin(), slices.end());
-    std::sort(sorted.begin(), sorted.end(),
-              [](const AdamWSlice& a, const AdamWSlice& b) { return a.offset < b.offset; });
-    std::vector<AdamWSlice> merged;
-    for (const auto& t : sorted) {
+    // fused: merge adjacent slices with the same flag (op::AdamWUpdate::check has made sure they
+    // are sorted by offset and disjoint).
+    std::vector<TensorSlice> merged;
+    for (const auto& t : slices) {
         if (t.count == 0) continue;
         if (!merged.empty()) {
-            AdamWSlice& back = merged.back();
-            if (t.offset < back.offset + back.count)
-                throw BackendError("adamw_update (fused): tensor slices overlap at element " +
-                                   std::to_string(t.offset) +
-                                   "; each parameter must belong to exactly one slice");
+            TensorSlice& back = merged.back();
             if (t.offset == back.offset + back.count && t.decay == back.decay) {
                 back.count += t.count;
                 continue;
@@ -173,7 +167,7 @@ void adamw(AdamWVariant variant, float* params, const float* grads, float* m, fl
         runs.count = static_cast<int>(std::min<size_t>(kMaxRuns, merged.size() - base));
         size_t elems = 0;
         for (int r = 0; r < runs.count; ++r) {
-            const AdamWSlice& t = merged[base + r];
+            const TensorSlice& t = merged[base + r];
             runs.start[r] = t.offset;
             runs.end[r] = t.offset + t.count;
             if (t.decay) runs.decay_bits[r / 32] |= 1u << (r % 32);

@@ -418,14 +418,8 @@ class CudaBackend final : public Backend {
         cuda::clip_scale(a.clip_scale, a.norm_sq, a.max_norm, stream());
     }
     void kernel(const op::AdamWUpdate& a) {
-        const math::AdamWScalars s = adamw_scalars(a.hp);
-        slices_.clear();
-        for (const TensorSlice& t : a.tensors) slices_.push_back({t.offset, t.count, t.decay});
-        const cuda::AdamWVariant var = a.impl == AdamWImpl::unfused ? cuda::AdamWVariant::unfused
-                                       : a.impl == AdamWImpl::multi_tensor
-                                           ? cuda::AdamWVariant::multi_tensor
-                                           : cuda::AdamWVariant::fused;
-        cuda::adamw(var, a.params, a.grads, a.m, a.v, slices_, s, a.grad_scale, stream());
+        cuda::adamw(a.impl, a.params, a.grads, a.m, a.v, a.tensors, adamw_scalars(a.hp),
+                    a.grad_scale, stream());
     }
 
   private:
@@ -452,7 +446,6 @@ class CudaBackend final : public Backend {
     float* partials_ = nullptr;
     void* attn_ws_ = nullptr;
     size_t attn_ws_bytes_ = 0;
-    std::vector<cuda::AdamWSlice> slices_;
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/runtime.cuh"
 #include "kernels/math.h"
+#include "kernels/ops.h"
 
 namespace mt::cuda {
 
@@ -71,13 +72,9 @@ void sum_squares(float* out, const float* x, size_t n, float* partials, cudaStre
 void clip_scale(float* out, const float* norm_sq, float max_norm, cudaStream_t s);
 
 // ---- adamw.cu ----
-struct AdamWSlice {
-    size_t offset, count;
-    bool decay;
-};
-enum class AdamWVariant { unfused, multi_tensor, fused };
-void adamw(AdamWVariant variant, float* params, const float* grads, float* m, float* v,
-           std::span<const AdamWSlice> slices, const math::AdamWScalars& sc,
+// The three implementations of op::AdamWUpdate; `slices` sorted and disjoint (the op's check).
+void adamw(AdamWImpl impl, float* params, const float* grads, float* m, float* v,
+           std::span<const TensorSlice> slices, const math::AdamWScalars& sc,
            const float* grad_scale, cudaStream_t s);
 
 // ---- attention.cu ----
