@@ -48,8 +48,12 @@ int run_validate(const ValidateArgs& a) {
     std::printf("%s: experiment '%s', %zu variant%s, baseline '%s'\n", a.file.c_str(),
                 spec.name.c_str(), spec.variants.size(), spec.variants.size() == 1 ? "" : "s",
                 spec.baseline.c_str());
-    std::printf("compare: loss_tolerance %g (relative, mean loss)   report: out_dir %s\n",
-                spec.loss_tolerance, spec.out_dir.c_str());
+    const std::string tolerance =
+        spec.loss_tolerance
+            ? std::to_string(*spec.loss_tolerance) + " (relative, mean and final loss)"
+            : std::string("from the baseline's step-to-step loss spread");
+    std::printf("compare: loss_tolerance %s   report: out_dir %s\n", tolerance.c_str(),
+                spec.out_dir.c_str());
     for (const auto& o : a.overrides) std::printf("--set %s\n", o.c_str());
 
     // The base config is what every variant starts from; the variants list only what they change.

@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -29,6 +30,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -48,15 +50,6 @@ constexpr size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);  // 1024
 
 [[noreturn]] void data_error(const std::string& path, const std::string& what) {
     throw DataError("'" + path + "': " + what);
-}
-
-// splitmix64: a 64-bit bijective mixer; good enough to hash (seed, position) into tokens and to
-// derive per-epoch shuffle seeds, and identical on every platform.
-uint64_t splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
 }
 
 // Uniform integer in [0, bound) from a 64-bit engine, by rejection (no modulo bias), written out
@@ -203,10 +196,10 @@ struct DataLoader::Impl {
     uint64_t seed = 0;
     Backend* backend = nullptr;
 
-    std::vector<uint16_t> tokens;  // tokens / text sources
-    size_t n = 0;                  // tokens in the stream (synthetic: nominal)
-    uint64_t windows = 0;          // W = (n-1)/T
-    uint64_t synth_seed = 0;
+    std::vector<uint16_t> tokens;              // tokens / text sources
+    size_t n = 0;                              // tokens in the stream (synthetic: nominal)
+    uint64_t windows = 0;                      // W = (n-1)/T
+    std::optional<SyntheticTokens> synthetic;  // source synthetic
 
     // Per-epoch window permutations, computed on demand and cached (a few epochs: a batch spans
     // at most two, and the ring is short). Recomputing an evicted one gives the same result.
@@ -233,10 +226,10 @@ struct DataLoader::Impl {
     std::exception_ptr error;
     std::vector<std::thread> threads;
 
-    int token_at(uint64_t p) const {
-        if (cfg.source == DataSource::synthetic)
-            return static_cast<int>(splitmix64(synth_seed + p) % static_cast<uint64_t>(vocab));
-        return tokens[p];
+    // Tokens [start, start + count) of the stream into out.
+    void read_tokens(uint64_t start, int count, int* out) const {
+        if (synthetic) return synthetic->read(start, count, out);
+        std::copy_n(tokens.begin() + static_cast<ptrdiff_t>(start), count, out);
     }
 
     std::shared_ptr<const std::vector<uint32_t>> perm(uint64_t epoch) {
@@ -257,17 +250,18 @@ struct DataLoader::Impl {
         const int B = cfg.batch_size, T = cfg.seq_len;
         std::shared_ptr<const std::vector<uint32_t>> p;
         uint64_t p_epoch = UINT64_MAX;
+        std::vector<int> window(static_cast<size_t>(T) + 1);
         for (int r = 0; r < B; ++r) {
             const uint64_t g = i * static_cast<uint64_t>(B) + r;
             const uint64_t epoch = g / windows;
             if (epoch != p_epoch) p = perm(epoch), p_epoch = epoch;
             const uint64_t start = static_cast<uint64_t>((*p)[g % windows]) * T;
+            // The window's T+1 tokens: inputs are the first T, targets the last T.
             int* in = inputs + static_cast<size_t>(r) * T;
             int* tg = targets + static_cast<size_t>(r) * T;
-            for (int t = 0; t < T; ++t) {
-                in[t] = token_at(start + t);
-                tg[t] = token_at(start + t + 1);
-            }
+            read_tokens(start, T + 1, window.data());
+            std::copy_n(window.data(), T, in);
+            std::copy_n(window.data() + 1, T, tg);
             spin_for_us(cfg.preprocess_us, stop);  // SIMULATED per-sample preprocessing
             if (stop.load(std::memory_order_relaxed)) return;
         }
@@ -335,10 +329,10 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
     const uint64_t need = B * T + 1;  // B windows of T+1 tokens overlapping by one
     switch (c.source) {
         case DataSource::synthetic:
-            // A virtual stream of uniform tokens: token p = hash(seed, p) mod vocab (the modulo
-            // bias is below vocab / 2^64). Nominal length: 64 batches, at least 2^20 tokens.
+            // A virtual stream (harness/synthetic.h: markov or uniform), computed per window.
+            // Nominal length: 64 batches, at least 2^20 tokens.
             m.n = std::max<uint64_t>(uint64_t{1} << 20, 64 * need);
-            m.synth_seed = splitmix64(seed ^ 0xD47A5EEDull);
+            m.synthetic.emplace(c.synthetic, vocab_size, seed);
             break;
         case DataSource::tokens: {
             if (c.path.empty()) bad("source tokens needs a path (data.path)");
@@ -476,6 +470,7 @@ std::string DataLoader::describe() const {
     const DataConfig& c = impl_->cfg;
     std::ostringstream os;
     os << source_name(c.source);
+    if (c.source == DataSource::synthetic) os << " " << enum_name(c.synthetic);
     if (c.source != DataSource::synthetic) os << " '" << c.path << "'";
     os << " (" << impl_->n << " tokens" << (c.source == DataSource::synthetic ? ", nominal" : "")
        << "), B" << c.batch_size << " T" << c.seq_len << ", workers " << c.workers;

@@ -352,6 +352,8 @@ void add_backend_and_model_keys(std::vector<KeyDef>& t) {
 void add_data_keys(std::vector<KeyDef>& t) {
     t.push_back(enum_key<DataSource>("data.source",
                                      [](RunConfig& c) -> DataSource& { return c.data.source; }));
+    t.push_back(enum_key<SyntheticKind>(
+        "data.synthetic", [](RunConfig& c) -> SyntheticKind& { return c.data.synthetic; }));
     {
         KeyDef k{"data.path", Kind::string, {}, nullptr, nullptr, nullptr};
         k.set = [](RunConfig& c, const Value& v) { c.data.path = v.s; };
@@ -589,7 +591,7 @@ struct ParsedFile {
     Settings settings;
     std::string name;
     std::string baseline, baseline_where;
-    double loss_tolerance = 0.02;
+    std::optional<double> loss_tolerance;
     std::string out_dir = "runs";
     bool has_variants = false;
     std::vector<VariantSpec> variants;
