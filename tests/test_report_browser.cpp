@@ -104,13 +104,14 @@ bool is_console_error(const std::string& line) {
 // Renders `page` in headless Chromium (its own profile in `work`), killed after 60 s.
 Render render(const std::string& chromium, const fs::path& page, const fs::path& work) {
     const fs::path dom = work / "dom.html", log = work / "chromium.log";
-    const std::string cmd = "timeout -k 5 60 " + quoted(chromium) +
-                            " --headless=new --no-sandbox --disable-gpu --no-first-run"
-                            " --no-default-browser-check --disable-extensions"
-                            " --enable-logging=stderr --v=0 --user-data-dir=" +
-                            quoted((work / "profile").string()) + " --dump-dom " +
-                            quoted("file://" + fs::absolute(page).string()) + " > " +
-                            quoted(dom.string()) + " 2> " + quoted(log.string()) + " < /dev/null";
+    const std::string cmd =
+        "timeout -k 5 60 " + quoted(chromium) +
+        " --headless=new --no-sandbox --disable-gpu --no-first-run"
+        " --no-default-browser-check --disable-extensions --disable-dev-shm-usage"
+        " --enable-logging=stderr --v=0 --user-data-dir=" +
+        quoted((work / "profile").string()) + " --dump-dom " +
+        quoted("file://" + fs::absolute(page).string()) + " > " + quoted(dom.string()) + " 2> " +
+        quoted(log.string()) + " < /dev/null";
     Render r;
     const int st = std::system(cmd.c_str());
     r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
