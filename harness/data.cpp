@@ -17,6 +17,7 @@
 #include "harness/data.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,6 +61,11 @@ uint64_t uniform_below(std::mt19937_64& rng, uint64_t bound) {
     do r = rng();
     while (r >= limit);
     return r % bound;
+}
+
+void require_regular_file(const std::string& path) {
+    if (auto problem = not_a_regular_file(path))
+        data_error(path, *problem + "; data.path must name a token or text file");
 }
 
 // Busy-spins for `us` microseconds: SIMULATED CPU work per sample (decoding, augmentation,
@@ -327,6 +333,7 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
 
     const uint64_t B = c.batch_size, T = c.seq_len;
     const uint64_t need = B * T + 1;  // B windows of T+1 tokens overlapping by one
+    if (c.source != DataSource::synthetic && !c.path.empty()) require_regular_file(c.path);
     switch (c.source) {
         case DataSource::synthetic:
             // A virtual stream (harness/synthetic.h: markov or uniform), computed per window.
@@ -478,6 +485,32 @@ std::string DataLoader::describe() const {
     if (c.pin_memory) os << ", pinned";
     if (c.preprocess_us > 0) os << ", preprocess " << c.preprocess_us << " us/sample (simulated)";
     return os.str();
+}
+
+std::optional<std::string> not_a_regular_file(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+        const int err = errno;
+        if (err == ENOENT) return "does not exist";
+        if (err == ELOOP) return "cannot be opened: too many levels of symbolic links (a loop)";
+        return std::string("cannot be opened: ") + std::strerror(err);
+    }
+    if (S_ISREG(st.st_mode)) return std::nullopt;
+    if (S_ISDIR(st.st_mode)) return "is a directory, not a regular file";
+    if (S_ISFIFO(st.st_mode)) return "is a FIFO (named pipe), not a regular file";
+    if (S_ISSOCK(st.st_mode)) return "is a socket, not a regular file";
+    if (S_ISCHR(st.st_mode)) return "is a character device, not a regular file";
+    if (S_ISBLK(st.st_mode)) return "is a block device, not a regular file";
+    return "is not a regular file";
+}
+
+void check_data_source(const DataConfig& config, int vocab_size) {
+    if (config.source == DataSource::synthetic) return;
+    DataConfig probe = config;  // synchronous, unpinned: no threads, no backend
+    probe.workers = 0;
+    probe.pin_memory = false;
+    probe.preprocess_us = 0;
+    DataLoader loader(probe, vocab_size, /*seed=*/0);
 }
 
 }  // namespace mt

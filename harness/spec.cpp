@@ -952,13 +952,16 @@ struct Resolver {
                                    " reads " + what + ": add `path: <file>` to the data section");
         const std::string& p = c.data.path;
         std::error_code ec;
-        if (!fs::exists(p, ec))
+        if (!fs::exists(p, ec) && !ec)  // ec set (e.g. ELOOP): not_a_regular_file says what
             error("data.path", "expected " + std::string(what) + ", got '" + p +
                                    "' which does not exist; check the path (relative paths "
                                    "resolve against the experiment file's directory)");
         if (fs::is_directory(p, ec))
             error("data.path", "expected " + std::string(what) + ", got the directory '" + p +
                                    "'; name a file inside it");
+        if (auto problem = not_a_regular_file(p))  // a FIFO would block the open below forever
+            error("data.path",
+                  "expected " + std::string(what) + ", got '" + p + "' which " + *problem);
         {
             std::ifstream f(p, std::ios::binary);
             if (!f)
