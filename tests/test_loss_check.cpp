@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -116,6 +117,9 @@ TEST_F(LossCheckTest, WrongGradientVariantIsToldDoNotKeep) {
     EXPECT_TRUE(*fused.loss_within_tolerance) << fused.verdict;
 
     const ComparisonVerdict& wrong = verdict_of(res, "wrong-gradient");
+    std::printf("  tolerance: %.4f nats (%s)\n  fused-adamw: %s\n  wrong-gradient: %s\n",
+                *res.comparison.loss_tolerance_nats, res.comparison.loss_tolerance_basis.c_str(),
+                fused.verdict.c_str(), wrong.verdict.c_str());
     ASSERT_TRUE(wrong.loss_within_tolerance.has_value());
     EXPECT_FALSE(*wrong.loss_within_tolerance) << wrong.verdict;
     EXPECT_EQ(wrong.decision, Decision::reject);
