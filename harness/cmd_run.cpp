@@ -1,9 +1,13 @@
 // `microtrain run FILE [--set key=value]... [--out-dir DIR]`: runs every variant of an experiment,
 // writes the run folder (report.md, report.html, results.json, steps.csv, trace.json) and prints
-// the comparison table and the folder's path.
-// Exit codes: 0 all variants ran (or were skipped with a reason, e.g. "needs a GPU"), 1 a
-// variant failed (non-finite loss, out of memory, ...), 2 the experiment file is invalid,
-// 130 interrupted by Ctrl-C (the report is still written with what was measured).
+// the comparison table and the folder's path. The folder is created before the first variant
+// runs (an unusable --out-dir fails at once) and marked PARTIAL until every file is written
+// (harness/run_folder.h). Stop signals (Ctrl-C, SIGTERM, SIGHUP, ...: harness/signals.h) stop
+// the steps; the report of what was measured is still written, and no signal cuts it off.
+// Exit codes: 0 all variants ran (or were skipped with a reason, e.g. "needs a GPU", "does not
+// fit in memory"), 1 a variant failed (non-finite loss, ...) or the run folder could not be
+// completed (it is marked PARTIAL), 2 the experiment file is invalid or the output directory is
+// unusable, 128+n stopped by signal n (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -11,7 +15,9 @@
 
 #include "harness/commands.h"
 #include "harness/report.h"
+#include "harness/run_folder.h"
 #include "harness/runner.h"
+#include "harness/signals.h"
 #include "harness/spec.h"
 
 namespace mt {
@@ -27,6 +33,44 @@ struct RunArgs {
     int interrupt_at_step = -1;
 };
 
+void print_header(std::FILE* out, const ExperimentSpec& spec, const std::string& dir) {
+    if (!out) return;
+    std::fprintf(out, "microtrain run: experiment '%s' (%s), %zu variant(s), baseline '%s'\n",
+                 spec.name.c_str(), spec.source_path.c_str(), spec.variants.size(),
+                 spec.baseline.c_str());
+    std::fprintf(out, "  writing to %s (marked PARTIAL until the report is written)\n",
+                 dir.c_str());
+    for (const RunConfig& v : spec.variants)
+        if (v.changed.size() > 1)
+            std::fprintf(out,
+                         "  note: variant '%s' changes %zu knobs: its effect cannot be "
+                         "attributed to one of them\n",
+                         v.variant.c_str(), v.changed.size());
+}
+
+// Writes the run folder and prints the comparison read back from it. Returns false when the
+// folder could not be completed (it is then marked PARTIAL).
+bool write_and_print(const ExperimentResult& ex, const std::string& dir) {
+    try {
+        write_run_files(ex, dir);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "microtrain run: could not write the whole report: %s\n", e.what());
+        return false;
+    }
+    try {
+        // From the file just written, read back through the schema once: the table printed here
+        // is the one results.json holds.
+        const Comparison cmp = build_comparison(read_results(dir + "/results.json"));
+        std::printf("\n%s\n", render_comparison_md(cmp).c_str());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "microtrain run: could not render the comparison: %s\n", e.what());
+        return false;
+    }
+    std::printf("run folder: %s\n  report: %s/report.md\n  charts: %s/report.html\n", dir.c_str(),
+                dir.c_str(), dir.c_str());
+    return true;
+}
+
 int run_run(const RunArgs& a) {
     ExperimentSpec spec;
     try {
@@ -35,58 +79,45 @@ int run_run(const RunArgs& a) {
         std::fprintf(stderr, "microtrain run: %s\n", e.what());
         return 2;
     }
-    std::FILE* out = a.quiet ? nullptr : stdout;
-    if (out) {
-        std::fprintf(out, "microtrain run: experiment '%s' (%s), %zu variant(s), baseline '%s'\n",
-                     spec.name.c_str(), spec.source_path.c_str(), spec.variants.size(),
-                     spec.baseline.c_str());
-        for (const RunConfig& v : spec.variants)
-            if (v.changed.size() > 1)
-                std::fprintf(out,
-                             "  note: variant '%s' changes %zu knobs: its effect cannot be "
-                             "attributed to one of them\n",
-                             v.variant.c_str(), v.changed.size());
+    // From here to the end, a stop signal only stops the steps; the report is always written.
+    StopSignals signals;
+    std::string dir;
+    try {
+        dir = create_run_folder(spec.name, a.out_dir.empty() ? spec.out_dir : a.out_dir);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "microtrain run: %s\n", e.what());
+        return 2;
     }
+    std::FILE* out = a.quiet ? nullptr : stdout;
+    print_header(out, spec, dir);
     RunnerOptions ro;
     ro.out = out;
     ro.inject_variant = a.inject_variant;
     ro.inject_nan_at_step = a.inject_nan_at_step;
     ro.interrupt_at_step = a.interrupt_at_step;
-    const ExperimentResult ex = run_experiment(spec, ro);
-
-    std::string dir;
-    try {
-        dir = write_run_folder(ex, a.out_dir.empty() ? spec.out_dir : a.out_dir);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "microtrain run: could not write the report: %s\n", e.what());
-        return 1;
+    ro.handle_sigint = false;  // `signals` above covers the run and the report
+    ExperimentResult ex = run_experiment(spec, ro);
+    signals.protect_writes();
+    if (out) std::fprintf(out, "\nwriting the report to %s\n", dir.c_str());
+    if (out) std::fflush(out);
+    const bool complete = write_and_print(ex, dir);
+    // A signal after the last step (or while writing) did not cut anything short, but the exit
+    // code still says the process was asked to stop.
+    const int sig = ex.stop_signal ? ex.stop_signal : stop_signal();
+    if (sig) {
+        std::fprintf(stderr, "microtrain run: %s by %s; the report covers the steps measured%s\n",
+                     ex.interrupted ? "interrupted" : "asked to stop",
+                     signal_description(sig).c_str(),
+                     ex.interrupted ? " before it" : " (all of them)");
+        return 128 + sig;
     }
     bool failed = false;
-    for (const RunResult& r : ex.runs) failed |= r.status == RunStatus::failed;
-    try {
-        // From the file just written, read back through the schema once: the table printed here
-        // is the one results.json holds.
-        const Comparison cmp = build_comparison(read_results(dir + "/results.json"));
-        std::printf("\n%s\n", render_comparison_md(cmp).c_str());
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "microtrain run: could not render the comparison: %s\n", e.what());
-        return 1;
-    }
-    std::printf("run folder: %s\n  report: %s/report.md\n  charts: %s/report.html\n", dir.c_str(),
-                dir.c_str(), dir.c_str());
-    if (ex.interrupted) {
-        std::fprintf(stderr,
-                     "microtrain run: interrupted; the report covers the steps measured "
-                     "before Ctrl-C\n");
-        return 130;
-    }
-    if (failed) {
-        for (const RunResult& r : ex.runs)
-            if (r.status == RunStatus::failed)
-                std::fprintf(stderr, "microtrain run: %s\n", r.message.c_str());
-        return 1;
-    }
-    return 0;
+    for (const RunResult& r : ex.runs)
+        if (r.status == RunStatus::failed) {
+            std::fprintf(stderr, "microtrain run: %s\n", r.message.c_str());
+            failed = true;
+        }
+    return failed || !complete ? 1 : 0;
 }
 
 }  // namespace

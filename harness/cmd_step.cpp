@@ -10,11 +10,14 @@
 //                  first step), `<name>` (parameters after the last step). Tensors have the
 //                  model's shapes, except that wte and its gradient keep W's row count (a
 //                  nanoGPT wte of vocab_size rows stays unpadded). Written atomically.
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/commands.h"
@@ -25,6 +28,9 @@
 
 namespace mt {
 namespace {
+
+// The most steps one `step` call runs: the loss of each is kept and written.
+constexpr int kMaxSteps = 1000000;
 
 struct StepArgs {
     std::string weights, batch, out;
@@ -109,7 +115,26 @@ RunConfig step_config(const StepArgs& a, const GPTConfig& model, const Batch& ba
     return c;
 }
 
+// Refuses an --out that is the same file as an input, by filesystem identity (device and inode),
+// so a relative path, a symlink or a hard link to --weights or --batch is caught like the same
+// string: writing O would replace the input.
+void check_out_is_not_an_input(const StepArgs& a) {
+    struct stat out {};
+    if (::stat(a.out.c_str(), &out) != 0) return;  // does not exist yet: cannot be an input
+    const std::pair<const char*, const std::string*> inputs[] = {{"--weights", &a.weights},
+                                                                  {"--batch", &a.batch}};
+    for (const auto& [flag, path] : inputs) {
+        struct stat in {};
+        if (::stat(path->c_str(), &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino)
+            throw std::invalid_argument("--out '" + a.out + "' is the same file as " + flag +
+                                        " '" + *path +
+                                        "': writing the output would replace the input; choose "
+                                        "another --out path");
+    }
+}
+
 int run_step(const StepArgs& a) {
+    check_out_is_not_an_input(a);
     SafeTensorsFile w = SafeTensorsFile::open(a.weights);
     auto batch =
         std::make_unique<RepeatedBatch>(read_batch(a.batch, read_checkpoint_config(w), a.weights));
@@ -214,9 +239,10 @@ void register_step_command(CLI::App& app, int& exit_code) {
                     "O.safetensors to write: 'loss' [N], 'grad.<name>' (first step), '<name>' "
                     "(after the last step)")
         ->required();
-    cmd->add_option("--steps", a->steps, "Number of AdamW steps N")
+    cmd->add_option("--steps", a->steps, "Number of AdamW steps N (1.." +
+                                             std::to_string(kMaxSteps) + ")")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(CLI::Range(1, kMaxSteps));
     cmd->add_option("--lr", a->optim.lr, "Learning rate (constant)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
@@ -254,9 +280,11 @@ void register_step_command(CLI::App& app, int& exit_code) {
     cmd->add_option("--backend", a->backend, "cpu or cuda")
         ->capture_default_str()
         ->check(CLI::IsMember({"cpu", "cuda"}));
-    cmd->add_option("--threads", a->threads, "CPU threads (0 = OpenMP's default)")
+    cmd->add_option("--threads", a->threads,
+                    "CPU threads (0 = OpenMP's default, at most " + std::to_string(kMaxThreads) +
+                        ")")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(CLI::Range(0, kMaxThreads));
     cmd->callback([a, &exit_code] {
         try {
             exit_code = run_step(*a);

@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -31,17 +33,34 @@ std::string cache_file() {
     return (std::filesystem::path(peaks_cache_dir()) / "cpu_peaks.json").string();
 }
 
+// A cache that cannot be used is said once per process, naming the file, and then measured
+// again and rewritten (never a failed run, never a silent wrong peak).
+void warn_bad_cache(const std::string& why) {
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    const std::lock_guard<std::mutex> lock(mu);
+    const std::string key = cache_file() + why;
+    if (!warned.insert(key).second) return;
+    std::fprintf(stderr,
+                 "microtrain: warning: ignoring the peak cache %s: %s; measuring the peaks again "
+                 "(the cache is rewritten with the new figures)\n",
+                 cache_file().c_str(), why.c_str());
+}
+
 nlohmann::json read_cache() {
     std::ifstream in(cache_file());
     if (!in) return nlohmann::json::object();
     try {
         nlohmann::json j = nlohmann::json::parse(in);
-        if (!j.is_object() || j.value("probe_version", 0) != kProbeVersion ||
-            !j.contains("devices") || !j["devices"].is_object())
-            return nlohmann::json::object();
+        const bool this_probe = j.is_object() && j.contains("probe_version") &&
+                                j["probe_version"].is_number_integer() &&
+                                j["probe_version"].get<int>() == kProbeVersion;
+        if (!this_probe || !j.contains("devices") || !j["devices"].is_object())
+            return nlohmann::json::object();  // another probe version's cache: re-measured
         return j;
-    } catch (const std::exception&) {
-        return nlohmann::json::object();  // a corrupt cache is re-measured and rewritten
+    } catch (const std::exception& e) {
+        warn_bad_cache(std::string("not valid JSON (") + e.what() + ")");
+        return nlohmann::json::object();
     }
 }
 
@@ -49,15 +68,29 @@ std::optional<MachinePeaks> cached_peaks(const std::string& device_name) {
     nlohmann::json j = read_cache();
     if (!j.contains("devices") || !j["devices"].contains(device_name)) return std::nullopt;
     const auto& e = j["devices"][device_name];
-    if (!e.contains("flops_per_s") || !e.contains("bytes_per_s")) return std::nullopt;
+    const std::string at = "devices[\"" + device_name + "\"]";
+    if (!e.is_object()) {
+        warn_bad_cache(at + " is " + e.type_name() + ", expected an object");
+        return std::nullopt;
+    }
+    for (const char* k : {"flops_per_s", "bytes_per_s"}) {
+        if (!e.contains(k)) return std::nullopt;
+        if (!e[k].is_number()) {
+            warn_bad_cache(at + "." + k + " is " + e[k].dump() + ", expected a number");
+            return std::nullopt;
+        }
+    }
     MachinePeaks p;
     p.flops_per_s = e["flops_per_s"].get<double>();
     p.bytes_per_s = e["bytes_per_s"].get<double>();
     if (!(p.flops_per_s > 0) || !(p.bytes_per_s > 0)) return std::nullopt;
-    const std::string when = e.value("measured_utc", std::string("?"));
-    p.flops_source = e.value("flops_probe", std::string("measured")) + " (cached in " +
-                     cache_file() + ", measured " + when + ")";
-    p.bytes_source = e.value("bytes_probe", std::string("measured")) + " (cached)";
+    auto text = [&](const char* k, const char* dflt) {
+        return e.contains(k) && e[k].is_string() ? e[k].get<std::string>() : std::string(dflt);
+    };
+    const std::string when = text("measured_utc", "?");
+    p.flops_source =
+        text("flops_probe", "measured") + " (cached in " + cache_file() + ", measured " + when + ")";
+    p.bytes_source = text("bytes_probe", "measured") + " (cached)";
     p.from_cache = true;
     return p;
 }

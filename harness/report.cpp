@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include "harness/run_folder.h"
+
 namespace mt {
 
 using nlohmann::json;
@@ -270,7 +272,9 @@ bool judge_unmeasurable(ComparisonRow& r, const ComparisonRow& b, bool baseline_
             v += ": " + failure_short(r);
         set_verdict(r, Decision::baseline, v);
     } else if (r.status == RunStatus::skipped) {
-        set_verdict(r, Decision::not_run, "not run: " + failure_short(r));
+        // Results written before the runner's message lost its own "not run: " say it already.
+        const std::string why = failure_short(r);
+        set_verdict(r, Decision::not_run, why.rfind("not run", 0) == 0 ? why : "not run: " + why);
     } else if (r.status == RunStatus::failed) {
         set_verdict(r, Decision::reject, "reject: " + failure_short(r));
     } else if (!r.has_stats) {
@@ -1002,29 +1006,10 @@ std::string render_report_md(const Results& results) {
 }
 
 std::string write_run_folder(const ExperimentResult& ex, const std::string& out_dir) {
-    std::time_t t = std::time(nullptr);
-    std::tm tm{};
-    localtime_r(&t, &tm);
-    char stamp[32];
-    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
-    std::string name = ex.name.empty() ? std::string("experiment") : ex.name;
-    for (char& c : name)
-        if (c == '/' || c == '\\' || c == ' ') c = '_';
-    fs::path dir = fs::path(out_dir) / (name + "-" + stamp);
-    for (int i = 2; fs::exists(dir); ++i)
-        dir = fs::path(out_dir) / (name + "-" + stamp + "-" + std::to_string(i));
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec)
-        throw std::runtime_error("cannot create the run folder '" + dir.string() +
-                                 "': " + ec.message() + " (check report.out_dir / --out-dir)");
-    const Results results = to_results(ex);
-    write_file_atomic((dir / "results.json").string(), results_to_json(results).dump(2) + "\n");
-    write_file_atomic((dir / "steps.csv").string(), steps_csv(ex));
-    write_file_atomic((dir / "trace.json").string(), trace_json(ex).dump() + "\n");
-    write_file_atomic((dir / "report.md").string(), render_report_md(results));
-    write_file_atomic((dir / "report.html").string(), render_report_html(results));
-    return dir.string();
+    // Created exclusively and marked PARTIAL until every file is written (harness/run_folder.h).
+    const std::string dir = create_run_folder(ex.name, out_dir);
+    write_run_files(ex, dir);
+    return dir;
 }
 
 }  // namespace mt

@@ -6,8 +6,9 @@
 // wherever it is printed. The comparison's verdicts are stored in results.json too (its
 // `comparison` block), computed once by build_comparison.
 //
-// Run folder <out_dir>/<experiment>-<YYYYmmdd-HHMMSS>/ : report.md, report.html, results.json,
-// steps.csv, trace.json — each written to a temporary file, fsynced and renamed.
+// Run folder <out_dir>/<experiment>-<YYYYmmdd-HHMMSS>[-N]/ : report.md, report.html, results.json,
+// steps.csv, trace.json — each written to a temporary file, fsynced and renamed; the folder is
+// created exclusively and marked PARTIAL until every file is written (harness/run_folder.h).
 //
 // Comparison conventions (DESIGN.md): delta = baseline - variant, so positive = the variant is
 // faster / leaner; speedup = baseline median / variant median. A time delta no larger than the
@@ -91,7 +92,8 @@ std::string render_report_html(const Results& results);
 // Next-step suggestions for one variant, derived from its measurements.
 std::vector<std::string> suggestions_for(const VariantResult& variant);
 
-// Writes the run folder under `out_dir` and returns its path.
+// Creates the run folder under `out_dir` and writes it (create_run_folder + write_run_files,
+// harness/run_folder.h); returns its path. Throws RunFolderError.
 std::string write_run_folder(const ExperimentResult& ex, const std::string& out_dir);
 
 }  // namespace mt

@@ -26,6 +26,11 @@ struct EnumSpelling<DataSource> {
     static constexpr std::array<std::string_view, 3> names{"synthetic", "tokens", "text"};
 };
 
+// Bounds of what a run creates, shared by the spec's validation (harness/spec.cpp) and the
+// runtime checks (harness/training.cpp): data.workers loader threads, and the CPU threads of
+// run.threads / --threads (kMaxThreads, kernels/types.h).
+inline constexpr int kMaxDataWorkers = 256;
+
 struct DataConfig {
     DataSource source = DataSource::synthetic;
     std::string path;         // tokens / text file (relative paths resolve against the YAML's dir)

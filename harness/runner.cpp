@@ -5,49 +5,19 @@
 #include <omp.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
-#include <cmath>
 #include <csignal>
+#include <cmath>
 #include <ctime>
 #include <exception>
 #include <limits>
 #include <sstream>
 
+#include "harness/signals.h"
 #include "harness/training.h"
 
 namespace mt {
 namespace {
-
-std::atomic<bool> g_interrupted{false};
-
-extern "C" void on_sigint(int) {
-    g_interrupted.store(true);
-    // A second Ctrl-C kills the process the ordinary way.
-    std::signal(SIGINT, SIG_DFL);
-}
-
-// Installs the SIGINT handler for the scope of a run and restores the previous one.
-class SigintScope {
-  public:
-    explicit SigintScope(bool enable) : enabled_(enable) {
-        g_interrupted.store(false);
-        if (!enabled_) return;
-        struct sigaction sa {};
-        sa.sa_handler = on_sigint;
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGINT, &sa, &previous_);
-    }
-    ~SigintScope() {
-        if (enabled_) sigaction(SIGINT, &previous_, nullptr);
-    }
-    SigintScope(const SigintScope&) = delete;
-    SigintScope& operator=(const SigintScope&) = delete;
-
-  private:
-    bool enabled_;
-    struct sigaction previous_ {};
-};
 
 std::string utc_now_iso() {
     std::time_t t = std::time(nullptr);
@@ -142,8 +112,9 @@ std::optional<BackendKind> resolve_backend(const RunConfig& c, std::string* skip
     return kind;
 }
 
-// The variant's backend, the machine's peaks, the memory estimate and the TrainingSession, in
-// that order: the peak probe's buffers are gone (and its peaks reset) before the model exists.
+// The variant's backend, the memory estimate (checked against the device), the machine's peaks
+// and the TrainingSession, in that order: the peak probe's buffers are gone (and its peaks
+// reset) before the model exists.
 std::unique_ptr<TrainingSession> set_up_session(const RunConfig& cfg, BackendKind kind,
                                                 std::FILE* out, RunResult& r,
                                                 const std::function<void(Backend&)>& modify) {
@@ -154,16 +125,19 @@ std::unique_ptr<TrainingSession> set_up_session(const RunConfig& cfg, BackendKin
     r.threads = kind == BackendKind::cpu ? omp_get_max_threads() : 0;
     if (out) std::fprintf(out, "  device: %s\n", r.device_name.c_str());
 
+    // The estimate against the device's memory before anything (the peak probe included) is
+    // allocated: a variant that cannot fit is refused here (ResourceError), not OOM-killed later.
+    try {
+        check_memory_fits(cfg, *backend, &r.estimate);
+    } catch (const ResourceError&) {
+        print_estimate(out, r.estimate);
+        throw;
+    }
+    print_estimate(out, r.estimate);
+
     r.peaks = measure_peaks(*backend);
     r.peak_flops = peak_flops(r.device_name, cfg.run.precision);
     r.peak_flops_source = peak_flops_source(r.device_name, cfg.run.precision);
-
-    ModelOptions mo;
-    mo.kernels = cfg.kernels;
-    mo.recompute = cfg.run.recompute;
-    r.estimate =
-        GPT::estimate_memory(cfg.model, mo, cfg.data.batch_size, cfg.data.seq_len, *backend);
-    print_estimate(out, r.estimate);
 
     auto session = std::make_unique<TrainingSession>(std::move(backend), cfg);
     r.n_params = session->n_params();
@@ -211,23 +185,25 @@ void fail_on_non_finite(const RunConfig& cfg, const StepRecord& rec, RunResult& 
     r.message = msg.str();
 }
 
-void mark_interrupted(int step, RunResult& r) {
+void mark_interrupted(int step, int sig, RunResult& r) {
     r.status = RunStatus::interrupted;
     int measured = 0;
     for (const auto& s : r.steps) measured += s.warmup ? 0 : 1;
-    r.message = "interrupted (Ctrl-C) after step " + std::to_string(step) + "; " +
-                std::to_string(measured) + " measured step(s) kept";
+    r.message = "interrupted by " + signal_description(sig) + " after step " +
+                std::to_string(step) + "; " + std::to_string(measured) +
+                " measured step(s) kept";
 }
 
 // Warm-up + measured steps until the end, a non-finite loss or an interrupt. `step` is the step
-// running now (for an exception's message). Returns true when interrupted.
-bool run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOptions& opt,
-               bool inject, RunResult& r, int& step) {
+// running now (for an exception's message). Returns the stop signal's number when interrupted,
+// 0 otherwise.
+int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOptions& opt,
+              bool inject, RunResult& r, int& step) {
     const int total_steps = cfg.run.warmup_steps + cfg.run.measure_steps;
     Progress progress(opt.out, opt.progress_bar.value_or(opt.out && isatty(fileno(opt.out))),
                       cfg.variant, total_steps, cfg.run.warmup_steps);
     std::optional<std::chrono::steady_clock::time_point> trace_t0;
-    bool interrupted = false;
+    int interrupted = 0;
     for (step = 0; step < total_steps; ++step) {
         StepRecord rec = session.step(step, step < cfg.run.warmup_steps);
         if (inject && step == opt.inject_nan_at_step)
@@ -239,9 +215,12 @@ bool run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOptio
             fail_on_non_finite(cfg, rec, r);
             break;
         }
-        if (g_interrupted.load() || (inject && step == opt.interrupt_at_step)) {
-            mark_interrupted(step, r);
-            interrupted = true;
+        const int sig = stop_signal() ? stop_signal()
+                        : inject && step == opt.interrupt_at_step ? SIGINT
+                                                                    : 0;
+        if (sig) {
+            mark_interrupted(step, sig, r);
+            interrupted = sig;
             break;
         }
     }
@@ -281,7 +260,7 @@ RunResult skipped_variant(const RunConfig& cfg, const std::string& reason, std::
 }
 
 RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool inject,
-                      bool* interrupted) {
+                      int* interrupted) {
     std::FILE* out = opt.out;
     if (out) std::fprintf(out, "\nvariant '%s'\n", cfg.variant.c_str());
     std::string skip;
@@ -296,8 +275,17 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
     try {
         session = set_up_session(cfg, *kind, out, r,
                                  inject ? opt.modify_backend : std::function<void(Backend&)>());
-        if (run_steps(*session, cfg, opt, inject, r, step)) *interrupted = true;
+        if (const int sig = run_steps(*session, cfg, opt, inject, r, step)) *interrupted = sig;
         finish_variant(*session, *kind, r);
+    } catch (const ResourceError& e) {
+        // The machine lacks what the variant needs (like a GPU): skipped, with the estimate.
+        session.reset();
+        RunResult skipped = skipped_variant(cfg, e.what(), nullptr);
+        skipped.backend = r.backend;
+        skipped.device_name = r.device_name;
+        skipped.estimate = r.estimate;
+        if (out) std::fprintf(out, "  skipped: %s\n", skipped.message.c_str());
+        return skipped;
     } catch (const std::exception& e) {
         const std::string phase = session ? session->current_phase() : "setup";
         r.status = RunStatus::failed;
@@ -315,7 +303,8 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
 }  // namespace
 
 ExperimentResult run_experiment(const ExperimentSpec& spec, const RunnerOptions& options) {
-    SigintScope sigint(options.handle_sigint);
+    std::optional<StopSignals> signals;
+    if (options.handle_sigint) signals.emplace();
     ExperimentResult ex;
     ex.name = spec.name;
     ex.source_path = spec.source_path;
@@ -323,16 +312,22 @@ ExperimentResult run_experiment(const ExperimentSpec& spec, const RunnerOptions&
     ex.loss_tolerance = spec.loss_tolerance;
     ex.started_utc = utc_now_iso();
     for (const RunConfig& cfg : spec.variants) {
+        if (!ex.interrupted && stop_signal()) {  // arrived between two variants' steps
+            ex.stop_signal = stop_signal();
+            ex.interrupted = true;
+        }
         if (ex.interrupted) {
             RunResult r;
             r.config = cfg;
             r.status = RunStatus::skipped;
-            r.message = "not run: the experiment was interrupted (Ctrl-C)";
+            r.message = "the experiment was interrupted by " +
+                        signal_description(ex.stop_signal) + " before this variant";
             ex.runs.push_back(std::move(r));
             continue;
         }
         const bool inject = options.inject_variant.empty() || options.inject_variant == cfg.variant;
-        ex.runs.push_back(run_variant(cfg, options, inject, &ex.interrupted));
+        ex.runs.push_back(run_variant(cfg, options, inject, &ex.stop_signal));
+        ex.interrupted = ex.stop_signal != 0;
     }
     return ex;
 }

@@ -2,8 +2,9 @@
 // optimizer and data loader from the same seed (so the same initial weights and the same
 // batches), runs warm-up + measured steps with every phase timed and memory sampled, and yields
 // a RunResult per variant. Non-finite losses stop the variant (named variant, step and phase);
-// Ctrl-C stops the experiment after the current step. Either way what was measured is kept and
-// the report is still written.
+// a stop signal (Ctrl-C, SIGTERM, SIGHUP, ...: harness/signals.h) stops the experiment after the
+// current step. Either way what was measured is kept and the report is still written. A variant
+// whose memory estimate exceeds the device's memory is skipped before anything is allocated.
 #pragma once
 
 #include <cstdio>
@@ -74,6 +75,7 @@ struct ExperimentResult {
     std::optional<double> loss_tolerance;  // compare.loss_tolerance; nullopt: derived
     std::vector<RunResult> runs;           // in spec order (skipped/unrun variants included)
     bool interrupted = false;
+    int stop_signal = 0;      // the signal that interrupted it (0: none)
     std::string started_utc;  // ISO 8601
 };
 
@@ -89,8 +91,10 @@ struct RunnerOptions {
     // Called on the variant's backend before the model is built: a test swaps in a kernel here
     // (Backend::kernels()), e.g. a deliberately wrong one that the loss check must catch.
     std::function<void(Backend&)> modify_backend;
-    // Install a SIGINT handler for the duration of the run (off in tests).
-    bool handle_sigint = true;
+    // Install the stop-signal handlers (harness/signals.h) for the duration of the run. Off in
+    // tests, and where the caller holds a StopSignals of its own (`microtrain run`, whose scope
+    // also covers writing the report).
+    bool handle_sigint = true;  // (the name predates the other signals)
 };
 
 // Runs every variant. Never throws for a variant's failure (it is recorded in its RunResult);

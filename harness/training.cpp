@@ -1,7 +1,9 @@
 // The training step, defined once (see training.h).
 #include "harness/training.h"
 
+#include <cstdio>
 #include <stdexcept>
+#include <string>
 
 namespace mt {
 namespace {
@@ -24,9 +26,78 @@ GPT& prepare_model(GPT& model, const RunConfig& cfg, const TrainingInputs& input
     return model;
 }
 
+std::string fmt_bytes(double b) {
+    char buf[32];
+    if (b >= 1024.0 * 1024.0 * kMiB)
+        std::snprintf(buf, sizeof buf, "%.2f TiB", b / (1024.0 * 1024.0 * kMiB));
+    else if (b >= 1024.0 * kMiB)
+        std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * kMiB));
+    else
+        std::snprintf(buf, sizeof buf, "%.1f MiB", to_mib(b));
+    return buf;
+}
+
+// What to shrink, for the categories that dominate the estimate.
+std::string shrink_advice(const RunConfig& cfg, const MemoryEstimate& e) {
+    const size_t state = e.params + e.grads + e.optimizer;
+    std::string a;
+    if (e.activations + e.workspace + e.data >= state) {
+        a = "lower data.batch_size (" + std::to_string(cfg.data.batch_size) +
+            ") or data.seq_len (" + std::to_string(cfg.data.seq_len) +
+            "): activations grow with both (run.grad_accum keeps the effective batch)";
+        if (cfg.run.recompute != Recompute::layernorm_gelu)
+            a += ", or set run.recompute: layernorm_gelu";
+        a += ", or use a smaller model";
+    } else {
+        a = "use a smaller model (n_layer, n_embd or a smaller preset): parameters, their "
+            "gradients and the AdamW moments take " +
+            fmt_bytes(static_cast<double>(state)) + " whatever the batch size";
+    }
+    return a;
+}
+
+// Loader workers are threads the session creates: bounded like the spec bounds data.workers.
+const RunConfig& checked_workers(const RunConfig& cfg) {
+    if (cfg.data.workers < 0 || cfg.data.workers > kMaxDataWorkers)
+        throw std::invalid_argument("data.workers must be in 0.." + std::to_string(kMaxDataWorkers) +
+                            " (loader threads; 0 = load in the step), got " +
+                            std::to_string(cfg.data.workers));
+    return cfg;
+}
+
+// The session's backend, once the run is known to fit in its memory.
+std::unique_ptr<Backend> fitting(std::unique_ptr<Backend> backend, const RunConfig& cfg) {
+    if (!backend) throw std::invalid_argument("TrainingSession: no backend");
+    check_memory_fits(cfg, *backend);
+    return backend;
+}
+
 }  // namespace
 
+void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* estimate) {
+    const MemoryEstimate e = GPT::estimate_memory(cfg.model, model_options(cfg),
+                                                  cfg.data.batch_size, cfg.data.seq_len, backend);
+    if (estimate) *estimate = e;
+    const DeviceMemoryInfo info = backend.device_memory_info();
+    if (!info.available || info.free_bytes == 0 || e.total() <= info.free_bytes) return;
+    const bool cpu = backend.kind() == BackendKind::cpu;
+    auto b = [](size_t x) { return fmt_bytes(static_cast<double>(x)); };
+    throw ResourceError(
+        "does not fit in memory: an estimated " + b(e.total()) + " needed, " +
+        b(info.free_bytes) + " available " +
+        (cpu ? "on the CPU (MemAvailable, of " + b(info.total_bytes) + " RAM)"
+             : "on " + backend.device_name() + " (free, of " + b(info.total_bytes) + ")") +
+        "; estimate for " + cfg.model.describe() + " at B" + std::to_string(cfg.data.batch_size) +
+        " T" + std::to_string(cfg.data.seq_len) + ": params " + b(e.params) + ", grads " +
+        b(e.grads) + ", optimizer " + b(e.optimizer) + ", activations " + b(e.activations) +
+        ", workspace " + b(e.workspace) + ", data " + b(e.data) +
+        "; refused before allocating anything. To fit: " + shrink_advice(cfg, e));
+}
+
 std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKind kind) {
+    if (cfg.run.threads < 0 || cfg.run.threads > kMaxThreads)
+        throw std::invalid_argument("run.threads must be in 0.." + std::to_string(kMaxThreads) +
+                            " (0 = one per core), got " + std::to_string(cfg.run.threads));
     BackendOptions bo;
     bo.precision = cfg.run.precision;
     bo.kernels = cfg.kernels;
@@ -36,11 +107,11 @@ std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKi
 
 TrainingSession::TrainingSession(std::unique_ptr<Backend> backend, const RunConfig& cfg,
                                  TrainingInputs inputs)
-    : cfg_(cfg),
+    : cfg_(checked_workers(cfg)),
       B_(cfg.data.batch_size),
       T_(cfg.data.seq_len),
       accum_(cfg.run.grad_accum),
-      backend_(std::move(backend)),
+      backend_(fitting(std::move(backend), cfg)),
       memory_(inputs.track_memory ? std::make_unique<MemoryTracker>(*backend_) : nullptr),
       model_(*backend_, cfg.model, model_options(cfg)),
       optim_(prepare_model(model_, cfg, inputs), cfg.optim),

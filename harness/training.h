@@ -18,6 +18,7 @@
 
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "harness/data.h"
@@ -32,8 +33,22 @@
 
 namespace mt {
 
+// A run this machine cannot hold: a memory estimate beyond the memory the device has. Thrown
+// before anything is allocated; the message gives the estimate by category, what the device
+// has and what to shrink. `run` skips such a variant (like one that needs a GPU).
+struct ResourceError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
 // The backend a RunConfig asks for on `kind`: its precision, kernel choices and thread count.
+// Throws std::invalid_argument for run.threads outside 0..kMaxThreads.
 std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKind kind);
+
+// Throws ResourceError when the estimate of what `cfg` allocates on `backend` (params, grads,
+// optimizer, activations, workspace, data) exceeds the memory the device has free (CPU:
+// MemAvailable; CUDA: cudaMemGetInfo's free bytes), naming each category and what to shrink.
+// `*estimate` (optional) receives the estimate. TrainingSession calls it before it allocates.
+void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* estimate = nullptr);
 
 // What a session takes beyond the RunConfig; every field has the runner's default.
 struct TrainingInputs {
@@ -53,7 +68,10 @@ class TrainingSession {
     // Takes the backend (create_training_backend), so a caller can probe the machine's peaks on
     // it before the model's buffers exist. Builds the model, its weights, the activations for
     // (B, T), AdamW, the batches, the device buffers and, when cfg.profile.kernels, the
-    // KernelProfiler attached to the model; then synchronises. Throws what the parts throw.
+    // KernelProfiler attached to the model; then synchronises. Throws what the parts throw, and
+    // first, before any of its allocations, std::invalid_argument for data.workers outside
+    // 0..kMaxDataWorkers and ResourceError when the memory estimate exceeds what the device has
+    // (check_memory_fits).
     TrainingSession(std::unique_ptr<Backend> backend, const RunConfig& cfg,
                     TrainingInputs inputs = {});
     ~TrainingSession();

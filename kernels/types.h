@@ -73,10 +73,14 @@ struct KernelChoice {
     bool fuse_gelu = false;  // matmul with the GELU epilogue for c_fc
 };
 
+// The most CPU threads any entry may ask for (run.threads, --threads): far above any machine's
+// cores, far below what makes the OpenMP runtime fail to create its team.
+inline constexpr int kMaxThreads = 1024;
+
 struct BackendOptions {
     Precision precision = Precision::fp32;
     KernelChoice kernels;
-    int num_threads = 0;   // CPU: OpenMP threads (0 = OpenMP's default)
+    int num_threads = 0;   // CPU: OpenMP threads (0 = OpenMP's default), at most kMaxThreads
     int device_index = 0;  // CUDA device
 };
 

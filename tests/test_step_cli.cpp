@@ -48,10 +48,12 @@ struct Result {
     std::string output;  // stdout + stderr
 };
 
-// Runs `microtrain <args>` through the shell, capturing stdout and stderr.
-Result run_microtrain(const std::string& args) {
+// Runs `microtrain <args>` through the shell (in directory `cwd` when given), capturing stdout
+// and stderr.
+Result run_microtrain(const std::string& args, const std::string& cwd = "") {
     // Appended piecewise: GCC 12 warns (-Wrestrict, a known false positive) on "'" + string.
-    std::string cmd = "'";
+    std::string cmd = cwd.empty() ? "" : "cd '" + cwd + "' && ";
+    cmd += "'";
     cmd += MT_BINARY;
     cmd += "' ";
     cmd += args;
@@ -243,6 +245,62 @@ TEST(StepCli, RejectsBadFlags) {
     EXPECT_CONTAINS(expect_rejected(dir, w, b, "--beta1 1.0").output, "in [0, 1)");
     EXPECT_CONTAINS(expect_rejected(dir, w, b, "--steps 0").output, "--steps");
     EXPECT_CONTAINS(expect_rejected(dir, w, dir.file("absent.safetensors")).output, "--batch");
+}
+
+TEST(StepCli, RejectsAnOutputThatIsTheSameFileAsTheWeights) {
+    TempDir dir;
+    const std::string w = dir.file("w.safetensors");
+    fs::copy_file(data("tiny_weights.safetensors"), w);
+    const auto size_before = fs::file_size(w);
+    const auto time_before = fs::last_write_time(w);
+    const std::string b = q(data("tiny_batch.safetensors"));
+    fs::create_symlink(w, dir.file("link.safetensors"));
+    fs::create_directories(dir.file("sub"));
+    // The same string, a relative path from another directory, a symlink.
+    const std::string ways[] = {
+        "step --weights " + q(w) + " --batch " + b + " --out " + q(w),
+        "step --weights " + q(w) + " --batch " + b + " --out sub/../w.safetensors",
+        "step --weights " + q(w) + " --batch " + b + " --out " + q(dir.file("link.safetensors")),
+    };
+    for (const std::string& args : ways) {
+        Result r = run_microtrain(args, dir.file(""));
+        EXPECT_EQ(r.rc, 2) << args << "\n" << r.output;
+        EXPECT_CONTAINS(r.output, "is the same file as --weights");
+        EXPECT_CONTAINS(r.output, "choose another --out path");
+    }
+    EXPECT_EQ(fs::file_size(w), size_before);
+    EXPECT_EQ(fs::last_write_time(w), time_before);
+    EXPECT_TRUE(fs::is_symlink(dir.file("link.safetensors")));
+    // The batch is an input too.
+    const std::string bx = dir.file("x.safetensors");
+    fs::copy_file(data("tiny_batch.safetensors"), bx);
+    Result r = run_microtrain("step --weights " + q(w) + " --batch " + q(bx) + " --out " + q(bx));
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, "is the same file as --batch");
+}
+
+TEST(StepCli, StepsAndThreadsOutOfRangeSayTheRange) {
+    TempDir dir;
+    const std::string w = data("tiny_weights.safetensors"), b = data("tiny_batch.safetensors");
+    for (const char* steps : {"0", "-3", "1000001"}) {
+        const std::string out = expect_rejected(dir, w, b, std::string("--steps ") + steps).output;
+        EXPECT_CONTAINS(out, "--steps");
+        EXPECT_CONTAINS(out, "[1 - 1000000]");
+        EXPECT_EQ(out.find("00000000000"), std::string::npos) << "a huge range: " << out;
+    }
+    const std::string out = expect_rejected(dir, w, b, "--threads 100000").output;
+    EXPECT_CONTAINS(out, "--threads");
+    EXPECT_CONTAINS(out, "[0 - 1024]");
+}
+
+TEST(StepCli, AnUnknownOptimImplIsRejectedNotMappedToFused) {
+    TempDir dir;
+    const std::string out = expect_rejected(dir, data("tiny_weights.safetensors"),
+                                            data("tiny_batch.safetensors"), "--optim-impl turbo")
+                                .output;
+    EXPECT_CONTAINS(out, "--optim-impl");
+    EXPECT_CONTAINS(out, "turbo");
+    EXPECT_CONTAINS(out, "fused");  // the choices are listed
 }
 
 }  // namespace
