@@ -122,12 +122,12 @@ void check_out_is_not_an_input(const StepArgs& a) {
     struct stat out {};
     if (::stat(a.out.c_str(), &out) != 0) return;  // does not exist yet: cannot be an input
     const std::pair<const char*, const std::string*> inputs[] = {{"--weights", &a.weights},
-                                                                  {"--batch", &a.batch}};
+                                                                 {"--batch", &a.batch}};
     for (const auto& [flag, path] : inputs) {
         struct stat in {};
         if (::stat(path->c_str(), &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino)
-            throw std::invalid_argument("--out '" + a.out + "' is the same file as " + flag +
-                                        " '" + *path +
+            throw std::invalid_argument("--out '" + a.out + "' is the same file as " + flag + " '" +
+                                        *path +
                                         "': writing the output would replace the input; choose "
                                         "another --out path");
     }
@@ -239,8 +239,8 @@ void register_step_command(CLI::App& app, int& exit_code) {
                     "O.safetensors to write: 'loss' [N], 'grad.<name>' (first step), '<name>' "
                     "(after the last step)")
         ->required();
-    cmd->add_option("--steps", a->steps, "Number of AdamW steps N (1.." +
-                                             std::to_string(kMaxSteps) + ")")
+    cmd->add_option("--steps", a->steps,
+                    "Number of AdamW steps N (1.." + std::to_string(kMaxSteps) + ")")
         ->capture_default_str()
         ->check(CLI::Range(1, kMaxSteps));
     cmd->add_option("--lr", a->optim.lr, "Learning rate (constant)")
@@ -280,9 +280,9 @@ void register_step_command(CLI::App& app, int& exit_code) {
     cmd->add_option("--backend", a->backend, "cpu or cuda")
         ->capture_default_str()
         ->check(CLI::IsMember({"cpu", "cuda"}));
-    cmd->add_option("--threads", a->threads,
-                    "CPU threads (0 = OpenMP's default, at most " + std::to_string(kMaxThreads) +
-                        ")")
+    cmd->add_option(
+           "--threads", a->threads,
+           "CPU threads (0 = OpenMP's default, at most " + std::to_string(kMaxThreads) + ")")
         ->capture_default_str()
         ->check(CLI::Range(0, kMaxThreads));
     cmd->callback([a, &exit_code] {

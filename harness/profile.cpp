@@ -12,8 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "harness/peak_flops.h"
@@ -88,8 +88,8 @@ std::optional<MachinePeaks> cached_peaks(const std::string& device_name) {
         return e.contains(k) && e[k].is_string() ? e[k].get<std::string>() : std::string(dflt);
     };
     const std::string when = text("measured_utc", "?");
-    p.flops_source =
-        text("flops_probe", "measured") + " (cached in " + cache_file() + ", measured " + when + ")";
+    p.flops_source = text("flops_probe", "measured") + " (cached in " + cache_file() +
+                     ", measured " + when + ")";
     p.bytes_source = text("bytes_probe", "measured") + " (cached)";
     p.from_cache = true;
     return p;

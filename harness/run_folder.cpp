@@ -72,7 +72,8 @@ struct FileToWrite {
 
 std::string partial_text(const std::vector<std::string>& written,
                          const std::vector<std::pair<std::string, std::string>>& missing) {
-    std::string t = "microtrain run: this run folder is PARTIAL: some files could not be written.\n";
+    std::string t =
+        "microtrain run: this run folder is PARTIAL: some files could not be written.\n";
     t += "Written (complete):";
     for (const auto& w : written) t += " " + w;
     t += written.empty() ? " none\n" : "\n";

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <ctime>
 #include <exception>
 #include <limits>
@@ -190,15 +190,14 @@ void mark_interrupted(int step, int sig, RunResult& r) {
     int measured = 0;
     for (const auto& s : r.steps) measured += s.warmup ? 0 : 1;
     r.message = "interrupted by " + signal_description(sig) + " after step " +
-                std::to_string(step) + "; " + std::to_string(measured) +
-                " measured step(s) kept";
+                std::to_string(step) + "; " + std::to_string(measured) + " measured step(s) kept";
 }
 
 // Warm-up + measured steps until the end, a non-finite loss or an interrupt. `step` is the step
 // running now (for an exception's message). Returns the stop signal's number when interrupted,
 // 0 otherwise.
-int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOptions& opt,
-              bool inject, RunResult& r, int& step) {
+int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOptions& opt, bool inject,
+              RunResult& r, int& step) {
     const int total_steps = cfg.run.warmup_steps + cfg.run.measure_steps;
     Progress progress(opt.out, opt.progress_bar.value_or(opt.out && isatty(fileno(opt.out))),
                       cfg.variant, total_steps, cfg.run.warmup_steps);
@@ -215,9 +214,8 @@ int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOption
             fail_on_non_finite(cfg, rec, r);
             break;
         }
-        const int sig = stop_signal() ? stop_signal()
-                        : inject && step == opt.interrupt_at_step ? SIGINT
-                                                                    : 0;
+        int sig = stop_signal();
+        if (!sig && inject && step == opt.interrupt_at_step) sig = SIGINT;  // the test hook
         if (sig) {
             mark_interrupted(step, sig, r);
             interrupted = sig;
@@ -320,8 +318,8 @@ ExperimentResult run_experiment(const ExperimentSpec& spec, const RunnerOptions&
             RunResult r;
             r.config = cfg;
             r.status = RunStatus::skipped;
-            r.message = "the experiment was interrupted by " +
-                        signal_description(ex.stop_signal) + " before this variant";
+            r.message = "the experiment was interrupted by " + signal_description(ex.stop_signal) +
+                        " before this variant";
             ex.runs.push_back(std::move(r));
             continue;
         }

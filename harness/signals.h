@@ -5,8 +5,9 @@
 // step, what was measured is written, and the process exits 128 + the signal's number.
 //
 // Two stages:
-// - while steps run, a second signal kills the process the ordinary way (a step can be long and
-//   the user means it); nothing is being written then;
+// - while steps run, a second Ctrl-C or Ctrl-\ (SIGINT, SIGQUIT) kills the process the ordinary
+//   way (a step can be long and the user means it); nothing is being written then. Any other
+//   second signal is only recorded;
 // - after protect_writes(), signals are only recorded until the scope ends, so a report is
 //   never cut off mid-write (its temporaries are removed on the way out in every case).
 // SIGPIPE is ignored for the scope: a closed stdout (`microtrain run | head`) must not kill the
@@ -39,8 +40,6 @@ class StopSignals {
 // The first stop signal received since the last StopSignals was made (0: none).
 int stop_signal();
 bool stop_requested();
-// Records a stop as if `sig` had arrived (tests and --interrupt-at-step).
-void request_stop(int sig);
 // "SIGINT (Ctrl-C)", "SIGTERM", ... for messages.
 std::string signal_description(int sig);
 

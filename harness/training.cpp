@@ -59,9 +59,9 @@ std::string shrink_advice(const RunConfig& cfg, const MemoryEstimate& e) {
 // Loader workers are threads the session creates: bounded like the spec bounds data.workers.
 const RunConfig& checked_workers(const RunConfig& cfg) {
     if (cfg.data.workers < 0 || cfg.data.workers > kMaxDataWorkers)
-        throw std::invalid_argument("data.workers must be in 0.." + std::to_string(kMaxDataWorkers) +
-                            " (loader threads; 0 = load in the step), got " +
-                            std::to_string(cfg.data.workers));
+        throw std::invalid_argument(
+            "data.workers must be in 0.." + std::to_string(kMaxDataWorkers) +
+            " (loader threads; 0 = load in the step), got " + std::to_string(cfg.data.workers));
     return cfg;
 }
 
@@ -83,8 +83,8 @@ void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* e
     const bool cpu = backend.kind() == BackendKind::cpu;
     auto b = [](size_t x) { return fmt_bytes(static_cast<double>(x)); };
     throw ResourceError(
-        "does not fit in memory: an estimated " + b(e.total()) + " needed, " +
-        b(info.free_bytes) + " available " +
+        "does not fit in memory: an estimated " + b(e.total()) + " needed, " + b(info.free_bytes) +
+        " available " +
         (cpu ? "on the CPU (MemAvailable, of " + b(info.total_bytes) + " RAM)"
              : "on " + backend.device_name() + " (free, of " + b(info.total_bytes) + ")") +
         "; estimate for " + cfg.model.describe() + " at B" + std::to_string(cfg.data.batch_size) +
@@ -96,8 +96,9 @@ void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* e
 
 std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKind kind) {
     if (cfg.run.threads < 0 || cfg.run.threads > kMaxThreads)
-        throw std::invalid_argument("run.threads must be in 0.." + std::to_string(kMaxThreads) +
-                            " (0 = one per core), got " + std::to_string(cfg.run.threads));
+        throw std::invalid_argument("threads (run.threads, --threads) must be in 0.." +
+                                    std::to_string(kMaxThreads) + " (0 = one per core), got " +
+                                    std::to_string(cfg.run.threads));
     BackendOptions bo;
     bo.precision = cfg.run.precision;
     bo.kernels = cfg.kernels;

@@ -99,9 +99,8 @@ class CpuBackend final : public Backend {
         if (o.num_threads < 0 || o.num_threads > kMaxThreads)
             throw BackendError("threads must be in 0.." + std::to_string(kMaxThreads) +
                                " (0 = OpenMP's default, one per core), got " +
-                               std::to_string(o.num_threads) +
-                               "; this machine has " + std::to_string(omp_get_num_procs()) +
-                               " cores");
+                               std::to_string(o.num_threads) + "; this machine has " +
+                               std::to_string(omp_get_num_procs()) + " cores");
         if (o.num_threads > 0) omp_set_num_threads(o.num_threads);
         threads_ = omp_get_max_threads();
         // The GEMM implementation is part of the name: it decides the step time and the
