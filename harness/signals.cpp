@@ -52,7 +52,9 @@ StopSignals::StopSignals(bool enable) : enabled_(enable) {
 }
 
 StopSignals::~StopSignals() {
-    if (!enabled_) return;
+    // After protect_writes() the process is on its way out: a signal between here and exit()
+    // must not kill it with its default action (the exit code says the stop instead).
+    if (!enabled_ || !g_second_kills.load()) return;
     for (size_t i = 0; i < kStopSignals.size(); ++i)
         sigaction(kStopSignals[i], &g_previous[i], nullptr);
     sigaction(SIGPIPE, &g_previous_pipe, nullptr);

@@ -25,12 +25,14 @@ class StopSignals {
   public:
     // Installs the handlers (when `enable`) and clears any earlier stop request.
     explicit StopSignals(bool enable = true);
-    // Restores the previous handlers.
+    // Restores the previous handlers, unless protect_writes() was called: then they stay until
+    // the process exits, so a late signal cannot kill it between the report and exit().
     ~StopSignals();
     StopSignals(const StopSignals&) = delete;
     StopSignals& operator=(const StopSignals&) = delete;
 
-    // From now on, signals are only recorded: nothing interrupts what is being written.
+    // From now on, until the process exits, signals are only recorded: nothing interrupts what
+    // is being written. Call it once the steps are over, on the way out.
     void protect_writes();
 
   private:
