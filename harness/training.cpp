@@ -85,7 +85,8 @@ void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* e
     throw ResourceError(
         "does not fit in memory: an estimated " + b(e.total()) + " needed, " + b(info.free_bytes) +
         " available " +
-        (cpu ? "on the CPU (MemAvailable, of " + b(info.total_bytes) + " RAM)"
+        (cpu ? "on the CPU (MemAvailable within any container limit, of " + b(info.total_bytes) +
+                   " RAM)"
              : "on " + backend.device_name() + " (free, of " + b(info.total_bytes) + ")") +
         "; estimate for " + cfg.model.describe() + " at B" + std::to_string(cfg.data.batch_size) +
         " T" + std::to_string(cfg.data.seq_len) + ": params " + b(e.params) + ", grads " +

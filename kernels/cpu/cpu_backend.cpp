@@ -6,11 +6,13 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -60,17 +62,63 @@ std::string cpu_model_name() {
     return "unknown";
 }
 
-// MemAvailable from /proc/meminfo (kB), or the free physical pages when it is missing.
+// A number from a one-line cgroup file ("max" and a missing file: nullopt).
+std::optional<size_t> read_cgroup_number(const char* path) {
+    std::ifstream f(path);
+    unsigned long long v = 0;
+    if (!(f >> v)) return std::nullopt;
+    return static_cast<size_t>(v);
+}
+
+// Bytes of `key` in a cgroup memory.stat file (0 when missing).
+size_t cgroup_stat(const char* path, const std::string& key) {
+    std::ifstream f(path);
+    std::string k;
+    unsigned long long v = 0;
+    while (f >> k >> v)
+        if (k == key) return static_cast<size_t>(v);
+    return 0;
+}
+
+// What the container's memory limit still allows (cgroup v2, else v1): limit - usage, where
+// usage leaves out the inactive page cache the kernel reclaims first. nullopt without a limit.
+std::optional<size_t> cgroup_available_bytes() {
+    struct Files {
+        const char *limit, *usage, *stat, *inactive;
+    };
+    const Files files[] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current",
+                            "/sys/fs/cgroup/memory.stat", "inactive_file"},
+                           {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+                            "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file"}};
+    for (const Files& c : files) {
+        const auto limit = read_cgroup_number(c.limit);
+        const auto usage = read_cgroup_number(c.usage);
+        if (!limit || !usage || *limit >= (size_t{1} << 60)) continue;  // no limit set
+        const size_t inactive = std::min(*usage, cgroup_stat(c.stat, c.inactive));
+        const size_t used = *usage - inactive;
+        return *limit > used ? *limit - used : 0;
+    }
+    return std::nullopt;
+}
+
+// MemAvailable from /proc/meminfo (kB), or the free physical pages when it is missing; within a
+// container with a memory limit, at most what the limit still allows.
 size_t available_bytes() {
+    size_t avail =
+        static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
     std::ifstream f("/proc/meminfo");
     std::string key;
     size_t kb = 0;
     std::string unit;
     while (f >> key >> kb >> unit) {
-        if (key == "MemAvailable:") return kb * 1024;
+        if (key == "MemAvailable:") {
+            avail = kb * 1024;
+            break;
+        }
     }
-    return static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) *
-           static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    if (const auto cg = cgroup_available_bytes()) avail = std::min(avail, *cg);
+    return avail;
 }
 
 size_t total_bytes() {
