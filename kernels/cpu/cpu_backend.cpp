@@ -145,7 +145,8 @@ class CpuBackend final : public Backend {
                 "kernels.attention: cudnn needs backend: cuda; the CPU backend has attention "
                 "naive or flash");
         if (o.num_threads < 0 || o.num_threads > kMaxThreads)
-            throw BackendError("threads must be in 0.." + std::to_string(kMaxThreads) +
+            throw BackendError("num_threads (run.threads, --threads) must be in 0.." +
+                               std::to_string(kMaxThreads) +
                                " (0 = OpenMP's default, one per core), got " +
                                std::to_string(o.num_threads) + "; this machine has " +
                                std::to_string(omp_get_num_procs()) + " cores");
