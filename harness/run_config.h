@@ -33,10 +33,10 @@ inline constexpr int kMaxDataWorkers = 256;
 
 struct DataConfig {
     DataSource source = DataSource::synthetic;
-    std::string path;         // tokens / text file (relative paths resolve against the YAML's dir)
+    std::string path;  // tokens / text file (relative paths resolve against the YAML's dir)
     SyntheticKind synthetic = SyntheticKind::markov;  // source synthetic: learnable or uniform
-    int batch_size = 4;       // B
-    int seq_len = 64;         // T
+    int batch_size = 4;                               // B
+    int seq_len = 64;                                 // T
     int workers = 0;          // background loader threads; 0 = load synchronously in the step
     int prefetch = 2;         // ring size of ready batches when workers > 0
     bool pin_memory = false;  // pinned host batches (CUDA only; ignored on CPU with a note)
