@@ -205,7 +205,8 @@ struct DataLoader::Impl {
 
     std::vector<uint16_t> tokens;  // tokens / text sources
     size_t n = 0;                  // tokens in the stream (synthetic: nominal)
-    uint64_t windows = 0;          // W = (n-1)/T
+    uint64_t windows = 0;          // windows of this loader's part (all: W = (n-1)/T)
+    uint64_t window_base = 0;      // the part's first window (the validation part is the tail)
     uint64_t synth_seed = 0;
 
     // Per-epoch window permutations, computed on demand and cached (a few epochs: a batch spans
@@ -261,7 +262,7 @@ struct DataLoader::Impl {
             const uint64_t g = i * static_cast<uint64_t>(B) + r;
             const uint64_t epoch = g / windows;
             if (epoch != p_epoch) p = perm(epoch), p_epoch = epoch;
-            const uint64_t start = static_cast<uint64_t>((*p)[g % windows]) * T;
+            const uint64_t start = (window_base + (*p)[g % windows]) * T;
             int* in = inputs + static_cast<size_t>(r) * T;
             int* tg = targets + static_cast<size_t>(r) * T;
             for (int t = 0; t < T; ++t) {
@@ -301,6 +302,35 @@ struct DataLoader::Impl {
         }
     }
 
+    // Narrows the loader to its part of the windows (DataSplit) and its first batch.
+    void select_split(const DataLoaderOptions& o) {
+        Impl& m = *this;
+        const float f = m.cfg.val_fraction;
+        if (!(f >= 0 && f < 1))
+            throw DataError("data config: val_fraction must be in [0, 1), got " +
+                            std::to_string(f));
+        if (f > 0) {
+            const std::string name =
+                m.cfg.source == DataSource::synthetic ? "synthetic" : m.cfg.path;
+            const uint64_t val =
+                std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(f) * m.windows));
+            if (val >= m.windows)
+                data_error(name,
+                           "has " + std::to_string(m.windows) + " windows of seq_len " +
+                               std::to_string(m.cfg.seq_len) +
+                               " tokens, too few to hold out data.val_fraction " +
+                               std::to_string(f) +
+                               " and still train; use a longer file or a smaller val_fraction");
+            if (o.split == DataSplit::val) {
+                m.window_base = m.windows - val;
+                m.windows = val;
+            } else {
+                m.windows -= val;
+            }
+        }
+        m.consumed = m.next_claim = m.released = o.first_batch;
+    }
+
     void shutdown() {
         {
             std::lock_guard<std::mutex> lk(mu);
@@ -314,7 +344,8 @@ struct DataLoader::Impl {
     }
 };
 
-DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, Backend* backend)
+DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, Backend* backend,
+                       DataLoaderOptions options)
     : impl_(std::make_unique<Impl>()) {
     Impl& m = *impl_;
     m.cfg = config;
@@ -390,6 +421,7 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
     if (m.windows > UINT32_MAX)
         data_error(c.path, "has " + std::to_string(m.windows) +
                                " windows of seq_len tokens, more than this loader indexes (2^32)");
+    m.select_split(options);
 
     // Batch slots: one when loading synchronously, a ring of `prefetch` otherwise.
     const size_t nslots = c.workers == 0 ? 1 : static_cast<size_t>(c.prefetch);
@@ -470,6 +502,14 @@ const Batch& RepeatedBatch::next() {
 
 size_t DataLoader::num_tokens() const {
     return impl_->n;
+}
+
+uint64_t DataLoader::num_windows() const {
+    return impl_->windows;
+}
+
+uint64_t DataLoader::position() const {
+    return impl_->consumed;
 }
 
 std::string DataLoader::describe() const {

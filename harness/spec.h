@@ -17,14 +17,24 @@ struct SpecError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// The `train:` section: what `microtrain train FILE` does (the other commands ignore it).
+struct TrainSpec {
+    int steps = 100;            // optimizer steps of the whole run (--steps overrides)
+    int eval_every = 10;        // validation loss every N steps; 0 = never
+    int eval_batches = 4;       // validation batches per evaluation (the same ones every time)
+    int checkpoint_every = 50;  // checkpoint every N steps; 0 = only at the end and on a signal
+    int keep_checkpoints = 2;   // newest N kept; older ones deleted once a new one is whole
+};
+
 struct ExperimentSpec {
     std::string name;
-    std::string source_path;            // the YAML file
-    std::vector<RunConfig> variants;    // resolved, in file order; variants[i].changed filled
-    RunConfig base;                     // the file's config with --set applied, before variants
-    std::string baseline;               // compare.baseline (a variant name)
-    double loss_tolerance = 0.02;       // compare.loss_tolerance (relative, on the mean loss)
-    std::string out_dir = "runs";       // report.out_dir
+    std::string source_path;          // the YAML file
+    std::vector<RunConfig> variants;  // resolved, in file order; variants[i].changed filled
+    RunConfig base;                   // the file's config with --set applied, before variants
+    std::string baseline;             // compare.baseline (a variant name)
+    double loss_tolerance = 0.02;     // compare.loss_tolerance (relative, on the mean loss)
+    std::string out_dir = "runs";     // report.out_dir
+    TrainSpec train;                  // train.*
     const RunConfig& variant(const std::string& name) const;  // throws SpecError if absent
 };
 
