@@ -8,6 +8,11 @@
 // Batch i is therefore a pure function of (source, seed, B, T, i): the workers only decide
 // *when* it is built, never *what* it holds.
 //
+// Split (data.val_fraction f > 0). The last V = max(1, floor(f*W)) windows are the validation
+// part and the first W-V the training part; a loader reads one part, with W above standing for
+// that part's window count and window ids offset to the part's first window. Starting at batch k
+// (DataLoaderOptions::first_batch, a resumed run) is the same as having consumed k batches.
+//
 // Threads (workers > 0). A ring of P = prefetch slots; batch i lives in slot i % P. A worker may
 // claim batch i only once batch i-P has been released by the consumer (i < released + P), so a
 // slot is written by exactly one worker while nobody reads it. next() releases the batch it
@@ -225,6 +230,7 @@ struct DataLoader::Impl {
     std::vector<Slot> slots;
     Batch current;
     uint64_t consumed = 0;  // batches handed out by next()
+    uint64_t first = 0;     // the first batch next() hands out (DataLoaderOptions::first_batch)
 
     std::mutex mu;
     std::condition_variable cv_work, cv_ready;
@@ -328,7 +334,7 @@ struct DataLoader::Impl {
                 m.windows -= val;
             }
         }
-        m.consumed = m.next_claim = m.released = o.first_batch;
+        m.first = m.consumed = m.next_claim = m.released = o.first_batch;
     }
 
     void shutdown() {
@@ -455,7 +461,9 @@ const Batch& DataLoader::next() {
         m.fill(i, slot->inputs, slot->targets);
     } else {
         std::unique_lock<std::mutex> lk(m.mu);
-        if (i > 0) {  // the batch returned last time is no longer read: its slot may be refilled
+        // The batch returned last time is no longer read: its slot may be refilled. (Not on the
+        // first call: batch first-1 was never handed out, and its slot may already hold a new one.)
+        if (i > m.first) {
             m.slots[(i - 1) % m.slots.size()].ready = false;
             m.released = i;
             m.cv_work.notify_all();

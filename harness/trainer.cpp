@@ -75,7 +75,7 @@ class StopSignals {
         struct sigaction sa {};
         sa.sa_handler = on_stop_signal;
         sigemptyset(&sa.sa_mask);
-        sa.sa_flags = SA_RESETHAND;
+        sa.sa_flags = SA_RESETHAND | SA_RESTART;  // no EINTR in the I/O of the step
         for (size_t i = 0; i < kCount; ++i) sigaction(kSignals[i], &sa, &old_[i]);
     }
     ~StopSignals() {

@@ -14,11 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "harness/data.h"
 #include "io/safetensors.h"
 
 namespace mt {
@@ -219,16 +221,21 @@ TEST(TrainCli, ValidationLossAppearsEveryEvalEverySteps) {
 TEST(TrainCli, ResumedRunIsBitwiseIdenticalToUninterruptedRun) {
     TempDir d;
     const std::string yaml = tiny_yaml(d, kSmallTrain);
-    const std::string full = d.file("full"), part = d.file("part");
-    ASSERT_EQ(run_microtrain("train " + q(yaml) + " --out-dir " + q(full)).rc, 0);
-    // 5 steps (the last checkpoint is the final one at 5), then on to 12.
-    Result r = run_microtrain("train " + q(yaml) + " --out-dir " + q(part) + " --steps 5");
-    ASSERT_EQ(r.rc, 0) << r.output;
-    r = run_microtrain("train " + q(yaml) + " --resume " + q(part) + " --steps 12");
-    ASSERT_EQ(r.rc, 0) << r.output;
-    EXPECT_CONTAINS(r.output, "resumed from " + ckpt(part, 5) + " at step 5");
-    EXPECT_EQ(result_columns(full + "/train.csv"), result_columns(part + "/train.csv"));
-    expect_same_tensors(ckpt(full, 12), ckpt(part, 12));
+    // Loading in the step, and with two loader threads (the resumed loader starts mid-ring).
+    for (const std::string set : {"", " --set data.workers=2"}) {
+        const std::string full = d.file("full" + std::to_string(set.size()));
+        const std::string part = d.file("part" + std::to_string(set.size()));
+        ASSERT_EQ(run_microtrain("train " + q(yaml) + set + " --out-dir " + q(full)).rc, 0);
+        // 5 steps (the last checkpoint is the final one at 5), then on to 12.
+        Result r =
+            run_microtrain("train " + q(yaml) + set + " --out-dir " + q(part) + " --steps 5");
+        ASSERT_EQ(r.rc, 0) << r.output;
+        r = run_microtrain("train " + q(yaml) + set + " --resume " + q(part) + " --steps 12");
+        ASSERT_EQ(r.rc, 0) << r.output;
+        EXPECT_CONTAINS(r.output, "resumed from " + ckpt(part, 5) + " at step 5");
+        EXPECT_EQ(result_columns(full + "/train.csv"), result_columns(part + "/train.csv")) << set;
+        expect_same_tensors(ckpt(full, 12), ckpt(part, 12));
+    }
 }
 
 // Starts the run in the background, stdout to /dev/null, stderr to `log` (or /dev/null);
@@ -423,6 +430,65 @@ TEST(TrainCli, OneBatchSmokeTestStaysReachable) {
     const Result r = run_microtrain("train " + q(tiny_yaml(d, kSmallTrain)) + " --lr 0.1");
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_CONTAINS(r.output, "--lr is a flag of the one-batch smoke test");
+}
+
+// ---- the loader underneath: the validation split and starting at batch k -------------------
+
+// A token file whose token p is p: a row's first input token names its window (token / T).
+DataConfig numbered_tokens(const TempDir& d, int n_tokens) {
+    std::vector<uint16_t> tokens(n_tokens);
+    for (int p = 0; p < n_tokens; ++p) tokens[p] = static_cast<uint16_t>(p);
+    write_token_file(d.file("numbered.bin"), tokens);
+    DataConfig c;
+    c.source = DataSource::tokens;
+    c.path = d.file("numbered.bin");
+    c.batch_size = 2;
+    c.seq_len = 8;
+    return c;
+}
+
+TEST(TrainData, ValidationSplitHoldsOutTheLastWindowsAndTrainingNeverSeesThem) {
+    TempDir d;
+    DataConfig c = numbered_tokens(d, 2000);  // (2000-1)/8 = 249 windows
+    c.val_fraction = 0.2f;                    // the last floor(0.2 * 249) = 49 are validation
+    std::set<int> train, val;
+    DataLoader tl(c, 2048, 1), vl(c, 2048, 1, nullptr, {.split = DataSplit::val});
+    EXPECT_EQ(tl.num_windows(), 200u);
+    EXPECT_EQ(vl.num_windows(), 49u);
+    for (int i = 0; i < 100; ++i) {  // one epoch of each
+        const Batch& b = tl.next();
+        for (int r = 0; r < 2; ++r) train.insert(b.inputs[r * 8] / 8);
+    }
+    for (int i = 0; i < 25; ++i) {
+        const Batch& b = vl.next();
+        for (int r = 0; r < 2; ++r) val.insert(b.inputs[r * 8] / 8);
+    }
+    EXPECT_EQ(train.size(), 200u);
+    EXPECT_EQ(*train.begin(), 0);
+    EXPECT_EQ(*train.rbegin(), 199);
+    EXPECT_EQ(val.size(), 49u);
+    EXPECT_EQ(*val.begin(), 200);
+    EXPECT_EQ(*val.rbegin(), 248);
+}
+
+TEST(TrainData, StartingAtBatchKGivesTheBatchesASkippingLoaderGives) {
+    TempDir d;
+    DataConfig c = numbered_tokens(d, 2000);
+    c.val_fraction = 0.1f;
+    for (int workers : {0, 2}) {
+        c.workers = workers;
+        DataLoader from0(c, 2048, 3), from7(c, 2048, 3, nullptr, {.first_batch = 7});
+        for (int i = 0; i < 7; ++i) from0.next();
+        EXPECT_EQ(from7.position(), 7u);
+        for (int i = 7; i < 150; ++i) {  // across an epoch boundary (90 batches per epoch)
+            const Batch& a = from0.next();
+            const Batch& b = from7.next();
+            ASSERT_EQ(b.index, static_cast<uint64_t>(i));
+            ASSERT_TRUE(std::equal(a.inputs, a.inputs + 16, b.inputs)) << "batch " << i;
+            ASSERT_TRUE(std::equal(a.targets, a.targets + 16, b.targets)) << "batch " << i;
+        }
+        EXPECT_EQ(from7.position(), 150u);
+    }
 }
 
 }  // namespace
