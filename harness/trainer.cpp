@@ -411,7 +411,8 @@ class Trainer {
     DeviceBuffer d_inputs_, d_targets_;  // for the validation batches
     std::unique_ptr<CsvAppender> csv_;
     std::chrono::steady_clock::time_point t0_;
-    int steps_here_ = 0;  // steps this process ran (for tokens/s and the ETA)
+    int steps_here_ = 0;              // steps this process ran (for tokens/s and the ETA)
+    std::optional<double> last_val_;  // the latest validation loss, for the progress line
 };
 
 Trainer::Trainer(const TrainRunOptions& o) : opts_(o) {
@@ -557,8 +558,9 @@ void Trainer::print_progress(int step, const StepRecord& r, const std::optional<
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     const double tokens = static_cast<double>(steps_here_) * cfg_.data.batch_size *
                           cfg_.data.seq_len * cfg_.run.grad_accum;
+    if (val) last_val_ = val;
     char val_text[32] = "-";
-    if (val) std::snprintf(val_text, sizeof val_text, "%.4f", *val);
+    if (last_val_) std::snprintf(val_text, sizeof val_text, "%.4f", *last_val_);
     std::printf("step %*d/%d  loss %.4f  val %s  %.0f tok/s  %.1f ms/step  ETA %s\n",
                 static_cast<int>(std::to_string(train_.steps).size()), step, train_.steps, r.loss,
                 val_text, elapsed > 0 ? tokens / elapsed : 0.0, r.times.wall_ms,
