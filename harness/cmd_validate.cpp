@@ -3,10 +3,13 @@
 // 2 with the SpecError message (FILE:LINE:COL: key ...: expected ..., got ...; fix) otherwise.
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "harness/commands.h"
+#include "harness/data.h"
 #include "harness/spec.h"
 
 namespace mt {
@@ -34,6 +37,27 @@ bool runs_on_cuda_here(const RunConfig& c, bool have_cuda) {
     return c.backend == BackendChoice::cuda || (c.backend == BackendChoice::auto_ && have_cuda);
 }
 
+// Reads every distinct data file the variants name, as the loader will: tokens >= vocab_size, a
+// malformed header, invalid UTF-8, a FIFO or a file too short for one batch fail here, before
+// the experiment runs. Returns 2 (with the message) on the first bad one, else 0.
+int check_data_files(const ExperimentSpec& spec) {
+    std::set<std::tuple<DataSource, std::string, int, int, int>> seen;
+    for (const RunConfig& v : spec.variants) {
+        const DataConfig& d = v.data;
+        if (d.source == DataSource::synthetic ||
+            !seen.insert({d.source, d.path, v.model.vocab_size, d.batch_size, d.seq_len}).second)
+            continue;
+        try {
+            check_data_source(d, v.model.vocab_size);
+        } catch (const DataError& e) {
+            std::fprintf(stderr, "microtrain validate: %s: variant '%s': data: %s\n",
+                         spec.source_path.c_str(), v.variant.c_str(), e.what());
+            return 2;
+        }
+    }
+    return 0;
+}
+
 int run_validate(const ValidateArgs& a) {
     ExperimentSpec spec;
     try {
@@ -42,14 +66,19 @@ int run_validate(const ValidateArgs& a) {
         std::fprintf(stderr, "microtrain validate: %s\n", e.what());
         return 2;
     }
+    if (int rc = check_data_files(spec); rc != 0) return rc;
     std::string why_no_cuda;
     const bool have_cuda = cuda_available(&why_no_cuda);
 
     std::printf("%s: experiment '%s', %zu variant%s, baseline '%s'\n", a.file.c_str(),
                 spec.name.c_str(), spec.variants.size(), spec.variants.size() == 1 ? "" : "s",
                 spec.baseline.c_str());
-    std::printf("compare: loss_tolerance %g (relative, mean loss)   report: out_dir %s\n",
-                spec.loss_tolerance, spec.out_dir.c_str());
+    const std::string tolerance =
+        spec.loss_tolerance
+            ? std::to_string(*spec.loss_tolerance) + " (relative, mean and final loss)"
+            : std::string("from the baseline's step-to-step loss spread");
+    std::printf("compare: loss_tolerance %s   report: out_dir %s\n", tolerance.c_str(),
+                spec.out_dir.c_str());
     for (const auto& o : a.overrides) std::printf("--set %s\n", o.c_str());
 
     // The base config is what every variant starts from; the variants list only what they change.

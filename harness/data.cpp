@@ -22,8 +22,10 @@
 #include "harness/data.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -34,6 +36,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -55,15 +58,6 @@ constexpr size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);  // 1024
     throw DataError("'" + path + "': " + what);
 }
 
-// splitmix64: a 64-bit bijective mixer; good enough to hash (seed, position) into tokens and to
-// derive per-epoch shuffle seeds, and identical on every platform.
-uint64_t splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 // Uniform integer in [0, bound) from a 64-bit engine, by rejection (no modulo bias), written out
 // so the shuffle is the same with every standard library.
 uint64_t uniform_below(std::mt19937_64& rng, uint64_t bound) {
@@ -72,6 +66,11 @@ uint64_t uniform_below(std::mt19937_64& rng, uint64_t bound) {
     do r = rng();
     while (r >= limit);
     return r % bound;
+}
+
+void require_regular_file(const std::string& path) {
+    if (auto problem = not_a_regular_file(path))
+        data_error(path, *problem + "; data.path must name a token or text file");
 }
 
 // Busy-spins for `us` microseconds: SIMULATED CPU work per sample (decoding, augmentation,
@@ -208,11 +207,11 @@ struct DataLoader::Impl {
     uint64_t seed = 0;
     Backend* backend = nullptr;
 
-    std::vector<uint16_t> tokens;  // tokens / text sources
-    size_t n = 0;                  // tokens in the stream (synthetic: nominal)
-    uint64_t windows = 0;          // windows of this loader's part (all: W = (n-1)/T)
-    uint64_t window_base = 0;      // the part's first window (the validation part is the tail)
-    uint64_t synth_seed = 0;
+    std::vector<uint16_t> tokens;              // tokens / text sources
+    size_t n = 0;                              // tokens in the stream (synthetic: nominal)
+    uint64_t windows = 0;                      // windows of this loader's part (all: (n-1)/T)
+    uint64_t window_base = 0;                  // the part's first window (validation: the tail)
+    std::optional<SyntheticTokens> synthetic;  // source synthetic
 
     // Per-epoch window permutations, computed on demand and cached (a few epochs: a batch spans
     // at most two, and the ring is short). Recomputing an evicted one gives the same result.
@@ -240,10 +239,10 @@ struct DataLoader::Impl {
     std::exception_ptr error;
     std::vector<std::thread> threads;
 
-    int token_at(uint64_t p) const {
-        if (cfg.source == DataSource::synthetic)
-            return static_cast<int>(splitmix64(synth_seed + p) % static_cast<uint64_t>(vocab));
-        return tokens[p];
+    // Tokens [start, start + count) of the stream into out.
+    void read_tokens(uint64_t start, int count, int* out) const {
+        if (synthetic) return synthetic->read(start, count, out);
+        std::copy_n(tokens.begin() + static_cast<ptrdiff_t>(start), count, out);
     }
 
     std::shared_ptr<const std::vector<uint32_t>> perm(uint64_t epoch) {
@@ -264,17 +263,18 @@ struct DataLoader::Impl {
         const int B = cfg.batch_size, T = cfg.seq_len;
         std::shared_ptr<const std::vector<uint32_t>> p;
         uint64_t p_epoch = UINT64_MAX;
+        std::vector<int> window(static_cast<size_t>(T) + 1);
         for (int r = 0; r < B; ++r) {
             const uint64_t g = i * static_cast<uint64_t>(B) + r;
             const uint64_t epoch = g / windows;
             if (epoch != p_epoch) p = perm(epoch), p_epoch = epoch;
             const uint64_t start = (window_base + (*p)[g % windows]) * T;
+            // The window's T+1 tokens: inputs are the first T, targets the last T.
             int* in = inputs + static_cast<size_t>(r) * T;
             int* tg = targets + static_cast<size_t>(r) * T;
-            for (int t = 0; t < T; ++t) {
-                in[t] = token_at(start + t);
-                tg[t] = token_at(start + t + 1);
-            }
+            read_tokens(start, T + 1, window.data());
+            std::copy_n(window.data(), T, in);
+            std::copy_n(window.data() + 1, T, tg);
             spin_for_us(cfg.preprocess_us, stop);  // SIMULATED per-sample preprocessing
             if (stop.load(std::memory_order_relaxed)) return;
         }
@@ -370,12 +370,13 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
 
     const uint64_t B = c.batch_size, T = c.seq_len;
     const uint64_t need = B * T + 1;  // B windows of T+1 tokens overlapping by one
+    if (c.source != DataSource::synthetic && !c.path.empty()) require_regular_file(c.path);
     switch (c.source) {
         case DataSource::synthetic:
-            // A virtual stream of uniform tokens: token p = hash(seed, p) mod vocab (the modulo
-            // bias is below vocab / 2^64). Nominal length: 64 batches, at least 2^20 tokens.
+            // A virtual stream (harness/synthetic.h: markov or uniform), computed per window.
+            // Nominal length: 64 batches, at least 2^20 tokens.
             m.n = std::max<uint64_t>(uint64_t{1} << 20, 64 * need);
-            m.synth_seed = splitmix64(seed ^ 0xD47A5EEDull);
+            m.synthetic.emplace(c.synthetic, vocab_size, seed);
             break;
         case DataSource::tokens: {
             if (c.path.empty()) bad("source tokens needs a path (data.path)");
@@ -524,6 +525,7 @@ std::string DataLoader::describe() const {
     const DataConfig& c = impl_->cfg;
     std::ostringstream os;
     os << source_name(c.source);
+    if (c.source == DataSource::synthetic) os << " " << enum_name(c.synthetic);
     if (c.source != DataSource::synthetic) os << " '" << c.path << "'";
     os << " (" << impl_->n << " tokens" << (c.source == DataSource::synthetic ? ", nominal" : "")
        << "), B" << c.batch_size << " T" << c.seq_len << ", workers " << c.workers;
@@ -531,6 +533,32 @@ std::string DataLoader::describe() const {
     if (c.pin_memory) os << ", pinned";
     if (c.preprocess_us > 0) os << ", preprocess " << c.preprocess_us << " us/sample (simulated)";
     return os.str();
+}
+
+std::optional<std::string> not_a_regular_file(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+        const int err = errno;
+        if (err == ENOENT) return "does not exist";
+        if (err == ELOOP) return "cannot be opened: too many levels of symbolic links (a loop)";
+        return std::string("cannot be opened: ") + std::strerror(err);
+    }
+    if (S_ISREG(st.st_mode)) return std::nullopt;
+    if (S_ISDIR(st.st_mode)) return "is a directory, not a regular file";
+    if (S_ISFIFO(st.st_mode)) return "is a FIFO (named pipe), not a regular file";
+    if (S_ISSOCK(st.st_mode)) return "is a socket, not a regular file";
+    if (S_ISCHR(st.st_mode)) return "is a character device, not a regular file";
+    if (S_ISBLK(st.st_mode)) return "is a block device, not a regular file";
+    return "is not a regular file";
+}
+
+void check_data_source(const DataConfig& config, int vocab_size) {
+    if (config.source == DataSource::synthetic) return;
+    DataConfig probe = config;  // synchronous, unpinned: no threads, no backend
+    probe.workers = 0;
+    probe.pin_memory = false;
+    probe.preprocess_us = 0;
+    DataLoader loader(probe, vocab_size, /*seed=*/0);
 }
 
 }  // namespace mt

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -64,6 +65,19 @@ std::vector<uint16_t> read_token_file(const std::string& path);
 // Checks an llm.c token file's header and size without reading the tokens; returns the count.
 // Throws DataError like read_token_file.
 size_t token_file_count(const std::string& path);
+
+// Why `path` cannot be a data file, or nullopt when it is a regular file (symlinks followed):
+// "does not exist", "is a FIFO (named pipe), not a regular file" (which would block a reader
+// forever), "is a directory, ...", "cannot be opened: too many levels of symbolic links (a
+// loop)", ...
+std::optional<std::string> not_a_regular_file(const std::string& path);
+
+// Checks the data source of `config` as the loader will read it, without keeping it: the file of
+// a tokens / text source is a regular file (not a FIFO, device or directory, which would block or
+// mislead), readable, well-formed (token header; UTF-8), every token < vocab_size, and long
+// enough for one batch. Throws DataError naming the file and what is wrong. `microtrain validate`
+// runs it so a bad data file fails before an experiment starts, not in its first step.
+void check_data_source(const DataConfig& config, int vocab_size);
 
 // Which windows a DataLoader draws from. With data.val_fraction f > 0 the last
 // max(1, floor(f * W)) of the W windows are the validation part and the rest the training part;

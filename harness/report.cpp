@@ -158,7 +158,93 @@ ComparisonRow row_from(const VariantResult& v) {
     r.device_kind = v.memory.device.kind;
     r.final_loss = v.loss.final;
     r.mean_loss = v.loss.mean_measured;
+    for (const StepRow& s : v.steps)
+        if (!s.warmup && s.loss) r.measured_losses.emplace_back(s.step, *s.loss);
     return r;
+}
+
+// ---- the loss check ---------------------------------------------------------------------------
+//
+// A variant keeps the baseline's loss when, over the measured steps both ran (same seed, so the
+// same batches on the same steps), neither the mean loss nor the last common step's loss differs
+// from the baseline's by more than a tolerance in nats. A variant that computes the same thing
+// another way differs by rounding only; one whose math is wrong learns differently and drifts.
+
+constexpr double kFallbackRelativeTolerance = 0.02;  // too few steps to measure a spread
+constexpr double kSpreadFloorRelative = 1e-4;        // a derived tolerance is never below this
+
+// The robust standard deviation (1.4826 x median absolute deviation) of xs around their median.
+double robust_std(std::vector<double> xs) {
+    auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        const size_t n = v.size();
+        return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    };
+    const double m = median(xs);
+    for (double& x : xs) x = std::fabs(x - m);
+    return 1.4826 * median(xs);
+}
+
+// The tolerance of the loss check. Given compare.loss_tolerance: that fraction of the baseline's
+// mean measured loss. Otherwise the baseline's own step-to-step spread: the robust std of its
+// successive loss changes around their median change (the median removes the downward trend),
+// over sqrt(2), since a change between two steps carries the noise of both: the noise of one
+// step's loss from one batch to the next.
+void set_loss_tolerance(Comparison& c, const ComparisonRow& b) {
+    c.tolerance_nats.reset();
+    if (!b.mean_loss || b.measured_losses.empty()) {
+        c.tolerance_basis = "no measured baseline loss";
+        return;
+    }
+    const double scale = std::fabs(*b.mean_loss);
+    if (c.loss_tolerance) {
+        c.tolerance_nats = *c.loss_tolerance * scale;
+        c.tolerance_basis =
+            "compare.loss_tolerance " + pct(*c.loss_tolerance) + " of the baseline's mean loss";
+        return;
+    }
+    const auto& L = b.measured_losses;
+    if (L.size() < 4) {
+        c.tolerance_nats = kFallbackRelativeTolerance * scale;
+        c.tolerance_basis = pct(kFallbackRelativeTolerance) +
+                            " of the baseline's mean loss (fewer than 4 measured steps: too few "
+                            "to measure its spread; set compare.loss_tolerance)";
+        return;
+    }
+    std::vector<double> changes;
+    for (size_t i = 1; i < L.size(); ++i) changes.push_back(L[i].second - L[i - 1].second);
+    const double spread = robust_std(changes) / std::sqrt(2.0);
+    const double floor = kSpreadFloorRelative * scale;
+    c.tolerance_nats = std::max(spread, floor);
+    c.tolerance_basis = spread >= floor
+                            ? "the baseline's step-to-step loss spread (robust std over " +
+                                  std::to_string(L.size()) + " measured steps)"
+                            : "the floor " + f("%g", kSpreadFloorRelative) +
+                                  " x the baseline's mean loss (its step-to-step spread is "
+                                  "smaller)";
+}
+
+// dmean_loss, dfinal_loss and loss_ok of r against b over the steps both measured.
+void check_loss(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol_nats) {
+    std::map<int, double> base(b.measured_losses.begin(), b.measured_losses.end());
+    double sum_b = 0, sum_r = 0;
+    size_t n = 0;
+    for (const auto& [step, loss] : r.measured_losses) {
+        const auto it = base.find(step);
+        if (it == base.end()) continue;
+        sum_b += it->second, sum_r += loss, ++n;
+        r.dfinal_loss = it->second - loss;
+    }
+    if (n == 0) return;
+    r.dmean_loss = (sum_b - sum_r) / static_cast<double>(n);
+    if (tol_nats)
+        r.loss_ok = std::fabs(*r.dmean_loss) <= *tol_nats && std::fabs(*r.dfinal_loss) <= *tol_nats;
+}
+
+std::string loss_deltas_text(const ComparisonRow& r, std::optional<double> tol_nats) {
+    return "mean loss " + signed_f("%.4f", -*r.dmean_loss) + ", final " +
+           signed_f("%.4f", -*r.dfinal_loss) + " nats vs the baseline; tolerance ±" +
+           f("%.4f", tol_nats.value_or(0)) + " nats";
 }
 
 std::string failure_short(const ComparisonRow& r) {
@@ -199,18 +285,17 @@ bool judge_unmeasurable(ComparisonRow& r, const ComparisonRow& b, bool baseline_
 }
 
 // Deltas against the baseline: time (median), memory (tracked peak), noise and loss.
-void measure_against(ComparisonRow& r, const ComparisonRow& b, double tol) {
+void measure_against(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol) {
     r.dtime_ms = b.median_ms - r.median_ms;
     r.speedup = r.median_ms > 0 ? b.median_ms / r.median_ms : 0;
     r.dmem_bytes = b.tracked_peak - r.tracked_peak;
     const double noise = std::max(b.iqr_ms, r.iqr_ms);
     r.within_noise = std::fabs(*r.dtime_ms) <= noise;
-    if (r.mean_loss && b.mean_loss && *b.mean_loss != 0)
-        r.loss_ok = std::fabs(*r.mean_loss - *b.mean_loss) / std::fabs(*b.mean_loss) <= tol;
+    check_loss(r, b, tol);
 }
 
 // keep / trade-off / reject from the measured deltas (measure_against ran).
-void judge_measured(ComparisonRow& r, const ComparisonRow& b, double tol) {
+void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol) {
     const bool faster = !r.within_noise && *r.dtime_ms > 0;
     const bool slower = !r.within_noise && *r.dtime_ms < 0;
     // Tracked bytes are deterministic; count a change only above 1% of the baseline or 64 KiB.
@@ -226,9 +311,7 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, double tol) {
     Decision d = Decision::reject;
     std::string v;
     if (r.loss_ok && !*r.loss_ok) {
-        v = "reject: mean loss differs " +
-            pct(std::fabs(*r.mean_loss - *b.mean_loss) / std::fabs(*b.mean_loss)) +
-            " from the baseline (tolerance " + pct(tol) + ")";
+        v = "reject: loss not within tolerance: do not keep (" + loss_deltas_text(r, tol) + ")";
         if (faster) v += ", although " + speed;
     } else if (faster && !fatter) {
         d = Decision::keep;
@@ -255,7 +338,8 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, double tol) {
     set_verdict(r, d, v);
 }
 
-void judge(ComparisonRow& r, const ComparisonRow& b, double tol, bool baseline_present) {
+void judge(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol,
+           bool baseline_present) {
     if (judge_unmeasurable(r, b, baseline_present)) return;
     measure_against(r, b, tol);
     judge_measured(r, b, tol);
@@ -345,7 +429,8 @@ Comparison build_comparison(const Results& results) {
         rows[base].is_baseline = true;
         std::rotate(rows.begin(), rows.begin() + base, rows.begin() + base + 1);
     }
-    for (ComparisonRow& r : rows) judge(r, rows.front(), c.loss_tolerance, base >= 0);
+    if (!rows.empty()) set_loss_tolerance(c, rows.front());
+    for (ComparisonRow& r : rows) judge(r, rows.front(), c.tolerance_nats, base >= 0);
     c.rows = std::move(rows);
     add_notes(c);
     return c;
@@ -378,7 +463,8 @@ Comparison compare_results(const Results& a, const std::string& a_label, const R
     if (c.rows.size() == 1)
         throw ReportError(b_label + (b_variant.empty() ? ": has no variants"
                                                        : ": no variant named '" + b_variant + "'"));
-    for (ComparisonRow& r : c.rows) judge(r, c.rows.front(), c.loss_tolerance, true);
+    set_loss_tolerance(c, c.rows.front());
+    for (ComparisonRow& r : c.rows) judge(r, c.rows.front(), c.tolerance_nats, true);
     add_notes(c);
     return c;
 }
@@ -429,9 +515,11 @@ std::string render_comparison_md(const Comparison& c) {
     }
     o << "\nΔ = baseline − variant: positive Δtime = the variant is faster, positive Δmem = it "
          "uses less tracked memory. Speedup = baseline median / variant median. A Δtime no larger "
-         "than the larger IQR of the two is *within noise*. Loss within tolerance: |mean loss − "
-         "baseline mean loss| / baseline ≤ "
-      << pct(c.loss_tolerance) << ". Throughput from the median step.\n";
+         "than the larger IQR of the two is *within noise*. Loss within tolerance: over the "
+         "measured steps both ran, |Δ mean loss| and |Δ loss of the last common step| ≤ "
+      << (c.tolerance_nats ? f("%.4f", *c.tolerance_nats) + " nats (" + c.tolerance_basis + ")"
+                           : std::string("n/a (") + c.tolerance_basis + ")")
+      << ". Throughput from the median step.\n";
     for (const std::string& n : c.notes) o << "\n- " << n;
     if (!c.notes.empty()) o << "\n";
     return o.str();

@@ -49,9 +49,13 @@ struct ComparisonRow {
     double device_peak = 0;   // bytes (cudaMemGetInfo used, or RSS)
     std::string device_kind;
     std::optional<double> final_loss, mean_loss;
+    std::vector<std::pair<int, double>> measured_losses;  // (step, loss): measured, finite
     // vs baseline (set when both have stats)
     std::optional<double> dtime_ms, speedup, dmem_bytes;
     bool within_noise = false;
+    // The loss check over the measured steps both ran: deltas baseline - variant of the mean and
+    // of the last common step's loss, and whether both are within the tolerance.
+    std::optional<double> dmean_loss, dfinal_loss;
     std::optional<bool> loss_ok;
     Decision decision = Decision::not_applicable;  // the class of `verdict`
     std::string verdict;
@@ -59,9 +63,11 @@ struct ComparisonRow {
 
 struct Comparison {
     std::string baseline;
-    double loss_tolerance = 0.02;
-    std::vector<ComparisonRow> rows;  // baseline first
-    std::vector<std::string> notes;   // warnings (jitter, missing baseline, config mismatch)
+    std::optional<double> loss_tolerance;  // compare.loss_tolerance (relative); nullopt: derive
+    std::optional<double> tolerance_nats;  // the |delta loss| applied; nullopt: none known
+    std::string tolerance_basis;           // how tolerance_nats was obtained, in words
+    std::vector<ComparisonRow> rows;       // baseline first
+    std::vector<std::string> notes;        // warnings (jitter, missing baseline, config mismatch)
 };
 
 // The comparison of every variant of one results file against its baseline.

@@ -223,10 +223,13 @@ namespace {
 ComparisonRecord comparison_record(const Comparison& c) {
     ComparisonRecord o;
     o.baseline = c.baseline;
+    o.loss_tolerance_nats = c.tolerance_nats;
+    o.loss_tolerance_basis = c.tolerance_basis;
     o.notes = c.notes;
     for (const ComparisonRow& r : c.rows)
         o.rows.push_back({r.name, r.is_baseline, r.dtime_ms, r.speedup, r.dmem_bytes,
-                          r.within_noise, r.loss_ok, r.decision, r.verdict});
+                          r.within_noise, r.loss_ok, r.dmean_loss, r.dfinal_loss, r.decision,
+                          r.verdict});
     return o;
 }
 
@@ -412,9 +415,15 @@ json comparison_json(const ComparisonRecord& c) {
                         {"delta_memory_bytes", opt_json(r.delta_memory_bytes)},
                         {"within_noise", r.within_noise},
                         {"loss_within_tolerance", opt_json(r.loss_within_tolerance)},
+                        {"delta_mean_loss", opt_json(r.delta_mean_loss)},
+                        {"delta_final_loss", opt_json(r.delta_final_loss)},
                         {"decision", enum_name(r.decision)},
                         {"verdict", r.verdict}});
-    return {{"baseline", c.baseline}, {"notes", c.notes}, {"variants", rows}};
+    return {{"baseline", c.baseline},
+            {"loss_tolerance_nats", opt_json(c.loss_tolerance_nats)},
+            {"loss_tolerance_basis", c.loss_tolerance_basis},
+            {"notes", c.notes},
+            {"variants", rows}};
 }
 
 }  // namespace
@@ -426,7 +435,7 @@ json results_to_json(const Results& res) {
     j["experiment"] = {{"name", res.experiment.name},
                        {"source", res.experiment.source},
                        {"baseline", res.experiment.baseline},
-                       {"loss_tolerance", res.experiment.loss_tolerance}};
+                       {"loss_tolerance", opt_json(res.experiment.loss_tolerance)}};
     j["started_utc"] = res.started_utc;
     j["interrupted"] = res.interrupted;
     j["environment"] = environment_to_json(res.environment);
@@ -704,6 +713,8 @@ Environment read_environment(const Node& n) {
 ComparisonRecord read_comparison(const Node& n) {
     ComparisonRecord c;
     c.baseline = n["baseline"].string();
+    c.loss_tolerance_nats = n["loss_tolerance_nats"].number_or_null();
+    c.loss_tolerance_basis = n["loss_tolerance_basis"].string();
     for (const Node& note : n["notes"].elements()) c.notes.push_back(note.string());
     for (const Node& r : n["variants"].elements()) {
         ComparisonVerdict v;
@@ -715,6 +726,8 @@ ComparisonRecord read_comparison(const Node& n) {
         v.within_noise = r["within_noise"].boolean();
         if (!r["loss_within_tolerance"].is_null())
             v.loss_within_tolerance = r["loss_within_tolerance"].boolean();
+        v.delta_mean_loss = r["delta_mean_loss"].number_or_null();
+        v.delta_final_loss = r["delta_final_loss"].number_or_null();
         v.decision = r["decision"].enum_value<Decision>();
         v.verdict = r["verdict"].string();
         c.rows.push_back(std::move(v));
@@ -749,7 +762,7 @@ Results results_from_json(const json& j, const std::string& label) {
     res.tool = top["tool"].string();
     const Node ex = top["experiment"];
     res.experiment = {ex["name"].string(), ex["source"].string(), ex["baseline"].string(),
-                      ex["loss_tolerance"].number()};
+                      ex["loss_tolerance"].number_or_null()};
     res.started_utc = top["started_utc"].string();
     res.interrupted = top["interrupted"].boolean();
     res.environment = read_environment(top["environment"]);

@@ -8,7 +8,10 @@
 // to_results also runs the comparison (build_comparison, report.cpp) once and stores its
 // verdicts in Results::comparison, so results.json and report.md state the same verdicts.
 //
-// Layout (schema_version 2): the v1 keys unchanged, plus the top-level `comparison` block.
+// Layout (schema_version 3): v2 (the v1 keys plus the top-level `comparison` block) with the
+// loss check of v3: `experiment.loss_tolerance` may be null (derived), and the comparison block
+// states the tolerance it applied (`loss_tolerance_nats`, `loss_tolerance_basis`) and each
+// variant's `delta_mean_loss` / `delta_final_loss`.
 // JSON objects are written with sorted keys (nlohmann's default), so writing a Results read from
 // a file gives the same text back. Reading checks the type and presence of every key and throws
 // ReportError naming the file and the key path, e.g.
@@ -28,7 +31,7 @@
 
 namespace mt {
 
-inline constexpr int kResultsSchemaVersion = 2;
+inline constexpr int kResultsSchemaVersion = 3;
 
 // Thrown for a results.json that cannot be used; the message names the file and the key.
 struct ReportError : std::runtime_error {
@@ -164,7 +167,7 @@ const SeriesSummary& phase_column_stats(const StepStatistics& stats, int column)
 
 struct ExperimentHeader {
     std::string name, source, baseline;
-    double loss_tolerance = 0.02;
+    std::optional<double> loss_tolerance;  // compare.loss_tolerance; nullopt: derived (null)
 };
 
 // The machine and checkout the run came from; optional entries are absent when unknown.
@@ -202,15 +205,19 @@ struct ComparisonVerdict {
     std::optional<double> speedup;              // baseline median / variant median
     std::optional<double> delta_memory_bytes;   // baseline tracked peak - variant tracked peak
     bool within_noise = false;                  // |delta_time_ms| <= the larger IQR
-    std::optional<bool> loss_within_tolerance;  // nullopt: no mean loss to compare
+    std::optional<bool> loss_within_tolerance;  // nullopt: no common measured step to compare
+    // Baseline - variant over the measured steps both ran (positive = the variant's loss is lower)
+    std::optional<double> delta_mean_loss, delta_final_loss;
     Decision decision = Decision::not_applicable;
     std::string verdict;  // the full sentence of the report's Verdict column
 };
 
 struct ComparisonRecord {
-    std::string baseline;                 // the variant used as baseline (after any fallback)
-    std::vector<std::string> notes;       // warnings printed under the table
-    std::vector<ComparisonVerdict> rows;  // baseline first, then the variants in file order
+    std::string baseline;                       // the variant used as baseline (after any fallback)
+    std::optional<double> loss_tolerance_nats;  // the |delta loss| allowed; nullopt: none known
+    std::string loss_tolerance_basis;           // where it comes from, in words
+    std::vector<std::string> notes;             // warnings printed under the table
+    std::vector<ComparisonVerdict> rows;        // baseline first, then the variants in file order
 };
 
 struct Results {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/synthetic.h"
 #include "kernels/backend.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
@@ -28,6 +29,7 @@ struct EnumSpelling<DataSource> {
 struct DataConfig {
     DataSource source = DataSource::synthetic;
     std::string path;         // tokens / text file (relative paths resolve against the YAML's dir)
+    SyntheticKind synthetic = SyntheticKind::markov;  // source synthetic: learnable or uniform
     int batch_size = 4;       // B
     int seq_len = 64;         // T
     int workers = 0;          // background loader threads; 0 = load synchronously in the step

@@ -145,9 +145,11 @@ std::optional<BackendKind> resolve_backend(const RunConfig& c, std::string* skip
 // The variant's backend, the machine's peaks, the memory estimate and the TrainingSession, in
 // that order: the peak probe's buffers are gone (and its peaks reset) before the model exists.
 std::unique_ptr<TrainingSession> set_up_session(const RunConfig& cfg, BackendKind kind,
-                                                std::FILE* out, RunResult& r) {
+                                                std::FILE* out, RunResult& r,
+                                                const std::function<void(Backend&)>& modify) {
     const auto t_setup = std::chrono::steady_clock::now();
     std::unique_ptr<Backend> backend = create_training_backend(cfg, kind);
+    if (modify) modify(*backend);
     r.device_name = backend->device_name();
     r.threads = kind == BackendKind::cpu ? omp_get_max_threads() : 0;
     if (out) std::fprintf(out, "  device: %s\n", r.device_name.c_str());
@@ -292,7 +294,8 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
     std::unique_ptr<TrainingSession> session;
     int step = -1;
     try {
-        session = set_up_session(cfg, *kind, out, r);
+        session = set_up_session(cfg, *kind, out, r,
+                                 inject ? opt.modify_backend : std::function<void(Backend&)>());
         if (run_steps(*session, cfg, opt, inject, r, step)) *interrupted = true;
         finish_variant(*session, *kind, r);
     } catch (const std::exception& e) {

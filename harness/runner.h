@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -70,8 +71,8 @@ struct ExperimentResult {
     std::string name;
     std::string source_path;
     std::string baseline;
-    double loss_tolerance = 0.02;
-    std::vector<RunResult> runs;  // in spec order (skipped/unrun variants included)
+    std::optional<double> loss_tolerance;  // compare.loss_tolerance; nullopt: derived
+    std::vector<RunResult> runs;           // in spec order (skipped/unrun variants included)
     bool interrupted = false;
     std::string started_utc;  // ISO 8601
 };
@@ -85,6 +86,9 @@ struct RunnerOptions {
     std::string inject_variant;
     int inject_nan_at_step = -1;  // the loss read back at this step is replaced by NaN
     int interrupt_at_step = -1;   // behave as if SIGINT arrived during this step
+    // Called on the variant's backend before the model is built: a test swaps in a kernel here
+    // (Backend::kernels()), e.g. a deliberately wrong one that the loss check must catch.
+    std::function<void(Backend&)> modify_backend;
     // Install a SIGINT handler for the duration of the run (off in tests).
     bool handle_sigint = true;
 };

@@ -352,6 +352,8 @@ void add_backend_and_model_keys(std::vector<KeyDef>& t) {
 void add_data_keys(std::vector<KeyDef>& t) {
     t.push_back(enum_key<DataSource>("data.source",
                                      [](RunConfig& c) -> DataSource& { return c.data.source; }));
+    t.push_back(enum_key<SyntheticKind>(
+        "data.synthetic", [](RunConfig& c) -> SyntheticKind& { return c.data.synthetic; }));
     {
         KeyDef k{"data.path", Kind::string, {}, nullptr, nullptr, nullptr};
         k.set = [](RunConfig& c, const Value& v) { c.data.path = v.s; };
@@ -606,7 +608,7 @@ struct ParsedFile {
     Settings settings;
     std::string name;
     std::string baseline, baseline_where;
-    double loss_tolerance = 0.02;
+    std::optional<double> loss_tolerance;
     std::string out_dir = "runs";
     TrainSpec train;  // the `train:` section (microtrain train)
     bool has_variants = false;
@@ -1027,13 +1029,16 @@ struct Resolver {
                                    " reads " + what + ": add `path: <file>` to the data section");
         const std::string& p = c.data.path;
         std::error_code ec;
-        if (!fs::exists(p, ec))
+        if (!fs::exists(p, ec) && !ec)  // ec set (e.g. ELOOP): not_a_regular_file says what
             error("data.path", "expected " + std::string(what) + ", got '" + p +
                                    "' which does not exist; check the path (relative paths "
                                    "resolve against the experiment file's directory)");
         if (fs::is_directory(p, ec))
             error("data.path", "expected " + std::string(what) + ", got the directory '" + p +
                                    "'; name a file inside it");
+        if (auto problem = not_a_regular_file(p))  // a FIFO would block the open below forever
+            error("data.path",
+                  "expected " + std::string(what) + ", got '" + p + "' which " + *problem);
         {
             std::ifstream f(p, std::ios::binary);
             if (!f)

@@ -2,6 +2,7 @@
 // each a list of dotted-key overrides; resolve() turns each variant into a RunConfig.
 #pragma once
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -28,13 +29,15 @@ struct TrainSpec {
 
 struct ExperimentSpec {
     std::string name;
-    std::string source_path;          // the YAML file
-    std::vector<RunConfig> variants;  // resolved, in file order; variants[i].changed filled
-    RunConfig base;                   // the file's config with --set applied, before variants
-    std::string baseline;             // compare.baseline (a variant name)
-    double loss_tolerance = 0.02;     // compare.loss_tolerance (relative, on the mean loss)
-    std::string out_dir = "runs";     // report.out_dir
-    TrainSpec train;                  // train.*
+    std::string source_path;            // the YAML file
+    std::vector<RunConfig> variants;    // resolved, in file order; variants[i].changed filled
+    RunConfig base;                     // the file's config with --set applied, before variants
+    std::string baseline;               // compare.baseline (a variant name)
+    // compare.loss_tolerance (relative, on the mean and the final loss); nullopt when the file
+    // gives none: the comparison then derives one from the baseline's step-to-step spread.
+    std::optional<double> loss_tolerance;
+    std::string out_dir = "runs";       // report.out_dir
+    TrainSpec train;                    // train.*
     const RunConfig& variant(const std::string& name) const;  // throws SpecError if absent
 };
 

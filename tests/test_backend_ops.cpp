@@ -922,6 +922,48 @@ BACKEND_CASE(EncoderBackward, EncoderBackward) {
     EXPECT_TRUE(m.same(dwpe, "dwpe", test::kFp32Tol));
 }
 
+// The wte gradient is deterministic (encoder.cu sorts positions by token, no atomics): on inputs
+// where a few tokens take most positions and B*T = 72000 spans two of the launcher's sort chunks
+// (kEncoderBackwardChunk = 65536 positions), two runs from the same start give the same bits, and
+// both match the CPU. Token 0 is hot everywhere, token 1 only in the first chunk, token 2 only
+// in the second, token 5 never (its row must stay as it was).
+BACKEND_CASE(EncoderBackward, EncoderBackwardIsBitwiseReproducibleWithHotTokensAcrossChunks) {
+    const int B = 2, T = 36000, C = 24, V = 6;
+    const size_t N = size_t(B) * T;
+    std::vector<int> tokens = randint(N, 5, 20);
+    for (size_t i = 0; i < N; ++i) {
+        if (i % 3 == 0) tokens[i] = 0;
+        if (tokens[i] == 1 && i >= 65536) tokens[i] = 3;
+        if (tokens[i] == 2 && i < 65536) tokens[i] = 4;
+    }
+    auto inp = m.ints(tokens);
+    auto dout = m.act(randn(N * C, 21, 0.05f));
+    const Vec wte0 = randn(size_t(V) * C, 22), wpe0 = randn(size_t(T) * C, 23);
+    auto dwte = m.f32(wte0), dwpe = m.f32(wpe0);
+    auto dwte2 = m.f32(wte0), dwpe2 = m.f32(wpe0);
+    auto make = [&](Side s, Mirror::Buf& wte, Mirror::Buf& wpe) {
+        return op::EncoderBackward{.dwte = f32_at(wte, s),
+                                   .dwpe = f32_at(wpe, s),
+                                   .dout = at(dout, s),
+                                   .inp = ints_at(inp, s),
+                                   .B = B,
+                                   .T = T,
+                                   .C = C};
+    };
+    m.cpu->run(make(Side::cpu, dwte, dwpe));
+    m.gpu->run(make(Side::other, dwte, dwpe));
+    m.gpu->run(make(Side::other, dwte2, dwpe2));
+    const Vec a = m.gpu_values(dwte), b = m.gpu_values(dwte2);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "dwte differs between runs";
+    const Vec pa = m.gpu_values(dwpe), pb = m.gpu_values(dwpe2);
+    EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * 4)) << "dwpe differs between runs";
+    // Up to 24000 fp32 additions per row element, partial sums O(10): if the orders differed,
+    // rounding could reach ~1e-4; the kernel adds in the CPU's order, so it should be 0.
+    EXPECT_TRUE(m.same(dwte, "dwte", {1e-4, 1e-3}));
+    EXPECT_TRUE(m.same(dwpe, "dwpe", test::kFp32Tol));
+    for (int c = 0; c < C; ++c) EXPECT_EQ(a[size_t(5) * C + c], wte0[size_t(5) * C + c]) << c;
+}
+
 // ---- layernorm (C = 80: not a multiple of 32, tail lanes) ----
 
 BACKEND_CASE(LayerNormForward, LayerNormForward) {

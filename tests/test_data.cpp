@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -204,6 +205,7 @@ TEST_F(DataTest, OrderIsDeterministicForASeedAndDiffersForAnother) {
 
 TEST_F(DataTest, SyntheticTokensAreUniformInVocabRange) {
     DataConfig c;
+    c.synthetic = SyntheticKind::uniform;
     c.batch_size = 8;
     c.seq_len = 64;
     const int V = 10;
@@ -223,6 +225,33 @@ TEST_F(DataTest, SyntheticTokensAreUniformInVocabRange) {
     // 10240 draws over 10 values: each near 1024 (6 sigma ~ 180).
     for (int v = 0; v < V; ++v) EXPECT_NEAR(counts[v], 1024, 200) << v;
     EXPECT_GE(loader.num_tokens(), size_t(1) << 20);
+}
+
+TEST_F(DataTest, DefaultSyntheticTokensFollowTheMarkovChainInVocabRange) {
+    DataConfig c;  // synthetic markov: the default
+    c.batch_size = 8;
+    c.seq_len = 64;
+    const int V = 300;
+    DataLoader loader(c, V, 1);
+    std::map<int, std::set<int>> successors;
+    std::vector<int> counts(V, 0);
+    for (int i = 0; i < 20; ++i) {
+        const Batch& b = loader.next();
+        for (int k = 0; k < b.B * b.T; ++k) {
+            ASSERT_GE(b.inputs[k], 0);
+            ASSERT_LT(b.inputs[k], V);
+            ASSERT_LT(b.targets[k], V);
+            ++counts[b.inputs[k]];
+            if ((k + 1) % b.T != 0) EXPECT_EQ(b.targets[k], b.inputs[k + 1]);
+            successors[b.inputs[k]].insert(b.targets[k]);
+        }
+    }
+    // Skewed (Zipf) frequencies: token 0 is far more frequent than the uniform share (~34).
+    EXPECT_GT(counts[0], 5 * 10240 / V);
+    // Few successors per token (4 branches, plus the restart at a chunk boundary now and then).
+    size_t many = 0;
+    for (const auto& [tok, next] : successors) many += next.size() > 6;
+    EXPECT_LE(many, successors.size() / 20) << "tokens with more than 6 distinct successors";
 }
 
 TEST_F(DataTest, WorkersGiveExactlyTheSameBatchesAsSynchronousLoading) {

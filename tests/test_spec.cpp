@@ -78,7 +78,7 @@ const std::string kOptimKeys =
     " (optim keys: lr, betas, eps, weight_decay, grad_clip, impl, schedule, warmup_steps, "
     "decay_steps, min_lr_ratio)";
 const std::string kDataKeys =
-    " (data keys: source, path, batch_size, seq_len, workers, prefetch, pin_memory, "
+    " (data keys: source, synthetic, path, batch_size, seq_len, workers, prefetch, pin_memory, "
     "preprocess_us, val_fraction, val_path)";
 
 }  // namespace
@@ -87,7 +87,7 @@ TEST_F(SpecTest, ValidFileResolvesEveryVariantFromTheBase) {
     const ExperimentSpec spec = load_experiment(write("exp.yaml", kValid));
     EXPECT_EQ(spec.name, "unit");
     EXPECT_EQ(spec.baseline, "base");
-    EXPECT_DOUBLE_EQ(spec.loss_tolerance, 0.05);
+    EXPECT_DOUBLE_EQ(spec.loss_tolerance.value_or(-1), 0.05);
     EXPECT_EQ(spec.out_dir, "out");
     ASSERT_EQ(spec.variants.size(), 4u);
     const RunConfig& b = spec.variant("base");

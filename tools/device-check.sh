@@ -94,7 +94,8 @@ export -f configure
 stage configure 120 configure || true
 
 # ---- 3. build (Release, sm_$ARCH only) ----
-TESTS=(test_peak_flops test_backend_ops test_cuda_backend test_cuda_attention test_cuda_training)
+TESTS=(test_peak_flops test_backend_ops test_cuda_backend test_cuda_attention test_cuda_training
+       test_cuda_determinism)
 export TESTS_STR="${TESTS[*]}"
 build() {
     # shellcheck disable=SC2086
@@ -102,7 +103,7 @@ build() {
     # Registers / spills of the hot kernels, for kernels/cuda/README.md.
     local f
     # shellcheck disable=SC2046
-    for f in attention layernorm classifier adamw; do
+    for f in attention layernorm classifier adamw encoder; do
         nvcc -I"$ROOT" -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_"$ARCH" -Xptxas -v \
             $([[ $f == adamw ]] && echo --fmad=false) -c "$ROOT/kernels/cuda/$f.cu" \
             -o /tmp/mt_ptxas_$f.o 2>&1 | grep -E "Compiling entry|registers|spill" || true

@@ -4,8 +4,9 @@
 //
 // Workspace policy (ops never allocate):
 //  - reserved at construction: the cuBLASLt workspace (also given to classic cuBLAS; both run
-//    on the compute stream, so they never use it concurrently) and the partial-sum buffer of
-//    the two-stage reductions;
+//    on the compute stream, so they never use it concurrently), the partial-sum buffer of
+//    the two-stage reductions and the encoder backward's sort scratch (a fixed chunk of
+//    positions, whatever B and T: see encoder.cu);
 //  - the attention workspace grows in reserve_attention_workspace(impl, B,T,C,NH), which the
 //    model calls when it plans its activations (GPT::allocate_activations), i.e. outside any
 //    op. An attention op called with a shape larger than what was reserved throws BackendError
@@ -107,6 +108,8 @@ class CudaBackend final : public Backend {
         lt_ws_ = allocate(lt_ws_bytes_, MemoryCategory::workspace);
         partials_ = static_cast<float*>(
             allocate(cuda::kReducePartials * sizeof(float), MemoryCategory::workspace));
+        enc_ws_bytes_ = cuda::encoder_backward_workspace_bytes();
+        enc_ws_ = allocate(enc_ws_bytes_, MemoryCategory::workspace);
         CUBLAS_CHECK(cublasSetStream(blas_->get(), stream()));
         CUBLAS_CHECK(cublasSetWorkspace(blas_->get(), lt_ws_, lt_ws_bytes_));
         CUBLAS_CHECK(cublasSetMathMode(blas_->get(), opt.precision == Precision::tf32
@@ -296,7 +299,8 @@ class CudaBackend final : public Backend {
         cuda::encoder_forward(dt(), a.out, a.inp, a.wte, a.wpe, a.B, a.T, a.C, stream());
     }
     void kernel(const op::EncoderBackward& a) {
-        cuda::encoder_backward(dt(), a.dwte, a.dwpe, a.dout, a.inp, a.B, a.T, a.C, stream());
+        cuda::encoder_backward(dt(), a.dwte, a.dwpe, a.dout, a.inp, a.B, a.T, a.C, enc_ws_,
+                               enc_ws_bytes_, stream());
     }
     void kernel(const op::LayerNormForward& a) {
         cuda::layernorm_forward(dt(), a.out, a.mean, a.rstd, a.inp, a.weight, a.bias, a.N, a.C,
@@ -446,6 +450,8 @@ class CudaBackend final : public Backend {
     float* partials_ = nullptr;
     void* attn_ws_ = nullptr;
     size_t attn_ws_bytes_ = 0;
+    void* enc_ws_ = nullptr;  // encoder_backward's sort scratch
+    size_t enc_ws_bytes_ = 0;
 };
 
 }  // namespace

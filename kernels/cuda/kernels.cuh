@@ -19,9 +19,13 @@ namespace mt::cuda {
 // out (B,T,C) = wte[inp[b,t]] + wpe[t]
 void encoder_forward(DType dt, void* out, const int* inp, const void* wte, const void* wpe, int B,
                      int T, int C, cudaStream_t s);
-// dwte[inp[b,t]] += dout[b,t] (atomic scatter-add); dwpe[t] += sum_b dout[b,t]
+// dwte[inp[b,t]] += dout[b,t]; dwpe[t] += sum_b dout[b,t]. Deterministic, no atomics: every
+// gradient row adds its positions in increasing (b,t) order, as the CPU backend does. The wte
+// part sorts (token, position) pairs in chunks of a fixed size, in `workspace` (at least
+// encoder_backward_workspace_bytes(), which needs the current device; independent of B, T, C).
+size_t encoder_backward_workspace_bytes();
 void encoder_backward(DType dt, float* dwte, float* dwpe, const void* dout, const int* inp, int B,
-                      int T, int C, cudaStream_t s);
+                      int T, int C, void* workspace, size_t workspace_bytes, cudaStream_t s);
 
 // ---- layernorm.cu ----
 void layernorm_forward(DType dt, void* out, float* mean, float* rstd, const void* inp,
