@@ -218,6 +218,30 @@ TEST(TrainCli, ValidationLossAppearsEveryEvalEverySteps) {
     EXPECT_CONTAINS(r.output, "validation the last 0.1 of the windows");
 }
 
+TEST(TrainCli, ValPathFileIsTheValidationSplit) {
+    TempDir d;
+    std::string train, val;
+    for (int i = 0; i < 400; ++i) train += "the cat sat on the mat. ";
+    for (int i = 0; i < 40; ++i) val += "a dog ran on the mat. ";
+    write_text(d.file("train.txt"), train);
+    write_text(d.file("val.txt"), val);
+    // A relative val_path resolves against the experiment file's directory, like data.path.
+    write_text(d.file("text.yaml"),
+               "name: text\nbackend: cpu\nmodel: { preset: tiny }\n"
+               "data: { source: text, path: train.txt, val_path: val.txt, batch_size: 2, "
+               "seq_len: 16 }\nrun: { threads: 1 }\n"
+               "train: { steps: 6, eval_every: 3, eval_batches: 2 }\n");
+    const std::string out = d.file("run");
+    const Result r = run_microtrain("train " + q(d.file("text.yaml")) + " --out-dir " + q(out));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "validation '" + d.file("val.txt") + "'");
+    const auto rows = read_csv(out + "/train.csv");
+    ASSERT_EQ(rows.size(), 7u);
+    EXPECT_FALSE(rows[3][2].empty());
+    EXPECT_FALSE(rows[6][2].empty());
+    EXPECT_TRUE(rows[5][2].empty());
+}
+
 TEST(TrainCli, ResumedRunIsBitwiseIdenticalToUninterruptedRun) {
     TempDir d;
     const std::string yaml = tiny_yaml(d, kSmallTrain);
