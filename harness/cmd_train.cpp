@@ -1,18 +1,26 @@
-// `microtrain train`: a plain training loop on synthetic or text data, printing loss and
-// ms/step each step. The quickest way to see the model learn; `microtrain run` is the
-// measured, reported experiment.
+// `microtrain train FILE.yaml`: a real training run of one config of an experiment file, with
+// validation, train.csv, checkpoints and --resume (harness/trainer.h). Without FILE (or with
+// --one-batch): the quickest smoke test, a plain loop on one repeated random batch printing loss
+// and ms/step each step. `microtrain run` is the measured, reported experiment.
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "harness/commands.h"
+#include "harness/trainer.h"
 #include "harness/training.h"
 
 namespace mt {
 namespace {
 
 struct TrainArgs {
+    // The training run (FILE given).
+    std::string file, variant, out_dir, resume;
+    std::vector<std::string> overrides;
+    bool one_batch = false;
+    // The one-batch smoke test (no FILE, or --one-batch).
     std::string preset = "tiny";
     std::string backend = "cpu";
     int batch = 4, seq_len = 32, steps = 20, threads = 0;
@@ -35,7 +43,7 @@ RunConfig train_config(const TrainArgs& a, const GPTConfig& model) {
     return c;
 }
 
-int run_train(const TrainArgs& a) {
+int run_one_batch(const TrainArgs& a) {
     auto config = gpt_preset(a.preset);
     if (!config) {
         std::fprintf(stderr, "microtrain train: unknown --preset '%s'\n", a.preset.c_str());
@@ -73,35 +81,96 @@ int run_train(const TrainArgs& a) {
     return 0;
 }
 
+// FILE mode: the flags the one-batch test has and a training run does not are refused (their
+// settings live in the file); --steps, --threads and --backend become overrides.
+int run_file(const TrainArgs& a, const CLI::App& cmd) {
+    for (const char* flag : {"--preset", "--batch", "--seq-len", "--lr", "--seed"})
+        if (cmd.count(flag) > 0) {
+            std::fprintf(stderr,
+                         "microtrain train: %s is a flag of the one-batch smoke test (no FILE, or "
+                         "--one-batch); with FILE set it in the file or with --set, e.g. --set "
+                         "optim.lr=1e-3\n",
+                         flag);
+            return 2;
+        }
+    TrainRunOptions o;
+    o.file = a.file;
+    o.variant = a.variant;
+    o.out_dir = a.out_dir;
+    o.resume_dir = a.resume;
+    o.overrides = a.overrides;
+    if (cmd.count("--steps") > 0) o.steps = a.steps;
+    if (cmd.count("--threads") > 0)
+        o.overrides.push_back("run.threads=" + std::to_string(a.threads));
+    if (cmd.count("--backend") > 0) o.overrides.push_back("backend=" + a.backend);
+    return run_training(o);
+}
+
+// The one-batch smoke test refuses the training run's flags rather than ignoring them.
+int run_one_batch_checked(const TrainArgs& a, const CLI::App& cmd) {
+    for (const char* flag : {"--variant", "--out-dir", "--resume", "--set"})
+        if (cmd.count(flag) > 0) {
+            std::fprintf(stderr,
+                         "microtrain train: %s needs an experiment file: microtrain train "
+                         "FILE.yaml %s ...\n",
+                         flag, flag);
+            return 2;
+        }
+    return run_one_batch(a);
+}
+
 }  // namespace
 
 void register_train_command(CLI::App& app, int& exit_code) {
     auto args = std::make_shared<TrainArgs>();
     CLI::App* cmd = app.add_subcommand(
-        "train", "Train a small GPT on one repeated batch, printing loss and ms/step per step");
-    cmd->add_option("--preset", args->preset, "Model preset")
+        "train",
+        "Train the config of an experiment file with validation, train.csv, checkpoints and "
+        "--resume; without FILE (or --one-batch), a smoke test on one repeated batch");
+    cmd->add_option("file", args->file, "Experiment file (YAML); omit for the one-batch test")
+        ->check(CLI::ExistingFile);
+    cmd->add_flag("--one-batch", args->one_batch,
+                  "The smoke test: one repeated random batch, loss and ms/step per step (the "
+                  "default without FILE)");
+    cmd->add_option("--variant", args->variant, "Train this variant (default: the base config)");
+    cmd->add_option("--out-dir", args->out_dir,
+                    "Run directory (default <report.out_dir>/<name>-train[-<variant>])");
+    cmd->add_option("--resume", args->resume,
+                    "Continue the run in DIR from its newest valid checkpoint");
+    cmd->add_option("--set", args->overrides, "Override a key: --set optim.lr=1e-3 (repeatable)");
+    cmd->add_option("--preset", args->preset, "Model preset (one-batch test)")
         ->capture_default_str()
         ->check(CLI::IsMember(gpt_preset_names()));
     cmd->add_option("--backend", args->backend, "cpu or cuda")
         ->capture_default_str()
         ->check(CLI::IsMember({"cpu", "cuda"}));
-    cmd->add_option("--batch,-B", args->batch, "Batch size")
+    cmd->add_option("--batch,-B", args->batch, "Batch size (one-batch test)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--seq-len,-T", args->seq_len, "Sequence length")
+    cmd->add_option("--seq-len,-T", args->seq_len, "Sequence length (one-batch test)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--steps", args->steps, "Optimizer steps")
+    cmd->add_option("--steps", args->steps, "Optimizer steps (with FILE: overrides train.steps)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--lr", args->lr, "Learning rate")
+    cmd->add_option("--lr", args->lr, "Learning rate (one-batch test)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--seed", args->seed, "Seed for weights and data")->capture_default_str();
+    cmd->add_option("--seed", args->seed, "Seed for weights and data (one-batch test)")
+        ->capture_default_str();
     cmd->add_option("--threads", args->threads, "CPU threads (0 = all)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
-    cmd->callback([args, &exit_code] { exit_code = run_train(*args); });
+    cmd->callback([args, cmd, &exit_code] {
+        if (args->one_batch && !args->file.empty()) {
+            std::fprintf(stderr,
+                         "microtrain train: --one-batch takes no FILE (it trains a preset on one "
+                         "random batch); drop one of them\n");
+            exit_code = 2;
+            return;
+        }
+        exit_code = args->file.empty() ? run_one_batch_checked(*args, *cmd) : run_file(*args, *cmd);
+    });
 }
 
 }  // namespace mt

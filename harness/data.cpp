@@ -8,6 +8,11 @@
 // Batch i is therefore a pure function of (source, seed, B, T, i): the workers only decide
 // *when* it is built, never *what* it holds.
 //
+// Split (data.val_fraction f > 0). The last V = max(1, floor(f*W)) windows are the validation
+// part and the first W-V the training part; a loader reads one part, with W above standing for
+// that part's window count and window ids offset to the part's first window. Starting at batch k
+// (DataLoaderOptions::first_batch, a resumed run) is the same as having consumed k batches.
+//
 // Threads (workers > 0). A ring of P = prefetch slots; batch i lives in slot i % P. A worker may
 // claim batch i only once batch i-P has been released by the consumer (i < released + P), so a
 // slot is written by exactly one worker while nobody reads it. next() releases the batch it
@@ -204,7 +209,8 @@ struct DataLoader::Impl {
 
     std::vector<uint16_t> tokens;              // tokens / text sources
     size_t n = 0;                              // tokens in the stream (synthetic: nominal)
-    uint64_t windows = 0;                      // W = (n-1)/T
+    uint64_t windows = 0;                      // windows of this loader's part (all: (n-1)/T)
+    uint64_t window_base = 0;                  // the part's first window (validation: the tail)
     std::optional<SyntheticTokens> synthetic;  // source synthetic
 
     // Per-epoch window permutations, computed on demand and cached (a few epochs: a batch spans
@@ -223,6 +229,7 @@ struct DataLoader::Impl {
     std::vector<Slot> slots;
     Batch current;
     uint64_t consumed = 0;  // batches handed out by next()
+    uint64_t first = 0;     // the first batch next() hands out (DataLoaderOptions::first_batch)
 
     std::mutex mu;
     std::condition_variable cv_work, cv_ready;
@@ -261,7 +268,7 @@ struct DataLoader::Impl {
             const uint64_t g = i * static_cast<uint64_t>(B) + r;
             const uint64_t epoch = g / windows;
             if (epoch != p_epoch) p = perm(epoch), p_epoch = epoch;
-            const uint64_t start = static_cast<uint64_t>((*p)[g % windows]) * T;
+            const uint64_t start = (window_base + (*p)[g % windows]) * T;
             // The window's T+1 tokens: inputs are the first T, targets the last T.
             int* in = inputs + static_cast<size_t>(r) * T;
             int* tg = targets + static_cast<size_t>(r) * T;
@@ -301,6 +308,35 @@ struct DataLoader::Impl {
         }
     }
 
+    // Narrows the loader to its part of the windows (DataSplit) and its first batch.
+    void select_split(const DataLoaderOptions& o) {
+        Impl& m = *this;
+        const float f = m.cfg.val_fraction;
+        if (!(f >= 0 && f < 1))
+            throw DataError("data config: val_fraction must be in [0, 1), got " +
+                            std::to_string(f));
+        if (f > 0) {
+            const std::string name =
+                m.cfg.source == DataSource::synthetic ? "synthetic" : m.cfg.path;
+            const uint64_t val =
+                std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(f) * m.windows));
+            if (val >= m.windows)
+                data_error(name,
+                           "has " + std::to_string(m.windows) + " windows of seq_len " +
+                               std::to_string(m.cfg.seq_len) +
+                               " tokens, too few to hold out data.val_fraction " +
+                               std::to_string(f) +
+                               " and still train; use a longer file or a smaller val_fraction");
+            if (o.split == DataSplit::val) {
+                m.window_base = m.windows - val;
+                m.windows = val;
+            } else {
+                m.windows -= val;
+            }
+        }
+        m.first = m.consumed = m.next_claim = m.released = o.first_batch;
+    }
+
     void shutdown() {
         {
             std::lock_guard<std::mutex> lk(mu);
@@ -314,7 +350,8 @@ struct DataLoader::Impl {
     }
 };
 
-DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, Backend* backend)
+DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, Backend* backend,
+                       DataLoaderOptions options)
     : impl_(std::make_unique<Impl>()) {
     Impl& m = *impl_;
     m.cfg = config;
@@ -391,6 +428,7 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
     if (m.windows > UINT32_MAX)
         data_error(c.path, "has " + std::to_string(m.windows) +
                                " windows of seq_len tokens, more than this loader indexes (2^32)");
+    m.select_split(options);
 
     // Batch slots: one when loading synchronously, a ring of `prefetch` otherwise.
     const size_t nslots = c.workers == 0 ? 1 : static_cast<size_t>(c.prefetch);
@@ -424,7 +462,9 @@ const Batch& DataLoader::next() {
         m.fill(i, slot->inputs, slot->targets);
     } else {
         std::unique_lock<std::mutex> lk(m.mu);
-        if (i > 0) {  // the batch returned last time is no longer read: its slot may be refilled
+        // The batch returned last time is no longer read: its slot may be refilled. (Not on the
+        // first call: batch first-1 was never handed out, and its slot may already hold a new one.)
+        if (i > m.first) {
             m.slots[(i - 1) % m.slots.size()].ready = false;
             m.released = i;
             m.cv_work.notify_all();
@@ -471,6 +511,14 @@ const Batch& RepeatedBatch::next() {
 
 size_t DataLoader::num_tokens() const {
     return impl_->n;
+}
+
+uint64_t DataLoader::num_windows() const {
+    return impl_->windows;
+}
+
+uint64_t DataLoader::position() const {
+    return impl_->consumed;
 }
 
 std::string DataLoader::describe() const {

@@ -79,13 +79,26 @@ std::optional<std::string> not_a_regular_file(const std::string& path);
 // runs it so a bad data file fails before an experiment starts, not in its first step.
 void check_data_source(const DataConfig& config, int vocab_size);
 
+// Which windows a DataLoader draws from. With data.val_fraction f > 0 the last
+// max(1, floor(f * W)) of the W windows are the validation part and the rest the training part;
+// with f = 0 both are all windows. (data.val_path is a loader of its own over that file.)
+enum class DataSplit { train, val };
+
+// Where a loader starts and which part it reads. The defaults are the `run` command's loader.
+struct DataLoaderOptions {
+    DataSplit split = DataSplit::train;
+    // The first batch next() returns: a resumed run continues at the batches it had consumed.
+    uint64_t first_batch = 0;
+};
+
 // Produces batches in a deterministic order (by seed) for any number of workers: workers 0
 // loads synchronously inside next(); workers > 0 fill a ring of `prefetch` batches in background
 // threads. Either way batch i is the same. Epochs wrap.
 class DataLoader final : public BatchSource {
   public:
     // vocab_size: tokens must be < vocab_size (checked; DataError otherwise).
-    DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, Backend* backend = nullptr);
+    DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, Backend* backend = nullptr,
+               DataLoaderOptions options = {});
     ~DataLoader();
     DataLoader(const DataLoader&) = delete;
     DataLoader& operator=(const DataLoader&) = delete;
@@ -93,6 +106,8 @@ class DataLoader final : public BatchSource {
     // Blocks until the next batch is ready. The returned batch stays valid until the next call.
     const Batch& next() override;
     size_t num_tokens() const;     // tokens in the source (synthetic: nominal size)
+    uint64_t num_windows() const;  // windows of the part this loader reads
+    uint64_t position() const;     // batches consumed so far, counting from batch 0
     std::string describe() const;  // "synthetic, B4 T64, workers 0" etc.
 
   private:

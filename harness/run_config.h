@@ -41,6 +41,10 @@ struct DataConfig {
     int prefetch = 2;         // ring size of ready batches when workers > 0
     bool pin_memory = false;  // pinned host batches (CUDA only; ignored on CPU with a note)
     int preprocess_us = 0;    // SIMULATED per-sample CPU work, to reproduce a data-bound step
+    // Validation split (microtrain train): the last val_fraction of the windows are held out
+    // (the loader then trains on the rest), or a separate file of the same source kind.
+    float val_fraction = 0.0f;
+    std::string val_path;
 };
 
 struct RunSettings {

@@ -377,6 +377,16 @@ void add_data_keys(std::vector<KeyDef>& t) {
     t.push_back(int_key(
         "data.preprocess_us", 0, [](RunConfig& c) -> int& { return c.data.preprocess_us; },
         "use 0 for no simulated preprocessing"));
+    t.push_back(float_key(
+        "data.val_fraction", [](double x) { return x >= 0 && x < 1; }, "a number in [0, 1)",
+        [](RunConfig& c) -> float& { return c.data.val_fraction; },
+        "it is the share of the data's windows held out for validation (0 = none)"));
+    {
+        KeyDef k{"data.val_path", Kind::string, {}, nullptr, nullptr, nullptr};
+        k.set = [](RunConfig& c, const Value& v) { c.data.val_path = v.s; };
+        k.get = [](const RunConfig& c) { return c.data.val_path; };
+        t.push_back(std::move(k));
+    }
 }
 
 // optim.*: AdamW and the LR schedule.
@@ -496,8 +506,15 @@ const KeyDef* find_knob(const std::string& key) {
 
 // Experiment-level keys: they apply to the whole experiment, not per variant.
 const std::vector<std::string>& experiment_keys() {
-    static const std::vector<std::string> k = {"name", "compare.baseline", "compare.loss_tolerance",
-                                               "report.out_dir"};
+    static const std::vector<std::string> k = {"name",
+                                               "compare.baseline",
+                                               "compare.loss_tolerance",
+                                               "report.out_dir",
+                                               "train.steps",
+                                               "train.eval_every",
+                                               "train.eval_batches",
+                                               "train.checkpoint_every",
+                                               "train.keep_checkpoints"};
     return k;
 }
 bool is_experiment_key(const std::string& key) {
@@ -593,6 +610,7 @@ struct ParsedFile {
     std::string baseline, baseline_where;
     std::optional<double> loss_tolerance;
     std::string out_dir = "runs";
+    TrainSpec train;  // the `train:` section (microtrain train)
     bool has_variants = false;
     std::vector<VariantSpec> variants;
     std::map<std::string, std::string> experiment_where;  // experiment key -> where
@@ -622,6 +640,41 @@ std::string scalar_string(const YAML::Node& n, const std::string& where, const s
     return n.Scalar();
 }
 
+// One key of the `train:` section (microtrain train): an integer with its lower bound.
+void set_train_key(TrainSpec& t, const std::string& key, const YAML::Node& value,
+                   const std::string& where) {
+    struct Field {
+        const char* key;
+        int TrainSpec::*field;
+        int lo;
+        const char* fix;
+    };
+    static const Field fields[] = {
+        {"train.steps", &TrainSpec::steps, 1, "a run trains at least one step"},
+        {"train.eval_every", &TrainSpec::eval_every, 0, "use 0 for no validation loss"},
+        {"train.eval_batches", &TrainSpec::eval_batches, 1,
+         "the validation loss is the mean over at least one batch"},
+        {"train.checkpoint_every", &TrainSpec::checkpoint_every, 0,
+         "use 0 to checkpoint only at the end (and on a signal)"},
+        {"train.keep_checkpoints", &TrainSpec::keep_checkpoints, 1,
+         "--resume needs at least the newest checkpoint"},
+    };
+    for (const Field& f : fields) {
+        if (key != f.key) continue;
+        int64_t v = 0;
+        if (!value.IsScalar() || !parse_int(value.Scalar(), v))
+            fail(where, key, "",
+                 "expected an integer, got " + got_text(value) +
+                     "; write a whole number without quotes or a decimal point");
+        if (v < f.lo || v > std::numeric_limits<int>::max())
+            fail(where, key, "",
+                 "expected an integer >= " + std::to_string(f.lo) + ", got " + std::to_string(v) +
+                     "; " + f.fix);
+        t.*f.field = static_cast<int>(v);
+        return;
+    }
+}
+
 void set_experiment_key(ParsedFile& pf, const std::string& key, const YAML::Node& value,
                         const std::string& where) {
     if (key == "name") {
@@ -642,6 +695,8 @@ void set_experiment_key(ParsedFile& pf, const std::string& key, const YAML::Node
         pf.loss_tolerance = d;
     } else if (key == "report.out_dir") {
         pf.out_dir = scalar_string(value, where, key, "");
+    } else if (key.rfind("train.", 0) == 0) {
+        set_train_key(pf.train, key, value, where);
     }
     pf.experiment_where[key] = where;
 }
@@ -783,7 +838,7 @@ void parse_section(ParsedFile& pf, const std::string& key, const YAML::Node& val
                  key + ": { key: value, ... }` or an indented block");
     for (auto si = value.begin(); si != value.end(); ++si) {
         const std::string dotted = key + "." + si->first.Scalar();
-        if (key == "compare" || key == "report") {
+        if (key == "compare" || key == "report" || key == "train") {
             if (!is_experiment_key(dotted))
                 unknown_key(mark_text(path, si->first.Mark()), dotted, "", all_keys(true));
             set_experiment_key(pf, dotted, si->second, mark_text(path, si->second.Mark()));
@@ -801,7 +856,7 @@ ParsedFile parse_file(const std::string& path) {
 
     const std::vector<std::string> top = {"name",     "backend", "model",   "data",
                                           "optim",    "run",     "kernels", "profile",
-                                          "variants", "compare", "report"};
+                                          "variants", "compare", "report",  "train"};
     std::set<std::string> seen;
     for (auto it = root.begin(); it != root.end(); ++it) {
         const std::string key = it->first.Scalar();
@@ -896,7 +951,7 @@ struct Resolver {
             if (key == "model.preset") continue;
             const KeyDef& def = *find_knob(key);
             Value v = parse_value(def, setting.node, setting.where, context);
-            if (key == "data.path") {
+            if (key == "data.path" || key == "data.val_path") {
                 fs::path p(v.s);
                 if (p.is_relative() && !setting.base_dir.empty())
                     v.s = (fs::path(setting.base_dir) / p).lexically_normal().string();
@@ -904,12 +959,34 @@ struct Resolver {
             def.set(c, v);
         }
         if (preset && !(*preset == c.model)) c.model_preset.clear();
+        check_validation_split(c);
         // data.seq_len's default (64) follows a shorter model: unless given, it is capped at
         // model.max_seq_len (the tiny preset has 32).
         if (!s.count("data.seq_len"))
             c.data.seq_len = std::min(c.data.seq_len, c.model.max_seq_len);
         check(c);
         return c;
+    }
+
+    // The validation split: a share of the windows (data.val_fraction) or a file of the same
+    // kind as data.path (data.val_path), not both; a file needs a file source to match.
+    void check_validation_split(const RunConfig& c) const {
+        if (c.data.val_fraction > 0 && !c.data.val_path.empty())
+            error(blame({"data.val_path", "data.val_fraction"}),
+                  "expected one validation split, got both data.val_fraction (" +
+                      format_float(c.data.val_fraction) + ") and data.val_path ('" +
+                      c.data.val_path + "'); remove one of them");
+        if (c.data.val_path.empty()) return;
+        if (c.data.source == DataSource::synthetic)
+            error("data.val_path",
+                  "expected data.source tokens or text (the validation file is read like "
+                  "data.path), got data.source synthetic; use data.val_fraction with synthetic "
+                  "data");
+        std::error_code ec;
+        if (!fs::is_regular_file(c.data.val_path, ec))
+            error("data.val_path", "expected a readable file, got '" + c.data.val_path +
+                                       "' which does not exist or is not a file; check the path "
+                                       "(relative paths resolve against the experiment file)");
     }
 
     void check(const RunConfig& c) const {
@@ -1028,6 +1105,7 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
     spec.source_path = path;
     spec.loss_tolerance = pf.loss_tolerance;
     spec.out_dir = pf.out_dir;
+    spec.train = pf.train;
 
     spec.base = Resolver{pf, pf.settings, ""}.resolve();
     spec.base.variant = "base";

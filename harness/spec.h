@@ -18,6 +18,15 @@ struct SpecError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// The `train:` section: what `microtrain train FILE` does (the other commands ignore it).
+struct TrainSpec {
+    int steps = 100;            // optimizer steps of the whole run (--steps overrides)
+    int eval_every = 10;        // validation loss every N steps; 0 = never
+    int eval_batches = 4;       // validation batches per evaluation (the same ones every time)
+    int checkpoint_every = 50;  // checkpoint every N steps; 0 = only at the end and on a signal
+    int keep_checkpoints = 2;   // newest N kept; older ones deleted once a new one is whole
+};
+
 struct ExperimentSpec {
     std::string name;
     std::string source_path;            // the YAML file
@@ -28,6 +37,7 @@ struct ExperimentSpec {
     // gives none: the comparison then derives one from the baseline's step-to-step spread.
     std::optional<double> loss_tolerance;
     std::string out_dir = "runs";       // report.out_dir
+    TrainSpec train;                    // train.*
     const RunConfig& variant(const std::string& name) const;  // throws SpecError if absent
 };
 

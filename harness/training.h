@@ -97,6 +97,8 @@ class TrainingSession {
     Backend& backend() { return *backend_; }
     GPT& model() { return model_; }
     const AdamW& optimizer() const { return optim_; }
+    // Mutable: `train` saves and restores the moments and step count in its checkpoints.
+    AdamW& optimizer() { return optim_; }
     const PhaseTimer& timer() const { return timer_; }
     // The per-op profiler (null unless cfg.profile.kernels).
     const KernelProfiler* profiler() const { return profiler_.get(); }

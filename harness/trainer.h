@@ -1,0 +1,37 @@
+// `microtrain train FILE.yaml`: a real training run of one config of an experiment file, with a
+// validation loss, a per-step CSV, checkpoints and bitwise-exact resumption (docs/design.md,
+// "The training run"; docs/commands.md, `microtrain train`).
+//
+// The run directory:
+//   DIR/train.csv                              step,loss,val_loss,lr,grad_norm,ms — one row per
+//                                              step, flushed every step
+//   DIR/checkpoints/step-NNNNNNNN.safetensors  nanoGPT-named weights, AdamW moments and step,
+//                                              and in __metadata__ the resolved config, the
+//                                              data-loader position, the RNG account, the CSV
+//                                              row count and a checksum (trainer.cpp)
+// Every file is replaced atomically, so a SIGKILL at any moment leaves a directory that
+// --resume accepts, losing at most the steps since the last checkpoint.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+struct TrainRunOptions {
+    std::string file;                    // the experiment file
+    std::string variant;                 // empty: the file's base config
+    std::string out_dir;                 // empty: <report.out_dir>/<name>-train[-<variant>]
+    std::string resume_dir;              // --resume DIR (then the run directory is DIR)
+    std::optional<int> steps;            // --steps: overrides train.steps
+    std::vector<std::string> overrides;  // --set key=value (and --threads as run.threads)
+};
+
+// Runs (or resumes) the training run and returns the exit code: 0 done; 1 a runtime failure
+// (a non-finite loss, an I/O error); 2 bad input (the file, the flags, a directory that cannot
+// be resumed); 128+n when stopped by signal n (SIGINT, SIGTERM, SIGHUP) after checkpointing.
+// Errors are printed to stderr, prefixed "microtrain train: ".
+int run_training(const TrainRunOptions& options);
+
+}  // namespace mt
