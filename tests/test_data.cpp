@@ -242,7 +242,9 @@ TEST_F(DataTest, DefaultSyntheticTokensFollowTheMarkovChainInVocabRange) {
             ASSERT_LT(b.inputs[k], V);
             ASSERT_LT(b.targets[k], V);
             ++counts[b.inputs[k]];
-            if ((k + 1) % b.T != 0) EXPECT_EQ(b.targets[k], b.inputs[k + 1]);
+            if ((k + 1) % b.T != 0) {
+                EXPECT_EQ(b.targets[k], b.inputs[k + 1]);
+            }
             successors[b.inputs[k]].insert(b.targets[k]);
         }
     }
