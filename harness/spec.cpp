@@ -992,13 +992,18 @@ ParsedFile parse_file(const std::string& path) {
 
 // Applies one --set key=value to the file's base settings / experiment keys.
 void apply_override(ParsedFile& pf, const std::string& text) {
-    const std::string where = "--set " + text;
+    // A very long argument is shown shortened: the message names it, it need not repeat it.
+    const std::string where =
+        "--set " + (text.size() > 120 ? text.substr(0, 100) + "...(" + std::to_string(text.size()) +
+                                            " characters)"
+                                      : text);
     const auto eq = text.find('=');
     if (eq == std::string::npos || eq == 0)
         throw SpecError(where + ": expected key=value (e.g. --set run.precision=bf16); got no '='");
     const std::string key = text.substr(0, eq);
     const std::string value_text = text.substr(eq + 1);
     YAML::Node value;
+    check_experiment_text(value_text, where, true);  // what yaml-cpp would misread, as in a file
     try {
         value = YAML::Load(value_text);
     } catch (const YAML::Exception& e) {

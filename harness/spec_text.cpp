@@ -103,7 +103,8 @@ namespace {
 // One pass over the text. Positions are reported 1-based, columns in bytes (as yaml-cpp's).
 class TextChecker {
   public:
-    TextChecker(std::string_view text, const std::string& path) : t_(text), path_(path) {}
+    TextChecker(std::string_view text, const std::string& path, bool set_value)
+        : t_(text), path_(path), set_value_(set_value) {}
 
     void run() {
         check_bytes();
@@ -122,6 +123,8 @@ class TextChecker {
 
   private:
     std::string where(size_t pos) const {
+        if (set_value_)
+            return path_ + ": in the value at column " + std::to_string(pos - line_start_ + 1);
         return path_ + ":" + std::to_string(line_) + ":" + std::to_string(pos - line_start_ + 1);
     }
     [[noreturn]] void fail(size_t pos, const std::string& msg) const {
@@ -293,6 +296,7 @@ class TextChecker {
 
     std::string_view t_;
     const std::string& path_;
+    bool set_value_ = false;
     int line_ = 1;
     size_t line_start_ = 0;
     int flow_ = 0;                  // open [ and { brackets
@@ -306,8 +310,8 @@ class TextChecker {
 
 }  // namespace
 
-void check_experiment_text(const std::string& text, const std::string& path) {
-    TextChecker(text, path).run();
+void check_experiment_text(const std::string& text, const std::string& path, bool set_value) {
+    TextChecker(text, path, set_value).run();
 }
 
 }  // namespace mt

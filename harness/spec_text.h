@@ -18,6 +18,9 @@ std::string read_experiment_text(const std::string& path);
 
 // Throws SpecError at FILE:LINE:COL for a NUL byte, invalid UTF-8, a quoted string not closed on
 // the line it opens, nesting deeper than kMaxExperimentNesting, or more than one YAML document.
-void check_experiment_text(const std::string& text, const std::string& path);
+// With `set_value` the text is the value of a --set argument and `path` that argument: positions
+// read "--set key=value: in the value at column C".
+void check_experiment_text(const std::string& text, const std::string& path,
+                           bool set_value = false);
 
 }  // namespace mt

@@ -132,6 +132,18 @@ TEST_F(SpecDefects, DuplicateKeysInCompareReportAndVariantItemsAreRejected) {
         at(2, 1) + ": key 'model': given twice (first at " + at(1, 1) + "); merge them into one");
 }
 
+TEST_F(SpecDefects, SetValuesGetTheSameTextChecks) {
+    EXPECT_EQ(error_of("name: x\n", {"data.path=\"a.txt"}),
+              "--set data.path=\"a.txt: in the value at column 1: a double-quoted string opens "
+              "here and is not closed before the end of the file; YAML would read the following "
+              "lines into it, hiding the keys there. Close it with \" on the same line (a quoted "
+              "value must fit on one line)");
+    EXPECT_CONTAINS(error_of("name: x\n", {"run.seed=" + std::string(10000, '[')}),
+                    "in the value at column 64: nesting too deep");
+    EXPECT_CONTAINS(error_of("name: x\n", {"run.seed=1\n---\n2"}),
+                    "a second YAML document starts here");
+}
+
 TEST_F(SpecDefects, NulByteIsRejectedNotTruncated) {
     EXPECT_STARTS_WITH(error_of(std::string("name: ab\0cd\n", 12)),
                        at(1, 9) + ": the file contains a NUL byte");
