@@ -257,7 +257,8 @@ class TextChecker {
             if (token_start && (c == '&' || c == '*') && p + 1 < le && !blank(t_[p + 1]))
                 fail(p, std::string(c == '&' ? "an anchor (&name)" : "an alias (*name)") +
                             " is not supported in an experiment file; write the value out");
-            if (token_start && (c == '[' || c == '{')) {
+            // In flow context every bracket nests (a plain scalar there cannot hold one).
+            if ((token_start || flow_ > 0) && (c == '[' || c == '{')) {
                 ++flow_;
                 check_depth(p, extra);
             } else if ((c == ']' || c == '}') && flow_ > 0) {

@@ -187,6 +187,9 @@ TEST_F(SpecDefects, DeepNestingIsRejectedBeforeYamlCppRecursesIntoIt) {
     EXPECT_STARTS_WITH(error_of(deep + "\n"), at(2, 6 + kMaxExperimentNesting - 1) +
                                                   ": nesting too deep: more than 64 "
                                                   "levels of lists and mappings");
+    std::string glued = "run: [a";
+    for (int i = 0; i < 10000; ++i) glued += "[a";
+    EXPECT_CONTAINS(error_of(glued + "\n"), ": nesting too deep");
     std::string block = "a:\n";
     for (int i = 1; i <= 100; ++i) block += std::string(static_cast<size_t>(i), ' ') + "a:\n";
     EXPECT_CONTAINS(error_of(block), ": nesting too deep: more than 64 levels");
