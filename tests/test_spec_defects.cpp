@@ -335,6 +335,21 @@ TEST_F(SpecDefects, MissingDirectoryFifoAndUnreadableAreReportedAsWhatTheyAre) {
     }
 }
 
+TEST_F(SpecDefects, DataPathSymlinkLoopAndFifoAreReportedWithoutBlocking) {
+    fs::create_symlink(dir_ / "l2.bin", dir_ / "l1.bin");
+    fs::create_symlink(dir_ / "l1.bin", dir_ / "l2.bin");
+    EXPECT_EQ(error_of("data: { source: tokens, path: l1.bin }\n"),
+              at(1, 31) + ": key 'data.path': expected an llm.c token file (.bin), got '" +
+                  (dir_ / "l1.bin").string() +
+                  "': too many levels of symbolic links (a symlink loop); point data.path at the "
+                  "file itself");
+    ASSERT_EQ(::mkfifo((dir_ / "p.txt").c_str(), 0600), 0);
+    EXPECT_EQ(error_of("data: { source: text, path: p.txt }\n"),
+              at(1, 29) + ": key 'data.path': expected a UTF-8 text file, got '" +
+                  (dir_ / "p.txt").string() +
+                  "' which is a FIFO (named pipe), not a regular file; name a regular file");
+}
+
 struct Proc {
     int rc = -1;
     std::string out;
