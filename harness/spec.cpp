@@ -596,6 +596,16 @@ std::vector<std::string> all_keys(bool include_experiment) {
     return keys;
 }
 
+// A "\0" escape in a double-quoted string decodes to a NUL byte, which would silently cut a
+// name or path short where it is used.
+void reject_nul(const std::string& s, const std::string& where, const std::string& key,
+                const std::string& context) {
+    if (s.find('\0') != std::string::npos)
+        fail(where, key, context,
+             "expected text without a NUL character, got one (a \\0 escape) at character " +
+                 std::to_string(s.find('\0') + 1) + "; remove it");
+}
+
 // Parses node as `def`'s type and checks its range; throws SpecError at `where`.
 Value parse_value(const KeyDef& def, const YAML::Node& node, const std::string& where,
                   const std::string& context) {
@@ -655,6 +665,7 @@ Value parse_value(const KeyDef& def, const YAML::Node& node, const std::string& 
                 break;
             case Kind::string:
                 if (s.empty()) bad("write a non-empty value");
+                reject_nul(s, where, def.key, context);
                 v.s = s;
                 break;
             case Kind::pair:
@@ -711,6 +722,7 @@ std::string scalar_string(const YAML::Node& n, const std::string& where, const s
         fail(where, key, context,
              "expected a non-empty string, got " + got_text(n) + "; write a name such as `" + key +
                  ": my-value`");
+    reject_nul(n.Scalar(), where, key, context);
     return n.Scalar();
 }
 

@@ -154,12 +154,22 @@ class TextChecker {
             bool ok = n > 0 && i + n <= t_.size();
             for (size_t k = 1; ok && k < n; ++k)
                 ok = (static_cast<unsigned char>(t_[i + k]) & 0xC0) == 0x80;
-            if (ok && n == 2) ok = c >= 0xC2;  // no overlong forms
+            if (ok && n > 1) ok = utf8_lead_ok(c, static_cast<unsigned char>(t_[i + 1]));
             if (!ok)
                 fail(i, "invalid UTF-8 (byte 0x" + hex(c) +
                             "); an experiment file is UTF-8 text: re-save it as UTF-8");
             i += n;
         }
+    }
+    // The lead byte of a multi-byte sequence with its second byte: no overlong forms, no
+    // UTF-16 surrogates (U+D800..DFFF), nothing above U+10FFFF.
+    static bool utf8_lead_ok(unsigned char c, unsigned char c1) {
+        if (c < 0xC2 || c > 0xF4) return false;
+        if (c == 0xE0) return c1 >= 0xA0;
+        if (c == 0xED) return c1 < 0xA0;
+        if (c == 0xF0) return c1 >= 0x90;
+        if (c == 0xF4) return c1 < 0x90;
+        return true;
     }
     static std::string hex(unsigned char c) {
         const char* d = "0123456789ABCDEF";
@@ -249,6 +259,10 @@ class TextChecker {
                 p == first || prev == '[' || prev == '{' || prev == ',' ||
                 (prev == ':' && flow_ > 0) ||
                 (blank(prev) && (sig == 0 || std::strchr(":-?,[{", sig) != nullptr));
+            if (token_start && c == '!') {  // a tag (!!str): the token after it still starts one
+                while (p + 1 < le && !blank(t_[p + 1])) ++p;
+                continue;
+            }
             if (token_start && (c == '"' || c == '\'')) {
                 p = closing_quote(p, le);
                 sig = c;

@@ -149,9 +149,33 @@ TEST_F(SpecDefects, NulByteIsRejectedNotTruncated) {
                        at(1, 9) + ": the file contains a NUL byte");
 }
 
+TEST_F(SpecDefects, NulEscapeInAStringIsRejectedNotTruncated) {
+    EXPECT_EQ(error_of("report: { out_dir: \"runs\\0x\" }\n"),
+              at(1, 20) +
+                  ": key 'report.out_dir': expected text without a NUL character, got "
+                  "one (a \\0 escape) at character 5; remove it");
+    EXPECT_CONTAINS(error_of("data: { source: text, path: \"a\\0.txt\" }\n"),
+                    "key 'data.path': expected text without a NUL character");
+}
+
 TEST_F(SpecDefects, NonUtf8IsRejectedWithThePositionOfTheByte) {
     EXPECT_STARTS_WITH(error_of("run: {}\nname: caf\xe9\n"),
                        at(2, 10) + ": invalid UTF-8 (byte 0xE9)");
+    EXPECT_CONTAINS(error_of("name: \xc0\xaf\n"), "invalid UTF-8 (byte 0xC0)");      // overlong
+    EXPECT_CONTAINS(error_of("name: \xed\xa0\x80\n"), "invalid UTF-8 (byte 0xED)");  // surrogate
+    EXPECT_EQ(error_of("# caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\nname: x\n"), "");
+}
+
+TEST_F(SpecDefects, TaggedQuotedStringMustCloseToo) {
+    EXPECT_STARTS_WITH(error_of("name: !!str \"exp\nmodel: { n_layer: 12 }\n"),
+                       at(1, 13) + ": a double-quoted string opens here");
+}
+
+TEST_F(SpecDefects, EmptyFileIsNotAMapping) {
+    EXPECT_EQ(error_of(""), (dir_ / "exp.yaml").string() +
+                                ":1:1: expected a mapping of experiment settings (name, model, "
+                                "data, optim, run, variants, ...) at the top level, got nothing "
+                                "(an empty value); see configs/quickstart.yaml for the shape");
 }
 
 TEST_F(SpecDefects, NamesAreCheckedUpFrontForCharactersAndLength) {
@@ -341,13 +365,11 @@ TEST_F(SpecDefects, DataPathSymlinkLoopAndFifoAreReportedWithoutBlocking) {
     EXPECT_EQ(error_of("data: { source: tokens, path: l1.bin }\n"),
               at(1, 31) + ": key 'data.path': expected an llm.c token file (.bin), got '" +
                   (dir_ / "l1.bin").string() +
-                  "': too many levels of symbolic links (a symlink loop); point data.path at the "
-                  "file itself");
+                  "' which cannot be opened: too many levels of symbolic links (a loop)");
     ASSERT_EQ(::mkfifo((dir_ / "p.txt").c_str(), 0600), 0);
     EXPECT_EQ(error_of("data: { source: text, path: p.txt }\n"),
               at(1, 29) + ": key 'data.path': expected a UTF-8 text file, got '" +
-                  (dir_ / "p.txt").string() +
-                  "' which is a FIFO (named pipe), not a regular file; name a regular file");
+                  (dir_ / "p.txt").string() + "' which is a FIFO (named pipe), not a regular file");
 }
 
 struct Proc {
