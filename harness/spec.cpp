@@ -28,6 +28,7 @@
 #include <sstream>
 
 #include "harness/data.h"
+#include "harness/spec_text.h"
 
 namespace mt {
 
@@ -215,11 +216,20 @@ struct Value {
     bool b = false;
     std::string s;
     std::array<double, 2> pair{};
+    std::string text;  // the scalar as written (integers: kept for out-of-range messages)
 };
 
 bool parse_int(const std::string& s, int64_t& out) {
     auto r = std::from_chars(s.data(), s.data() + s.size(), out);
     return r.ec == std::errc() && r.ptr == s.data() + s.size() && !s.empty();
+}
+// A whole number too large for int64 (parse_int failed only on the range): its sign.
+int integer_overflow_sign(const std::string& s) {
+    size_t i = (!s.empty() && (s[0] == '-' || s[0] == '+')) ? 1 : 0;
+    if (i == s.size()) return 0;
+    for (size_t j = i; j < s.size(); ++j)
+        if (!std::isdigit(static_cast<unsigned char>(s[j]))) return 0;
+    return s[0] == '-' ? -1 : 1;
 }
 bool parse_u64(const std::string& s, uint64_t& out) {
     if (s.empty() || s[0] == '-' || s[0] == '+') return false;
@@ -232,6 +242,13 @@ bool parse_number(const std::string& s, double& out) {
     if (*b == '+') ++b;  // from_chars rejects a leading '+'; YAML allows it
     auto r = std::from_chars(b, s.data() + s.size(), out);
     return r.ec == std::errc() && r.ptr == s.data() + s.size() && std::isfinite(out);
+}
+// A number whose text is well formed but whose magnitude a double cannot hold (1e400, 1e-400).
+bool number_out_of_range(const std::string& s) {
+    double d = 0;
+    const char* b = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
+    auto r = std::from_chars(b, s.data() + s.size(), d);
+    return r.ec == std::errc::result_out_of_range && r.ptr == s.data() + s.size();
 }
 bool parse_bool(const std::string& s, bool& out) {
     static const std::array<const char*, 6> t = {"true", "True", "TRUE", "yes", "Yes", "on"};
@@ -275,19 +292,48 @@ std::string expected_text(const KeyDef& k) {
 }
 
 using IntRef = std::function<int&(RunConfig&)>;
+
+// Resource bounds, checked before any work starts (fixed, so a file validates the same on every
+// machine).
+constexpr int kMaxDataWorkers = 256;
+constexpr int kMaxPrefetch = 1024;
+constexpr int kMaxThreads = 1024;
 using FloatRef = std::function<float&(RunConfig&)>;
 
-KeyDef int_key(std::string key, int lo, IntRef ref, std::string fix) {
+// An int field in [lo, hi]; `hi_reason` says where the upper bound comes from.
+KeyDef int_key(std::string key, int lo, int hi, std::string hi_reason, IntRef ref,
+               std::string fix) {
     KeyDef k{std::move(key), Kind::integer, {}, nullptr, nullptr, nullptr};
-    k.check = [lo, fix](const Value& v) -> std::string {
-        if (v.i < lo || v.i > std::numeric_limits<int>::max())
-            return "expected an integer >= " + std::to_string(lo) + ", got " + std::to_string(v.i) +
-                   "; " + fix;
+    k.check = [lo, hi, hi_reason, fix](const Value& v) -> std::string {
+        const std::string got = v.text.empty() ? std::to_string(v.i) : v.text;
+        if (v.i < lo)
+            return "expected an integer >= " + std::to_string(lo) + ", got " + got + "; " + fix;
+        if (v.i > hi)
+            return "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                   ", got " + got + ": out of range, at most " + std::to_string(hi) + " (" +
+                   hi_reason + ")";
         return "";
     };
     k.set = [ref](RunConfig& c, const Value& v) { ref(c) = static_cast<int>(v.i); };
     k.get = [ref](const RunConfig& c) { return std::to_string(ref(const_cast<RunConfig&>(c))); };
     return k;
+}
+KeyDef int_key(std::string key, int lo, IntRef ref, std::string fix) {
+    return int_key(std::move(key), lo, std::numeric_limits<int>::max(),
+                   "the largest 32-bit integer", std::move(ref), std::move(fix));
+}
+
+// Why a number that passed its range check cannot be stored in a 32-bit float field: it would
+// become inf, or round to 0 (a nonzero value below the smallest normal float). "" when it fits.
+std::string float_narrowing(double x) {
+    const double mag = std::fabs(x);
+    if (mag > std::numeric_limits<float>::max())
+        return "out of range for the 32-bit float it is stored in: at most " +
+               format_float(std::numeric_limits<float>::max()) + " (larger would become inf)";
+    if (x != 0 && mag < std::numeric_limits<float>::min())
+        return "too small for the 32-bit float it is stored in: a nonzero value must be at least " +
+               format_float(std::numeric_limits<float>::min()) + " (smaller would round to 0)";
+    return "";
 }
 
 // A float field with a range check written as a predicate plus the text that explains it.
@@ -296,6 +342,8 @@ KeyDef float_key(std::string key, std::function<bool(double)> ok, std::string ra
     KeyDef k{std::move(key), Kind::number, {}, nullptr, nullptr, nullptr};
     k.check = [ok, range, fix](const Value& v) -> std::string {
         if (!ok(v.d)) return "expected " + range + ", got " + format_double(v.d) + "; " + fix;
+        if (std::string n = float_narrowing(v.d); !n.empty())
+            return "expected " + range + ", got " + format_double(v.d) + ": " + n + "; " + fix;
         return "";
     };
     k.set = [ref](RunConfig& c, const Value& v) { ref(c) = static_cast<float>(v.d); };
@@ -336,16 +384,28 @@ void add_backend_and_model_keys(std::vector<KeyDef>& t) {
         t.push_back(std::move(k));
     }
     const std::string dim_fix = "model dimensions must be positive";
+    // The upper bounds are GPTConfig's (model/gpt.h): far above any real GPT, and what keeps the
+    // model's size arithmetic from overflowing.
+    const std::string dim_hi =
+        "the trainer's bound; GPT-3 175B has 96 layers, 96 heads, 12288 "
+        "channels";
     t.push_back(int_key(
-        "model.n_layer", 1, [](RunConfig& c) -> int& { return c.model.n_layer; }, dim_fix));
+        "model.n_layer", 1, GPTConfig::kMaxLayers, dim_hi,
+        [](RunConfig& c) -> int& { return c.model.n_layer; }, dim_fix));
     t.push_back(int_key(
-        "model.n_head", 1, [](RunConfig& c) -> int& { return c.model.n_head; }, dim_fix));
+        "model.n_head", 1, GPTConfig::kMaxHeads, dim_hi,
+        [](RunConfig& c) -> int& { return c.model.n_head; }, dim_fix));
     t.push_back(int_key(
-        "model.n_embd", 1, [](RunConfig& c) -> int& { return c.model.n_embd; }, dim_fix));
+        "model.n_embd", 1, GPTConfig::kMaxEmbd, dim_hi,
+        [](RunConfig& c) -> int& { return c.model.n_embd; }, dim_fix));
     t.push_back(int_key(
-        "model.max_seq_len", 1, [](RunConfig& c) -> int& { return c.model.max_seq_len; }, dim_fix));
+        "model.max_seq_len", 1, GPTConfig::kMaxSeqLen, "2^20 positions, the trainer's bound",
+        [](RunConfig& c) -> int& { return c.model.max_seq_len; }, dim_fix));
     t.push_back(int_key(
-        "model.vocab_size", 1, [](RunConfig& c) -> int& { return c.model.vocab_size; }, dim_fix));
+        "model.vocab_size", 2, GPTConfig::kMaxVocab,
+        "2^24 tokens, the trainer's bound; GPT-2 has 50257",
+        [](RunConfig& c) -> int& { return c.model.vocab_size; },
+        "a vocabulary needs at least 2 tokens"));
 }
 
 // data.*: the batch source and the loader.
@@ -367,10 +427,13 @@ void add_data_keys(std::vector<KeyDef>& t) {
         "data.seq_len", 1, [](RunConfig& c) -> int& { return c.data.seq_len; },
         "a sequence holds at least one token"));
     t.push_back(int_key(
-        "data.workers", 0, [](RunConfig& c) -> int& { return c.data.workers; },
+        "data.workers", 0, kMaxDataWorkers,
+        "each worker is a thread; more than a few per core only contend",
+        [](RunConfig& c) -> int& { return c.data.workers; },
         "use 0 to load batches synchronously in the step"));
     t.push_back(int_key(
-        "data.prefetch", 1, [](RunConfig& c) -> int& { return c.data.prefetch; },
+        "data.prefetch", 1, kMaxPrefetch, "each slot of the ring holds one batch in memory",
+        [](RunConfig& c) -> int& { return c.data.prefetch; },
         "the ring needs at least one batch slot"));
     t.push_back(
         bool_key("data.pin_memory", [](RunConfig& c) -> bool& { return c.data.pin_memory; }));
@@ -397,10 +460,21 @@ void add_optim_keys(std::vector<KeyDef>& t) {
     {
         KeyDef k{"optim.betas", Kind::pair, {}, nullptr, nullptr, nullptr};
         k.check = [](const Value& v) -> std::string {
-            for (double b : v.pair)
+            const std::string got =
+                "[" + format_double(v.pair[0]) + ", " + format_double(v.pair[1]) + "]";
+            for (double b : v.pair) {
                 if (!(b >= 0 && b < 1))
-                    return "expected both betas in [0, 1), got [" + format_double(v.pair[0]) +
-                           ", " + format_double(v.pair[1]) + "]; typical values are [0.9, 0.95]";
+                    return "expected both betas in [0, 1), got " + got +
+                           "; typical values are [0.9, 0.95]";
+                if (static_cast<float>(b) == 1.0f)
+                    return "expected both betas in [0, 1), got " + got + ": " + format_double(b) +
+                           " rounds to 1 in the 32-bit float it is stored in (at most " +
+                           format_float(std::nextafter(1.0f, 0.0f)) +
+                           "); typical values are [0.9, 0.95]";
+                if (std::string n = float_narrowing(b); !n.empty())
+                    return "expected both betas in [0, 1), got " + got + ": " + n +
+                           "; use 0 or a typical value such as 0.9";
+            }
             return "";
         };
         k.set = [](RunConfig& c, const Value& v) {
@@ -459,8 +533,10 @@ void add_run_keys(std::vector<KeyDef>& t) {
         "run.grad_accum", 1, [](RunConfig& c) -> int& { return c.run.grad_accum; },
         "use 1 for no gradient accumulation"));
     t.push_back(int_key(
-        "run.threads", 0, [](RunConfig& c) -> int& { return c.run.threads; },
-        "use 0 for all cores"));
+        "run.threads", 0, kMaxThreads,
+        "OpenMP threads; far more than any machine's cores, and the OpenMP runtime fails to "
+        "start very many; use 0 for all cores",
+        [](RunConfig& c) -> int& { return c.run.threads; }, "use 0 for all cores"));
 }
 
 // kernels.* (the op implementations) and profile.*.
@@ -537,6 +613,16 @@ std::vector<std::string> all_keys(bool include_experiment) {
     return keys;
 }
 
+// A "\0" escape in a double-quoted string decodes to a NUL byte, which would silently cut a
+// name or path short where it is used.
+void reject_nul(const std::string& s, const std::string& where, const std::string& key,
+                const std::string& context) {
+    if (s.find('\0') != std::string::npos)
+        fail(where, key, context,
+             "expected text without a NUL character, got one (a \\0 escape) at character " +
+                 std::to_string(s.find('\0') + 1) + "; remove it");
+}
+
 // Parses node as `def`'s type and checks its range; throws SpecError at `where`.
 Value parse_value(const KeyDef& def, const YAML::Node& node, const std::string& where,
                   const std::string& context) {
@@ -559,14 +645,30 @@ Value parse_value(const KeyDef& def, const YAML::Node& node, const std::string& 
         const std::string& s = node.Scalar();
         switch (def.kind) {
             case Kind::integer:
-                if (!parse_int(s, v.i))
-                    bad("write a whole number without quotes or a decimal point");
+                if (!parse_int(s, v.i)) {
+                    const int sign = integer_overflow_sign(s);
+                    if (sign == 0) bad("write a whole number without quotes or a decimal point");
+                    // Too large for int64: the key's own range check reports it with its bound.
+                    v.i = sign > 0 ? std::numeric_limits<int64_t>::max()
+                                   : std::numeric_limits<int64_t>::min();
+                }
+                v.text = s;
                 break;
             case Kind::uint64:
-                if (!parse_u64(s, v.u)) bad("write a whole number >= 0");
+                if (!parse_u64(s, v.u)) {
+                    if (integer_overflow_sign(s) > 0)
+                        fail(where, def.key, context,
+                             "expected a non-negative integer, got " + got_text(node) +
+                                 ": out of range, at most " +
+                                 std::to_string(std::numeric_limits<uint64_t>::max()));
+                    bad("write a whole number >= 0");
+                }
                 break;
             case Kind::number:
-                if (!parse_number(s, v.d)) bad("write a finite number such as 3.0e-4");
+                if (!parse_number(s, v.d))
+                    bad(number_out_of_range(s) ? "it is out of range (a double holds magnitudes "
+                                                 "from about 2.2e-308 to 1.8e308)"
+                                               : "write a finite number such as 3.0e-4");
                 break;
             case Kind::boolean:
                 if (!parse_bool(s, v.b)) bad("write true or false");
@@ -580,6 +682,7 @@ Value parse_value(const KeyDef& def, const YAML::Node& node, const std::string& 
                 break;
             case Kind::string:
                 if (s.empty()) bad("write a non-empty value");
+                reject_nul(s, where, def.key, context);
                 v.s = s;
                 break;
             case Kind::pair:
@@ -637,6 +740,7 @@ std::string scalar_string(const YAML::Node& n, const std::string& where, const s
         fail(where, key, context,
              "expected a non-empty string, got " + got_text(n) + "; write a name such as `" + key +
                  ": my-value`");
+    reject_nul(n.Scalar(), where, key, context);
     return n.Scalar();
 }
 
@@ -675,10 +779,55 @@ void set_train_key(TrainSpec& t, const std::string& key, const YAML::Node& value
     }
 }
 
+// Experiment and variant names become folder and file names and report anchors: a safe set of
+// characters and a length limit, checked here rather than when the report is written.
+constexpr size_t kMaxNameLength = 64;
+bool name_char_ok(char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ||
+           c == '+';
+}
+// The name with every byte outside the printable ASCII range shown as \xHH, for messages.
+std::string printable(const std::string& s) {
+    std::string out;
+    for (char c : s) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u >= 0x20 && u < 0x7f) {
+            out += c;
+        } else {
+            const char* d = "0123456789ABCDEF";
+            out += std::string("\\x") + d[u >> 4] + d[u & 15];
+        }
+    }
+    return out;
+}
+void check_name(const std::string& name, const std::string& where, const std::string& key,
+                const std::string& what) {
+    const bool chars_ok = std::all_of(name.begin(), name.end(), name_char_ok);
+    if (chars_ok && name.size() <= kMaxNameLength && name[0] != '.') return;
+    std::string got = "'" + printable(name.substr(0, kMaxNameLength + 16)) + "'";
+    if (name.size() > kMaxNameLength + 16) got.insert(got.size() - 1, "...");
+    if (name.size() > kMaxNameLength) got += " (" + std::to_string(name.size()) + " characters)";
+    fail(where, key, "",
+         "expected a name of 1 to " + std::to_string(kMaxNameLength) +
+             " characters from A-Z a-z 0-9 . _ + - (not starting with '.'), got " + got + "; " +
+             what + ", so write it like `my-run_2`");
+}
+
+// The default experiment name, from the file name: the safe characters kept, others as '-'.
+std::string name_from_file(const std::string& path) {
+    std::string n = fs::path(path).stem().string();
+    for (char& c : n)
+        if (!name_char_ok(c)) c = '-';
+    if (n.size() > kMaxNameLength) n.resize(kMaxNameLength);
+    if (n.empty() || n[0] == '.') n = "experiment" + n;
+    return n.substr(0, kMaxNameLength);
+}
+
 void set_experiment_key(ParsedFile& pf, const std::string& key, const YAML::Node& value,
                         const std::string& where) {
     if (key == "name") {
         pf.name = scalar_string(value, where, key, "");
+        check_name(pf.name, where, key, "the experiment name names the run folder");
     } else if (key == "compare.baseline") {
         pf.baseline = scalar_string(value, where, key, "");
         pf.baseline_where = where;
@@ -739,25 +888,52 @@ void parse_variant_set(Settings& out, const YAML::Node& set, const std::string& 
     }
 }
 
+// Rejects a key given twice in any mapping of the document (yaml-cpp keeps both and the
+// sections would read the last), naming both positions. `prefix` is the dotted path so far.
+// Depth is bounded by check_experiment_text (and anchors/aliases, which could share nodes, are
+// refused there), so the walk visits each node once.
+void check_duplicate_keys(const YAML::Node& node, const std::string& prefix,
+                          const std::string& file) {
+    if (node.IsSequence()) {
+        for (size_t i = 0; i < node.size(); ++i)
+            check_duplicate_keys(node[i], prefix + "[" + std::to_string(i) + "]", file);
+        return;
+    }
+    if (!node.IsMap()) return;
+    std::map<std::string, std::string> seen;  // key -> where
+    for (auto it = node.begin(); it != node.end(); ++it) {
+        const std::string kw = mark_text(file, it->first.Mark());
+        const std::string key =
+            prefix.empty() ? it->first.Scalar() : prefix + "." + it->first.Scalar();
+        if (!it->first.IsScalar())
+            throw SpecError(kw + ": expected a key name, got " + got_text(it->first) +
+                            " as a key; write `name: value`");
+        if (auto [at, fresh] = seen.emplace(it->first.Scalar(), kw); !fresh)
+            fail(kw, key, "",
+                 "given twice (first at " + at->second + "); " +
+                     (it->second.IsMap() ? "merge them into one" : "remove one of them"));
+        check_duplicate_keys(it->second, key, file);
+    }
+}
+
 // The file's YAML document, whose top level must be a mapping. Sets pf.root_where.
 YAML::Node load_yaml_root(ParsedFile& pf, const std::string& path) {
-    {
-        std::ifstream probe(path);
-        if (!probe)
-            throw SpecError(path + ": cannot open the experiment file: " + std::strerror(errno) +
-                            "; check the path");
-    }
-    if (fs::is_directory(path))
-        throw SpecError(path + ": is a directory; give the path of a YAML experiment file");
-    YAML::Node root;
+    const std::string text = read_experiment_text(path);
+    check_experiment_text(text, path);
+    std::vector<YAML::Node> docs;
     try {
-        root = YAML::LoadFile(path);
+        docs = YAML::LoadAll(text);
     } catch (const YAML::ParserException& e) {
         throw SpecError(mark_text(path, e.mark) + ": YAML syntax error: " + e.msg +
                         "; fix the YAML syntax at that position");
     } catch (const YAML::Exception& e) {
         throw SpecError(mark_text(path, e.mark) + ": cannot read YAML: " + e.msg);
     }
+    if (docs.size() > 1)
+        throw SpecError(mark_text(path, docs[1].Mark()) +
+                        ": a second YAML document; an experiment file holds one document and the "
+                        "rest would be ignored: remove the '---' line, or split the file");
+    const YAML::Node root = docs.empty() ? YAML::Node() : docs.front();
     pf.root_where =
         root.IsDefined() && !root.IsNull() ? mark_text(path, root.Mark()) : path + ":1:1";
     if (!root.IsMap())
@@ -765,6 +941,7 @@ YAML::Node load_yaml_root(ParsedFile& pf, const std::string& path) {
                         ": expected a mapping of experiment settings (name, "
                         "model, data, optim, run, variants, ...) at the top level, got " +
                         got_text(root) + "; see configs/quickstart.yaml for the shape");
+    check_duplicate_keys(root, "", path);
     return root;
 }
 
@@ -790,10 +967,8 @@ VariantSpec parse_variant(const ParsedFile& pf, const YAML::Node& v, size_t i,
         if (k == "name") {
             spec.name =
                 scalar_string(vi->second, mark_text(path, vi->second.Mark()), vkey + ".name", "");
-            if (spec.name.find_first_of("/\\") != std::string::npos)
-                fail(mark_text(path, vi->second.Mark()), vkey + ".name", "",
-                     "expected a name without '/' or '\\', got '" + spec.name +
-                         "'; variant names become file names in the run folder");
+            check_name(spec.name, mark_text(path, vi->second.Mark()), vkey + ".name",
+                       "variant names become file names in the run folder");
             have_name = true;
         } else if (k == "set") {
             if (vi->second.IsNull()) continue;
@@ -878,19 +1053,24 @@ ParsedFile parse_file(const std::string& path) {
         else
             parse_section(pf, key, value, base_dir);
     }
-    if (pf.name.empty()) pf.name = fs::path(path).stem().string();
+    if (pf.name.empty()) pf.name = name_from_file(path);
     return pf;
 }
 
 // Applies one --set key=value to the file's base settings / experiment keys.
 void apply_override(ParsedFile& pf, const std::string& text) {
-    const std::string where = "--set " + text;
+    // A very long argument is shown shortened: the message names it, it need not repeat it.
+    const std::string where =
+        "--set " + (text.size() > 120 ? text.substr(0, 100) + "...(" + std::to_string(text.size()) +
+                                            " characters)"
+                                      : text);
     const auto eq = text.find('=');
     if (eq == std::string::npos || eq == 0)
         throw SpecError(where + ": expected key=value (e.g. --set run.precision=bf16); got no '='");
     const std::string key = text.substr(0, eq);
     const std::string value_text = text.substr(eq + 1);
     YAML::Node value;
+    check_experiment_text(value_text, where, true);  // what yaml-cpp would misread, as in a file
     try {
         value = YAML::Load(value_text);
     } catch (const YAML::Exception& e) {
@@ -989,6 +1169,26 @@ struct Resolver {
                                        "(relative paths resolve against the experiment file)");
     }
 
+    // What GPTConfig::validate bounds beyond the per-key ranges (the parameter count), and the
+    // batch's B x T positions, which the step indexes with int.
+    void check_sizes(const RunConfig& c) const {
+        try {
+            c.model.validate();
+        } catch (const std::invalid_argument& e) {
+            error(blame({"model.n_layer", "model.n_embd", "model.vocab_size", "model.max_seq_len",
+                         "model.preset"}),
+                  std::string("expected a model this trainer can hold: ") + e.what());
+        }
+        const int64_t positions = static_cast<int64_t>(c.data.batch_size) * c.data.seq_len;
+        if (positions > std::numeric_limits<int>::max())
+            error(blame({"data.batch_size", "data.seq_len"}),
+                  "expected data.batch_size x data.seq_len <= " +
+                      std::to_string(std::numeric_limits<int>::max()) + ", got " +
+                      std::to_string(c.data.batch_size) + " x " + std::to_string(c.data.seq_len) +
+                      " = " + std::to_string(positions) +
+                      " positions (the step indexes them with a 32-bit int); lower one of them");
+    }
+
     void check(const RunConfig& c) const {
         const GPTConfig& m = c.model;
         if (m.n_embd % m.n_head != 0) {
@@ -1010,6 +1210,7 @@ struct Resolver {
                            std::to_string(c.data.seq_len) +
                            "; lower data.seq_len or raise model.max_seq_len");
         }
+        check_sizes(c);
         if (c.optim.schedule.kind == LRSchedule::Kind::cosine && c.optim.schedule.decay_steps < 1)
             error(blame({"optim.decay_steps", "optim.schedule"}),
                   "expected optim.decay_steps >= 1 with schedule cosine, got " +

@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -30,16 +31,50 @@ namespace mt {
 
 // ---- config -----------------------------------------------------------------------------------
 
+namespace {
+// a * b, or -1 when either is negative or the product overflows int64.
+int64_t checked_mul(int64_t a, int64_t b) {
+    int64_t r = 0;
+    if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r)) return -1;
+    return r;
+}
+int64_t checked_add(int64_t a, int64_t b) {
+    int64_t r = 0;
+    if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r)) return -1;
+    return r;
+}
+}  // namespace
+
+int64_t GPTConfig::parameter_count() const {
+    // wte (Vp, C) + wpe (T, C) + L blocks of 12 C^2 + 13 C (ln_1, c_attn, c_proj, ln_2, c_fc,
+    // c_proj weights and biases) + ln_f 2 C; the same tensors as ParameterTable.
+    const int64_t C = n_embd, Vp = (static_cast<int64_t>(vocab_size) + 127) / 128 * 128;
+    const int64_t block = checked_add(checked_mul(12, checked_mul(C, C)), checked_mul(13, C));
+    int64_t n = checked_add(checked_mul(Vp, C), checked_mul(max_seq_len, C));
+    n = checked_add(n, checked_mul(n_layer, block));
+    return checked_add(n, checked_mul(2, C));
+}
+
 void GPTConfig::validate() const {
     auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
-    if (n_layer < 1) fail("n_layer must be >= 1, got " + std::to_string(n_layer));
-    if (n_head < 1) fail("n_head must be >= 1, got " + std::to_string(n_head));
-    if (n_embd < 1) fail("n_embd must be >= 1, got " + std::to_string(n_embd));
+    auto in_range = [&](const char* name, int v, int lo, int hi) {
+        if (v < lo || v > hi)
+            fail(std::string(name) + " must be in [" + std::to_string(lo) + ", " +
+                 std::to_string(hi) + "], got " + std::to_string(v));
+    };
+    in_range("n_layer", n_layer, 1, kMaxLayers);
+    in_range("n_head", n_head, 1, kMaxHeads);
+    in_range("n_embd", n_embd, 1, kMaxEmbd);
     if (n_embd % n_head != 0)
         fail("n_embd (" + std::to_string(n_embd) + ") must be divisible by n_head (" +
              std::to_string(n_head) + ")");
-    if (max_seq_len < 1) fail("max_seq_len must be >= 1, got " + std::to_string(max_seq_len));
-    if (vocab_size < 2) fail("vocab_size must be >= 2, got " + std::to_string(vocab_size));
+    in_range("max_seq_len", max_seq_len, 1, kMaxSeqLen);
+    in_range("vocab_size", vocab_size, 2, kMaxVocab);
+    const int64_t n = parameter_count();
+    if (n < 0 || n > kMaxParams)
+        fail("the model has " + (n < 0 ? std::string("more than 2^63") : std::to_string(n)) +
+             " parameters (" + describe() + "), more than the " + std::to_string(kMaxParams) +
+             " (2^36) this trainer supports; lower n_layer, n_embd, vocab_size or max_seq_len");
 }
 
 std::string GPTConfig::describe() const {
@@ -87,6 +122,7 @@ ParamRef ParameterTable::add(std::string name, std::vector<int64_t> shape, bool 
 }
 
 ParameterTable::ParameterTable(const GPTConfig& cfg) {
+    cfg.validate();  // before any size is computed from the dimensions (they are bounded there)
     const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab_size(), maxT = cfg.max_seq_len;
     // nanoGPT state_dict order. Decay on 2-D tensors (embeddings, Linear weights) only.
     auto linear = [&](const std::string& name, int64_t out, int64_t in) {
@@ -307,12 +343,25 @@ std::vector<float> GPT::get_grads() {
     return host;
 }
 
-void GPT::allocate_activations(int B, int T) {
+namespace {
+// The step indexes the N = B*T rows with int (op arguments); with N and the dimensions bounded
+// (GPTConfig::validate), every size the activation plan multiplies out fits in size_t.
+void check_batch_shape(const GPTConfig& config, int B, int T) {
     if (B < 1 || T < 1) throw std::invalid_argument("batch shape must be positive");
-    if (T > config_.max_seq_len)
+    if (T > config.max_seq_len)
         throw std::invalid_argument(
             "sequence length T=" + std::to_string(T) +
-            " exceeds the model's max_seq_len=" + std::to_string(config_.max_seq_len));
+            " exceeds the model's max_seq_len=" + std::to_string(config.max_seq_len));
+    if (static_cast<int64_t>(B) * T > std::numeric_limits<int>::max())
+        throw std::invalid_argument("batch B=" + std::to_string(B) + " x T=" + std::to_string(T) +
+                                    " positions is more than " +
+                                    std::to_string(std::numeric_limits<int>::max()) +
+                                    " (the step indexes them with int); lower B or T");
+}
+}  // namespace
+
+void GPT::allocate_activations(int B, int T) {
+    check_batch_shape(config_, B, T);
     if (acts_ && acts_->B == B && acts_->T == T) return;
     auto acts = std::make_unique<Activations>();
     acts->plan(config_, options_, B, T);
@@ -707,7 +756,8 @@ double GPT::training_flops_per_step(int B, int T) const {
 MemoryEstimate GPT::estimate_memory(const GPTConfig& config, const ModelOptions& options, int B,
                                     int T, const Backend& backend) {
     MemoryEstimate m;
-    ParameterTable table(config);
+    ParameterTable table(config);  // validates the config
+    check_batch_shape(config, B, T);
     const size_t n = table.total_count();
     m.params = n * 4 + (backend.precision() == Precision::bf16 ? n * 2 : 0);
     m.grads = n * 4;

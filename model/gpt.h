@@ -22,11 +22,29 @@ struct GPTConfig {
     int max_seq_len = 32;
     int vocab_size = 256;
 
+    // Upper bounds of the dimensions, far above any real GPT (GPT-3 175B: 96 layers, 96 heads,
+    // 12288 channels), chosen so that every derived size (Vp*C, 12*L*C^2, B*T*Vp, the activation
+    // arena in bytes) fits comfortably in int64/size_t, and so that Vp, 3C and 4C fit in int.
+    static constexpr int kMaxLayers = 1024;
+    static constexpr int kMaxHeads = 1024;
+    static constexpr int kMaxEmbd = 65536;
+    static constexpr int kMaxSeqLen = 1 << 20;
+    static constexpr int kMaxVocab = 1 << 24;
+    static constexpr int64_t kMaxParams = int64_t(1) << 36;  // 68.7e9 (275 GB of fp32 weights)
+
     // vocab rounded up to a multiple of 128: wte has padded_vocab_size rows; the logits of the
-    // padding columns are excluded from the softmax.
-    int padded_vocab_size() const { return (vocab_size + 127) / 128 * 128; }
+    // padding columns are excluded from the softmax. Computed in int64: validate() bounds
+    // vocab_size so the result fits in int.
+    int padded_vocab_size() const {
+        return static_cast<int>((static_cast<int64_t>(vocab_size) + 127) / 128 * 128);
+    }
     int head_size() const { return n_embd / n_head; }
-    // Throws std::invalid_argument naming the offending field for an impossible config.
+    // The number of parameters (every tensor of the ParameterTable) in int64; -1 when it would
+    // overflow int64 (validate() rejects that).
+    int64_t parameter_count() const;
+    // Throws std::invalid_argument naming the offending field for an impossible config: a
+    // dimension < 1 or above its kMax*, n_embd not divisible by n_head, or more than kMaxParams
+    // parameters.
     void validate() const;
     std::string describe() const;  // "L4 C256 H4 T256 V50257"
     bool operator==(const GPTConfig&) const = default;
