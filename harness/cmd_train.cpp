@@ -15,6 +15,11 @@
 namespace mt {
 namespace {
 
+// Command-line bounds: CLI11 states them in its message ("Value 0 not in range 1 to 1000000").
+constexpr int kMaxSteps = 1000000;
+constexpr int kMaxBatch = 65536;
+constexpr int kMaxSeqLen = 1 << 20;
+
 struct TrainArgs {
     // The training run (FILE given).
     std::string file, variant, out_dir, resume;
@@ -116,7 +121,12 @@ int run_one_batch_checked(const TrainArgs& a, const CLI::App& cmd) {
                          flag, flag);
             return 2;
         }
-    return run_one_batch(a);
+    try {
+        return run_one_batch(a);
+    } catch (const ResourceError& e) {  // does not fit / too many threads: the user can fix it
+        std::fprintf(stderr, "microtrain train: %s\n", e.what());
+        return 2;
+    }
 }
 
 }  // namespace
@@ -146,21 +156,21 @@ void register_train_command(CLI::App& app, int& exit_code) {
         ->check(CLI::IsMember({"cpu", "cuda"}));
     cmd->add_option("--batch,-B", args->batch, "Batch size (one-batch test)")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(CLI::Range(1, kMaxBatch));
     cmd->add_option("--seq-len,-T", args->seq_len, "Sequence length (one-batch test)")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(CLI::Range(1, kMaxSeqLen));
     cmd->add_option("--steps", args->steps, "Optimizer steps (with FILE: overrides train.steps)")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(CLI::Range(1, kMaxSteps));
     cmd->add_option("--lr", args->lr, "Learning rate (one-batch test)")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(CLI::Range(1e-12, 10.0));
     cmd->add_option("--seed", args->seed, "Seed for weights and data (one-batch test)")
         ->capture_default_str();
     cmd->add_option("--threads", args->threads, "CPU threads (0 = all)")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(CLI::Range(0, kMaxThreads));
     cmd->callback([args, cmd, &exit_code] {
         if (args->one_batch && !args->file.empty()) {
             std::fprintf(stderr,

@@ -29,6 +29,7 @@
 #include <stdexcept>
 
 #include "harness/data.h"
+#include "harness/signals.h"
 #include "harness/spec.h"
 #include "harness/training.h"
 #include "io/atomic_file.h"
@@ -58,37 +59,6 @@ struct TrainError : std::runtime_error {
 [[noreturn]] void input_error(const std::string& what) {
     throw TrainError(2, what);
 }
-
-// ---- signals --------------------------------------------------------------------------------
-
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int sig) {
-    g_stop_signal = sig;
-}
-
-// SIGINT, SIGTERM and SIGHUP ask the run to stop after the current step and checkpoint. The
-// handler resets itself (SA_RESETHAND), so a second Ctrl-C kills at once. Restored on exit.
-class StopSignals {
-  public:
-    StopSignals() {
-        g_stop_signal = 0;
-        struct sigaction sa {};
-        sa.sa_handler = on_stop_signal;
-        sigemptyset(&sa.sa_mask);
-        sa.sa_flags = SA_RESETHAND | SA_RESTART;  // no EINTR in the I/O of the step
-        for (size_t i = 0; i < kCount; ++i) sigaction(kSignals[i], &sa, &old_[i]);
-    }
-    ~StopSignals() {
-        for (size_t i = 0; i < kCount; ++i) sigaction(kSignals[i], &old_[i], nullptr);
-    }
-    StopSignals(const StopSignals&) = delete;
-    StopSignals& operator=(const StopSignals&) = delete;
-
-  private:
-    static constexpr size_t kCount = 3;
-    static constexpr int kSignals[kCount] = {SIGINT, SIGTERM, SIGHUP};
-    struct sigaction old_[kCount] {};
-};
 
 // ---- the config a checkpoint records ----------------------------------------------------------
 
@@ -610,7 +580,8 @@ int Trainer::loop() {
             throw TrainError(1, "the loss is not finite at step " + std::to_string(step) +
                                     "; no checkpoint of the diverged model is written (the "
                                     "last one is kept); lower optim.lr or check the data");
-        const int sig = g_stop_signal;
+        const int sig = stop_signal();
+        if (sig) signals.protect_writes();  // a second signal cannot cut the checkpoint off
         if (sig || step == train_.steps ||
             (train_.checkpoint_every > 0 && step % train_.checkpoint_every == 0))
             checkpoint(step);
@@ -641,6 +612,9 @@ int run_training(const TrainRunOptions& options) {
         std::fprintf(stderr, "microtrain train: %s\n", e.what());
         return 2;
     } catch (const DataError& e) {
+        std::fprintf(stderr, "microtrain train: %s\n", e.what());
+        return 2;
+    } catch (const ResourceError& e) {  // does not fit / too many threads: fixable by the user
         std::fprintf(stderr, "microtrain train: %s\n", e.what());
         return 2;
     } catch (const std::exception& e) {
