@@ -4,6 +4,7 @@
 // and ms/step each step. `microtrain run` is the measured, reported experiment.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -165,7 +166,12 @@ void register_train_command(CLI::App& app, int& exit_code) {
         ->check(CLI::Range(1, kMaxSteps));
     cmd->add_option("--lr", args->lr, "Learning rate (one-batch test)")
         ->capture_default_str()
-        ->check(CLI::Range(1e-12, 10.0));
+        ->check([](const std::string& text) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(text.c_str(), &end);
+            if (end != text.c_str() && *end == '\0' && v > 0 && v <= 10) return "";
+            return "expected a learning rate > 0 and <= 10, got '" + text + "'";
+        });
     cmd->add_option("--seed", args->seed, "Seed for weights and data (one-batch test)")
         ->capture_default_str();
     cmd->add_option("--threads", args->threads, "CPU threads (0 = all)")
