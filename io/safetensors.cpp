@@ -406,12 +406,14 @@ SafeTensorsFile SafeTensorsFile::open(const std::string& path) {
     f.file_ = std::make_unique<File>();
 
     // 1. Open the file and take its size; the descriptor stays open for the tensor reads.
-    f.file_->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO named as a safetensors file must not wait for a writer (it is then
+    // rejected as not a regular file); it changes nothing for a regular file.
+    f.file_->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (f.file_->fd < 0) fail(path, "cannot open: " + std::string(std::strerror(errno)));
     struct stat st {};
     if (fstat(f.file_->fd, &st) != 0)
         fail(path, "cannot stat: " + std::string(std::strerror(errno)));
-    if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+    if (!S_ISREG(st.st_mode)) fail(path, "not a regular file: expected a safetensors file");
     f.file_->size = static_cast<size_t>(st.st_size);
 
     // 2. The header length and the JSON header.

@@ -800,6 +800,17 @@ TEST(SafeTensors, AFileTruncatedAfterItWasOpenedIsAnErrorNotSigbus) {
     EXPECT_CONTAINS(error_of([&] { f.read_raw(f.at("a")); }), "the file ended at byte 0");
 }
 
+// A FIFO (or a directory) given as a safetensors file is rejected at once, not waited on.
+TEST(SafeTensors, AFifoIsRejectedWithoutWaitingForAWriter) {
+    TempDir dir;
+    const std::string p = dir.file("fifo.safetensors");
+    ASSERT_EQ(mkfifo(p.c_str(), 0600), 0) << std::strerror(errno);
+    EXPECT_CONTAINS(error_of([&] { SafeTensorsFile::open(p); }),
+                    p + ": not a regular file: expected a safetensors file");
+    EXPECT_CONTAINS(error_of([&] { SafeTensorsFile::open(dir.path().string()); }),
+                    "not a regular file");
+}
+
 // A file replaced by rename (how microtrain writes files) keeps being read from the old file.
 TEST(SafeTensors, AFileReplacedAfterItWasOpenedIsStillReadWhole) {
     TempDir dir;
