@@ -133,11 +133,12 @@ void read_exact(const std::string& path, int fd, uint64_t offset, void* dst, siz
             fail(path, "cannot read " + what + " (bytes [" + std::to_string(offset) + ", " +
                            std::to_string(offset + n) + ")): " + std::strerror(errno));
         if (got == 0)
-            fail(path, "the file ended at byte " + std::to_string(offset + done) +
-                           " while reading " + what + " (bytes [" + std::to_string(offset) + ", " +
-                           std::to_string(offset + n) +
-                           ")): it was truncated or rewritten in place after it was opened; "
-                           "replace files atomically (write a temporary file, then rename it)");
+            fail(path, "reading " + what + " (bytes [" + std::to_string(offset) + ", " +
+                           std::to_string(offset + n) + ")) got only " + std::to_string(done) +
+                           " of " + std::to_string(n) +
+                           " bytes: the file is shorter than when it was opened (truncated or "
+                           "rewritten in place); replace files atomically (write a temporary "
+                           "file, then rename it)");
         done += static_cast<size_t>(got);
     }
 }
