@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
@@ -66,6 +67,10 @@ RepeatedBatch read_batch(const std::string& path, const GPTConfig& cfg,
         throw CheckpointError(path + ": 'inputs' has shape " + shape_string(tensors[0]->shape) +
                               " but 'targets' has shape " + shape_string(tensors[1]->shape) +
                               "; they must have the same shape (B, T)");
+    // The data region holds B*T ids, so B*T < 2^40; the model indexes them with int.
+    if (tensors[0]->shape[0] * tensors[0]->shape[1] > INT32_MAX)
+        throw CheckpointError(path + ": 'inputs' has shape " + shape_string(tensors[0]->shape) +
+                              ", more than 2^31-1 token ids (B*T); use a smaller batch");
     const int B = static_cast<int>(tensors[0]->shape[0]);
     const int T = static_cast<int>(tensors[0]->shape[1]);
     if (T > cfg.max_seq_len)
@@ -293,6 +298,11 @@ void register_step_command(CLI::App& app, int& exit_code) {
             exit_code = 2;
         }
     });
+}
+
+RepeatedBatch read_step_batch(const std::string& path, const GPTConfig& model,
+                              const std::string& weights) {
+    return read_batch(path, model, weights);
 }
 
 }  // namespace mt

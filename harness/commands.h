@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace mt {
 void register_train_command(CLI::App& app, int& exit_code);     // harness/cmd_train.cpp
@@ -10,4 +11,12 @@ void register_step_command(CLI::App& app, int& exit_code);      // harness/cmd_s
 void register_validate_command(CLI::App& app, int& exit_code);  // harness/cmd_validate.cpp
 void register_run_command(CLI::App& app, int& exit_code);       // harness/cmd_run.cpp
 void register_compare_command(CLI::App& app, int& exit_code);   // harness/cmd_compare.cpp
+
+struct GPTConfig;
+class RepeatedBatch;
+// `step --batch`'s file (harness/cmd_step.cpp), read and validated against `model` (`weights`
+// names its file in errors): int `inputs` and `targets` (B, T), T <= max_seq_len, ids in
+// [0, vocab_size). Throws CheckpointError or DataError. Public for tests/fuzz/fuzz_batch.cpp.
+RepeatedBatch read_step_batch(const std::string& path, const GPTConfig& model,
+                              const std::string& weights);
 }  // namespace mt

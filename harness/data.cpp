@@ -82,19 +82,62 @@ void spin_for_us(int us, const std::atomic<bool>& stop) {
         if (stop.load(std::memory_order_relaxed)) return;
 }
 
+// An open token file: one descriptor for the size check and every read, so the size checked
+// is the size of the file read (a path replaced in between cannot mix two files).
+class TokenFile {
+  public:
+    // O_NONBLOCK: opening a FIFO named as a token file must not wait for a writer (it is then
+    // rejected as not a regular file).
+    explicit TokenFile(const std::string& path)
+        : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)) {
+        if (fd_ < 0) data_error(path, std::string("cannot open: ") + std::strerror(errno));
+    }
+    TokenFile(const TokenFile&) = delete;
+    TokenFile& operator=(const TokenFile&) = delete;
+    ~TokenFile() { ::close(fd_); }
+
+    // The file's size; anything but a regular file is an error.
+    size_t size() const {
+        struct stat st {};
+        if (fstat(fd_, &st) != 0)
+            data_error(path_, std::string("cannot read its size: ") + std::strerror(errno));
+        if (!S_ISREG(st.st_mode))
+            data_error(path_, "not a regular file: expected an llm.c token file (.bin)");
+        return static_cast<size_t>(st.st_size);
+    }
+    // Exactly n bytes at `offset`; fewer means the file shrank after its size was checked.
+    void read(void* dst, size_t n, size_t offset, const char* what) const {
+        auto* out = static_cast<char*>(dst);
+        size_t done = 0;
+        while (done < n) {
+            const ssize_t got =
+                ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
+            if (got < 0 && errno == EINTR) continue;
+            if (got < 0)
+                data_error(path_, std::string("cannot read ") + what + ": " + std::strerror(errno));
+            if (got == 0)
+                data_error(path_, std::string("the file ended at byte ") +
+                                      std::to_string(offset + done) + " while reading " + what +
+                                      ": it was truncated while being read");
+            done += static_cast<size_t>(got);
+        }
+    }
+
+  private:
+    std::string path_;
+    int fd_;
+};
+
 // Header + size checks shared by read_token_file and token_file_count; returns the count.
-size_t check_token_header(const std::string& path, std::ifstream& f) {
-    std::error_code ec;
-    const auto size = fs::file_size(path, ec);
-    if (ec) data_error(path, "cannot read its size: " + ec.message());
+size_t check_token_header(const std::string& path, const TokenFile& f) {
+    const size_t size = f.size();
     if (size < kHeaderBytes)
         data_error(path, "truncated: an llm.c token file starts with a " +
                              std::to_string(kHeaderBytes) + "-byte header, expected at least " +
                              std::to_string(kHeaderBytes) + " bytes, got " + std::to_string(size));
     int32_t header[kHeaderInts];
     // The format is little-endian int32; so is every machine this project targets (x86-64, ARM).
-    if (!f.read(reinterpret_cast<char*>(header), kHeaderBytes))
-        data_error(path, "cannot read the header");
+    f.read(header, kHeaderBytes, 0, "the header");
     if (header[0] != kTokenMagic)
         data_error(path, "bad magic number " + std::to_string(header[0]) + " (expected " +
                              std::to_string(kTokenMagic) + "): not an llm.c token file");
@@ -184,18 +227,14 @@ void write_token_file(const std::string& path, const std::vector<uint16_t>& toke
 }
 
 size_t token_file_count(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) data_error(path, std::string("cannot open: ") + std::strerror(errno));
-    return check_token_header(path, f);
+    return check_token_header(path, TokenFile(path));
 }
 
 std::vector<uint16_t> read_token_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) data_error(path, std::string("cannot open: ") + std::strerror(errno));
+    const TokenFile f(path);
     const size_t count = check_token_header(path, f);
     std::vector<uint16_t> tokens(count);
-    if (count && !f.read(reinterpret_cast<char*>(tokens.data()), count * sizeof(uint16_t)))
-        data_error(path, "read failed after the header");
+    f.read(tokens.data(), count * sizeof(uint16_t), kHeaderBytes, "the tokens");
     return tokens;
 }
 

@@ -1,13 +1,20 @@
 // The safetensors reader and writer. See safetensors.h for the file layout.
 //
-// Reading is validate-then-map: open() maps the file, checks the header length, parses the JSON
-// header, checks every entry (dtype, shape, byte size, offsets within the data region) and then
-// that the entries tile the data region exactly. Only then may a tensor's bytes be read, so a
-// corrupt or truncated file is an error naming what is wrong, never an out-of-bounds read.
+// Reading is validate-then-read: open() reads the header length and the JSON header, checks
+// every entry (dtype, shape, byte size, offsets within the data region) and then that the
+// entries tile the data region exactly. Only then may a tensor's bytes be read, so a corrupt or
+// truncated file is an error naming what is wrong, never an out-of-bounds read.
+//
+// Tensor bytes are read with pread() from the descriptor open() keeps, straight into the
+// caller's buffer, never through a memory mapping: a mapped file that is truncated while it is
+// read (another process rewriting it in place) turns the next access into SIGBUS, which no check
+// made at open() can prevent, whereas pread() simply returns fewer bytes, which becomes an error
+// naming the file. A file replaced by rename (how microtrain writes every file) is not affected
+// at all: the descriptor keeps the old file. The cost is one copy from the page cache, which the
+// mapping's page faults paid too, and no double buffering: F32 tensors land in their destination.
 #include "io/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -112,20 +119,49 @@ double element_f64(DType d, const std::byte* p, size_t i) {
 
 // ---- the steps of SafeTensorsFile::open -----------------------------------------------------
 
-// A file descriptor, closed when it goes out of scope.
-class FileDescriptor {
-  public:
-    explicit FileDescriptor(int fd) : fd_(fd) {}
-    FileDescriptor(const FileDescriptor&) = delete;
-    FileDescriptor& operator=(const FileDescriptor&) = delete;
-    ~FileDescriptor() {
-        if (fd_ >= 0) ::close(fd_);
+// Reads exactly n bytes at file offset `offset` into dst (`what` names them in an error). open()
+// checked that the file held them; getting fewer now means it was truncated since.
+void read_exact(const std::string& path, int fd, uint64_t offset, void* dst, size_t n,
+                const std::string& what) {
+    auto* out = static_cast<char*>(dst);
+    size_t done = 0;
+    while (done < n) {
+        const size_t chunk = std::min<size_t>(n - done, size_t{1} << 30);
+        const ssize_t got = ::pread(fd, out + done, chunk, static_cast<off_t>(offset + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0)
+            fail(path, "cannot read " + what + " (bytes [" + std::to_string(offset) + ", " +
+                           std::to_string(offset + n) + ")): " + std::strerror(errno));
+        if (got == 0)
+            fail(path, "reading " + what + " (bytes [" + std::to_string(offset) + ", " +
+                           std::to_string(offset + n) + ")) got only " + std::to_string(done) +
+                           " of " + std::to_string(n) +
+                           " bytes: the file is shorter than when it was opened (truncated or "
+                           "rewritten in place); replace files atomically (write a temporary "
+                           "file, then rename it)");
+        done += static_cast<size_t>(got);
     }
-    int get() const { return fd_; }
+}
 
-  private:
-    int fd_;
-};
+// A JSON value for an error message, bounded: scalars as they are, the first elements of an
+// array or object with nested containers elided. (dump() of a deeply nested value recurses once
+// per level and could exhaust the stack on a hostile header.)
+std::string brief(const nlohmann::json& v) {
+    if (!v.is_structured()) return v.dump();
+    const bool array = v.is_array();
+    std::string s = array ? "[" : "{";
+    size_t i = 0;
+    for (auto it = v.begin(); it != v.end(); ++it, ++i) {
+        if (i == 8) {
+            s += ", ...";
+            break;
+        }
+        if (i) s += ", ";
+        if (!array) s += nlohmann::json(it.key()).dump() + ": ";
+        s += it->is_array() ? "[...]" : it->is_object() ? "{...}" : it->dump();
+    }
+    return s + (array ? "]" : "}");
+}
 
 // Where the header and the data region lie, for the checks and their messages.
 struct FileLayout {
@@ -135,12 +171,14 @@ struct FileLayout {
 };
 
 // The header length N from the first 8 bytes, checked against the file size.
-uint64_t read_header_length(const std::string& path, const std::byte* bytes, size_t size) {
+uint64_t read_header_length(const std::string& path, int fd, size_t size) {
     if (size < 8)
         fail(path, "file is " + std::to_string(size) +
                        " bytes, shorter than the 8-byte header length every safetensors file "
                        "starts with (truncated, or not a safetensors file)");
-    const uint64_t n = load_le<uint64_t>(bytes);
+    std::byte first[8];
+    read_exact(path, fd, 0, first, 8, "the header length");
+    const uint64_t n = load_le<uint64_t>(first);
     if (n > size - 8)
         fail(path, "the header length field says " + std::to_string(n) + " bytes but only " +
                        std::to_string(size - 8) +
@@ -155,11 +193,12 @@ uint64_t read_header_length(const std::string& path, const std::byte* bytes, siz
 }
 
 // The JSON header at bytes [8, 8+n), which must be an object.
-nlohmann::json parse_header_json(const std::string& path, const std::byte* bytes, uint64_t n) {
+nlohmann::json parse_header_json(const std::string& path, int fd, uint64_t n) {
+    std::string text(n, '\0');
+    read_exact(path, fd, 8, text.data(), n, "the JSON header");
     nlohmann::json header;
     try {
-        const char* h = reinterpret_cast<const char*>(bytes + 8);
-        header = nlohmann::json::parse(h, h + n);
+        header = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
         fail(path, "the " + std::to_string(n) + "-byte header is not valid JSON (" + e.what() +
                        "): the file is corrupt or not a safetensors file");
@@ -208,10 +247,10 @@ size_t parse_shape_field(const std::string& path, const std::string& where, cons
     for (const auto& dim : *s) {
         if (!dim.is_number_unsigned() || dim.get<uint64_t>() > kMaxDimension)
             fail(path,
-                 where + " has shape " + s->dump() + ", expected non-negative integer dimensions");
+                 where + " has shape " + brief(*s) + ", expected non-negative integer dimensions");
         const uint64_t dv = dim.get<uint64_t>();
         if (dv != 0 && numel > std::numeric_limits<size_t>::max() / dv)
-            fail(path, where + " has shape " + s->dump() + " whose size overflows");
+            fail(path, where + " has shape " + brief(*s) + " whose size overflows");
         numel *= dv;
         shape.push_back(static_cast<int64_t>(dv));
     }
@@ -229,13 +268,16 @@ void parse_data_offsets_field(const std::string& path, const std::string& where,
         fail(path, where +
                        " needs \"data_offsets\": [begin, end] of non-negative integers, "
                        "got " +
-                       (o == v.end() ? std::string("nothing") : o->dump()));
+                       (o == v.end() ? std::string("nothing") : brief(*o)));
     const uint64_t b = (*o)[0].get<uint64_t>(), e = (*o)[1].get<uint64_t>();
     if (b > e)
         fail(path, where + " has data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
                        "] with begin > end");
-    const size_t want = numel * dtype_size(t.dtype);
-    if (numel > std::numeric_limits<size_t>::max() / 8 || e - b != want)
+    if (numel > kMaxDimension)
+        fail(path, where + " has shape " + shape_string(t.shape) + " of " + std::to_string(numel) +
+                       " elements, more than 2^40 (corrupt header)");
+    const size_t want = numel * dtype_size(t.dtype);  // < 2^43: no overflow
+    if (e - b != want)
         fail(path, where + " has " + std::to_string(e - b) + " data bytes but " +
                        to_string(t.dtype) + " " + shape_string(t.shape) + " needs " +
                        std::to_string(want) + " (" + std::to_string(numel) + " x " +
@@ -343,18 +385,16 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 // ---- SafeTensorsFile ------------------------------------------------------------------------
 
-// A read-only private mapping of the whole file; unmapped on destruction. Empty for a 0-byte
-// file (mmap refuses length 0).
-struct SafeTensorsFile::Mapping {
-    void* addr = nullptr;
+// The open file: its descriptor (closed on destruction) and its size when it was opened.
+struct SafeTensorsFile::File {
+    int fd = -1;
     size_t size = 0;
-    Mapping() = default;
-    Mapping(const Mapping&) = delete;
-    Mapping& operator=(const Mapping&) = delete;
-    ~Mapping() {
-        if (addr) munmap(addr, size);
+    File() = default;
+    File(const File&) = delete;
+    File& operator=(const File&) = delete;
+    ~File() {
+        if (fd >= 0) ::close(fd);
     }
-    const std::byte* bytes() const { return static_cast<const std::byte*>(addr); }
 };
 
 SafeTensorsFile::SafeTensorsFile(SafeTensorsFile&&) noexcept = default;
@@ -364,35 +404,26 @@ SafeTensorsFile::~SafeTensorsFile() = default;
 SafeTensorsFile SafeTensorsFile::open(const std::string& path) {
     SafeTensorsFile f;
     f.path_ = path;
-    f.map_ = std::make_unique<Mapping>();
+    f.file_ = std::make_unique<File>();
 
-    // 1. Map the whole file (the mapping stays valid after the descriptor is closed).
-    {
-        const FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-        if (fd.get() < 0) fail(path, "cannot open: " + std::string(std::strerror(errno)));
-        struct stat st {};
-        if (fstat(fd.get(), &st) != 0)
-            fail(path, "cannot stat: " + std::string(std::strerror(errno)));
-        if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
-        const size_t size = static_cast<size_t>(st.st_size);
-        if (size > 0) {
-            void* a = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-            if (a == MAP_FAILED)
-                fail(path,
-                     "cannot mmap " + std::to_string(size) + " bytes: " + std::strerror(errno));
-            f.map_->addr = a;
-            f.map_->size = size;
-        }
-    }
-    const std::byte* bytes = f.map_->bytes();
+    // 1. Open the file and take its size; the descriptor stays open for the tensor reads.
+    // O_NONBLOCK: a FIFO named as a safetensors file must not wait for a writer (it is then
+    // rejected as not a regular file); it changes nothing for a regular file.
+    f.file_->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (f.file_->fd < 0) fail(path, "cannot open: " + std::string(std::strerror(errno)));
+    struct stat st {};
+    if (fstat(f.file_->fd, &st) != 0)
+        fail(path, "cannot stat: " + std::string(std::strerror(errno)));
+    if (!S_ISREG(st.st_mode)) fail(path, "not a regular file: expected a safetensors file");
+    f.file_->size = static_cast<size_t>(st.st_size);
 
     // 2. The header length and the JSON header.
     FileLayout layout;
-    layout.file_size = f.map_->size;
-    layout.header_size = read_header_length(path, bytes, layout.file_size);
-    const nlohmann::json header = parse_header_json(path, bytes, layout.header_size);
+    layout.file_size = f.file_->size;
+    layout.header_size = read_header_length(path, f.file_->fd, layout.file_size);
+    const nlohmann::json header = parse_header_json(path, f.file_->fd, layout.header_size);
     layout.data_size = layout.file_size - 8 - layout.header_size;
-    f.data_ = bytes + 8 + layout.header_size;
+    f.data_offset_ = 8 + layout.header_size;
     f.data_size_ = layout.data_size;
 
     // 3. Every entry: the metadata, or a tensor checked against the data region.
@@ -407,6 +438,15 @@ SafeTensorsFile SafeTensorsFile::open(const std::string& path) {
     sort_and_check_coverage(path, f.tensors_, f.data_size_);
     for (size_t i = 0; i < f.tensors_.size(); ++i) f.index_[f.tensors_[i].name] = i;
     return f;
+}
+
+void SafeTensorsFile::read_bytes(const TensorEntry& t, void* dst) const {
+    if (t.begin > t.end || t.end > data_size_)  // an entry of another file
+        fail(path_, "tensor '" + t.name + "' [" + std::to_string(t.begin) + ", " +
+                        std::to_string(t.end) + ") is not a tensor of this file (data region " +
+                        std::to_string(data_size_) + " bytes)");
+    read_exact(path_, file_->fd, data_offset_ + t.begin, dst, t.end - t.begin,
+               "tensor '" + t.name + "'");
 }
 
 const std::string* SafeTensorsFile::metadata_value(const std::string& key) const {
@@ -425,21 +465,24 @@ const TensorEntry& SafeTensorsFile::at(const std::string& name) const {
     return *t;
 }
 
-std::span<const std::byte> SafeTensorsFile::raw(const TensorEntry& t) const {
-    return {data_ + t.begin, t.end - t.begin};
+std::vector<std::byte> SafeTensorsFile::read_raw(const TensorEntry& t) const {
+    std::vector<std::byte> bytes(t.end - t.begin);
+    read_bytes(t, bytes.data());
+    return bytes;
 }
 
 void SafeTensorsFile::read_f32_into(const TensorEntry& t, float* dst) const {
     if (!is_floating(t.dtype))
         fail(path_, "tensor '" + t.name + "' has dtype " + to_string(t.dtype) +
                         ", expected a floating-point dtype (F32, or F16/BF16/F64, converted)");
-    const std::byte* p = data_ + t.begin;
-    const size_t n = t.numel();
     if (t.dtype == DType::F32) {
-        if (n) std::memcpy(dst, p, n * sizeof(float));
+        read_bytes(t, dst);
         return;
     }
-    for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(element_f64(t.dtype, p, i));
+    const std::vector<std::byte> bytes = read_raw(t);
+    const size_t n = t.numel();
+    for (size_t i = 0; i < n; ++i)
+        dst[i] = static_cast<float>(element_f64(t.dtype, bytes.data(), i));
 }
 
 std::vector<float> SafeTensorsFile::read_f32(const std::string& name) const {
@@ -453,17 +496,18 @@ std::vector<int32_t> SafeTensorsFile::read_i32(const std::string& name) const {
     const TensorEntry& t = at(name);
     const size_t n = t.numel();
     std::vector<int32_t> out(n);
-    const std::byte* p = data_ + t.begin;
     switch (t.dtype) {
         case DType::I32:
-            if (n) std::memcpy(out.data(), p, n * sizeof(int32_t));
+            read_bytes(t, out.data());
             return out;
         case DType::I64:
         case DType::U32:
         case DType::I16:
         case DType::U16:
         case DType::I8:
-        case DType::U8:
+        case DType::U8: {
+            const std::vector<std::byte> bytes = read_raw(t);
+            const std::byte* p = bytes.data();
             for (size_t i = 0; i < n; ++i) {
                 int64_t v = t.dtype == DType::I64 ? load_le<int64_t>(p + 8 * i)
                             : t.dtype == DType::U32
@@ -476,6 +520,7 @@ std::vector<int32_t> SafeTensorsFile::read_i32(const std::string& name) const {
                 out[i] = static_cast<int32_t>(v);
             }
             return out;
+        }
         default:
             fail(path_, "tensor '" + t.name + "' has dtype " + to_string(t.dtype) +
                             ", expected an integer dtype (I32, or I64 etc. converted)");
@@ -483,8 +528,9 @@ std::vector<int32_t> SafeTensorsFile::read_i32(const std::string& name) const {
 }
 
 std::vector<double> SafeTensorsFile::read_f64(const TensorEntry& t) const {
+    const std::vector<std::byte> bytes = read_raw(t);
     std::vector<double> out(t.numel());
-    for (size_t i = 0; i < out.size(); ++i) out[i] = element_f64(t.dtype, data_ + t.begin, i);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = element_f64(t.dtype, bytes.data(), i);
     return out;
 }
 

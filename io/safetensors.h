@@ -58,10 +58,12 @@ struct TensorEntry {
 
 std::string shape_string(const std::vector<int64_t>& shape);  // "[3, 64]"
 
-// A parsed, validated safetensors file, memory-mapped read-only (nothing is copied until a
-// tensor is read). open() checks the whole structure up front: header length vs file size, JSON
-// syntax, entry fields, known dtypes, byte size = prod(shape) * dtype size, offsets within the
-// data region, no overlap, contiguous coverage of the region.
+// A parsed, validated safetensors file. open() reads and checks only the header; a tensor's
+// bytes are read (pread) from the open file when asked for, so a file truncated while it is
+// read gives an error naming it, never SIGBUS (why not mmap: safetensors.cpp). open() checks the
+// whole structure up front: header length vs file size, JSON syntax, entry fields, known dtypes,
+// byte size = prod(shape) * dtype size, offsets within the data region, no overlap, contiguous
+// coverage of the region.
 class SafeTensorsFile {
   public:
     static SafeTensorsFile open(const std::string& path);  // throws SafeTensorsError
@@ -78,8 +80,9 @@ class SafeTensorsFile {
     const TensorEntry* find(const std::string& name) const;  // nullptr if absent
     const TensorEntry& at(const std::string& name) const;    // throws SafeTensorsError
 
-    // The tensor's raw bytes (valid while this object lives).
-    std::span<const std::byte> raw(const TensorEntry& t) const;
+    // The tensor's raw bytes, read from the file. Every read throws SafeTensorsError naming the
+    // file and the tensor if the file has become shorter since open().
+    std::vector<std::byte> read_raw(const TensorEntry& t) const;
     // The tensor as fp32. Accepts the floating dtypes F32 (copied), F16, BF16 and F64
     // (converted); any other dtype is an error naming the tensor.
     std::vector<float> read_f32(const std::string& name) const;
@@ -92,10 +95,12 @@ class SafeTensorsFile {
 
   private:
     SafeTensorsFile() = default;
-    struct Mapping;
+    struct File;
+    // Reads t's bytes, checked against the data region, into dst (t.end - t.begin bytes).
+    void read_bytes(const TensorEntry& t, void* dst) const;
     std::string path_;
-    std::unique_ptr<Mapping> map_;
-    const std::byte* data_ = nullptr;  // start of the data region
+    std::unique_ptr<File> file_;
+    uint64_t data_offset_ = 0;  // file offset of the data region: 8 + header length
     size_t data_size_ = 0;
     std::vector<TensorEntry> tensors_;
     std::map<std::string, size_t> index_;

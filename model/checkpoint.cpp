@@ -10,8 +10,12 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <climits>
 #include <cstring>
+#include <set>
 #include <span>
+#include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "optim/adamw.h"
@@ -73,20 +77,49 @@ int layer_index(const std::string& name, std::string* rest = nullptr) {
 
 // ---- the config a file describes ------------------------------------------------------------
 
+// Dimension i of tensor t as a config value; one that does not fit in int is an error.
+int dim_as_int(const SafeTensorsFile& f, const TensorEntry& t, size_t i, const char* key) {
+    if (t.shape[i] > INT_MAX)
+        fail(f.path(), "tensor '" + t.name + "' has shape " + shape_string(t.shape) +
+                           ": dimension " + std::to_string(i) + " (" + key +
+                           ") does not fit in a 32-bit int (corrupt file?)");
+    return static_cast<int>(t.shape[i]);
+}
+
 // What the tensor shapes imply (nanoGPT: wte (V, C) with exactly V rows, wpe (T, C), layers
 // transformer.h.0 ... h.<n_layer-1>), by config key. n_head is never among them.
 std::map<std::string, int> infer_config_from_shapes(const SafeTensorsFile& f) {
     std::map<std::string, int> inferred;
     if (const TensorEntry* wte = f.find(kWteName); wte && wte->shape.size() == 2) {
-        inferred["vocab_size"] = static_cast<int>(wte->shape[0]);
-        inferred["n_embd"] = static_cast<int>(wte->shape[1]);
+        inferred["vocab_size"] = dim_as_int(f, *wte, 0, "vocab_size");
+        inferred["n_embd"] = dim_as_int(f, *wte, 1, "n_embd");
     }
     if (const TensorEntry* wpe = f.find("transformer.wpe.weight"); wpe && wpe->shape.size() == 2)
-        inferred["max_seq_len"] = static_cast<int>(wpe->shape[0]);
+        inferred["max_seq_len"] = dim_as_int(f, *wpe, 0, "max_seq_len");
     int max_layer = -1;
     for (const auto& t : f.tensors()) max_layer = std::max(max_layer, layer_index(t.name));
     if (max_layer >= 0) inferred["n_layer"] = max_layer + 1;
     return inferred;
+}
+
+// The file's layers must be exactly transformer.h.0 ... h.<n_layer-1>. Checked before the
+// parameter table of c is built, whose size is proportional to n_layer: a file of a few tensors
+// claiming n_layer 10^6 must not make anything allocate 10^6 layers.
+void check_layer_count(const SafeTensorsFile& f, const GPTConfig& c) {
+    std::set<int> layers;
+    for (const auto& t : f.tensors())
+        if (const int l = layer_index(t.name); l >= 0) layers.insert(l);
+    const int max_layer = layers.empty() ? -1 : *layers.rbegin();
+    if (static_cast<int>(layers.size()) != c.n_layer || max_layer + 1 != c.n_layer)
+        fail(f.path(),
+             "the config says n_layer=" + std::to_string(c.n_layer) +
+                 " but the file holds tensors of " + std::to_string(layers.size()) + " layers" +
+                 (layers.empty()
+                      ? std::string(" (no transformer.h.N.* tensor)")
+                      : " (transformer.h.N with N from " + std::to_string(*layers.begin()) +
+                            " to " + std::to_string(max_layer) + ")") +
+                 "; expected transformer.h.0 ... transformer.h." + std::to_string(c.n_layer - 1) +
+                 " (fix __metadata__ \"n_layer\" or the tensors)");
 }
 
 // ---- the steps of load_checkpoint -----------------------------------------------------------
@@ -110,12 +143,16 @@ void check_config_matches_model(const SafeTensorsFile& f, const GPTConfig& c) {
 // holds optimizer moments.
 bool check_every_tensor_is_known(const SafeTensorsFile& f, const ParameterTable& table,
                                  const GPTConfig& c) {
+    // A hash set of the names: ParameterTable::find is a linear scan, and a file may hold many
+    // tensors (a loop of finds would be quadratic in the layer count).
+    std::unordered_set<std::string_view> names;
+    for (const auto& p : table.tensors()) names.insert(p.name);
     bool any_optim = false;
     for (const auto& t : f.tensors()) {
         const std::string& n = t.name;
-        if (table.find(n) || n == "lm_head.weight") continue;
+        if (names.count(n) || n == "lm_head.weight") continue;
         if ((n.rfind("optim.m.", 0) == 0 || n.rfind("optim.v.", 0) == 0) &&
-            table.find(n.substr(8))) {
+            names.count(std::string_view(n).substr(8))) {
             any_optim = true;
             continue;
         }
@@ -303,10 +340,18 @@ GPTConfig read_checkpoint_config(const SafeTensorsFile& f) {
     }
     try {
         c.validate();
+        if (c.vocab_size > INT_MAX - 127)  // padded_vocab_size() must fit in int
+            throw std::invalid_argument("vocab_size must be <= " + std::to_string(INT_MAX - 127) +
+                                        ", got " + std::to_string(c.vocab_size));
     } catch (const std::exception& e) {
         fail(f.path(), std::string("the model config it describes (") + c.describe() +
                            ") is invalid: " + e.what());
     }
+    // The config must be the one the tensors have (every parameter present with its shape), so
+    // a model built from it allocates no more than the file holds.
+    check_layer_count(f, c);
+    const ParameterTable table(c);
+    for (const auto& p : table.tensors()) check_parameter_shaped(f, p.name, p, c.vocab_size);
     return c;
 }
 

@@ -777,5 +777,129 @@ TEST(Checkpoint, LoadsAPyTorchStateDictWithUnpaddedVocab) {
     for (size_t i = 200 * 32; i < 256 * 32; ++i) ASSERT_EQ(params[i], 0.0f);
 }
 
+// ---- hostile files: what the fuzzers and issue #12 found ------------------------------------
+
+// A file rewritten in place after open() (another process truncating it) used to be a mapped
+// file that gave SIGBUS on the next read; tensors are now read with pread, which sees the
+// shorter file and says so.
+TEST(SafeTensors, AFileTruncatedAfterItWasOpenedIsAnErrorNotSigbus) {
+    TempDir dir;
+    const std::string p = dir.file("shrinks.safetensors");
+    SafeTensorsWriter w;
+    w.add_f32("a", {4}, std::vector<float>{1, 2, 3, 4});
+    w.add_f32("b", {1024}, std::vector<float>(1024, 0.5f));
+    w.write(p);
+    const SafeTensorsFile f = SafeTensorsFile::open(p);
+    fs::resize_file(p, fs::file_size(p) - 1000);
+    EXPECT_EQ(f.read_f32("a"), (std::vector<float>{1, 2, 3, 4}));  // still within the file
+    const std::string msg = error_of([&] { f.read_f32("b"); });
+    EXPECT_CONTAINS(msg, p);
+    EXPECT_CONTAINS(msg, "tensor 'b'");
+    EXPECT_CONTAINS(msg, "the file is shorter than when it was opened");
+    fs::resize_file(p, 0);
+    EXPECT_CONTAINS(error_of([&] { f.read_raw(f.at("a")); }),
+                    "reading tensor 'a' (bytes [128, 144)) got only 0 of 16 bytes");
+}
+
+// A FIFO (or a directory) given as a safetensors file is rejected at once, not waited on.
+TEST(SafeTensors, AFifoIsRejectedWithoutWaitingForAWriter) {
+    TempDir dir;
+    const std::string p = dir.file("fifo.safetensors");
+    ASSERT_EQ(mkfifo(p.c_str(), 0600), 0) << std::strerror(errno);
+    EXPECT_CONTAINS(error_of([&] { SafeTensorsFile::open(p); }),
+                    p + ": not a regular file: expected a safetensors file");
+    EXPECT_CONTAINS(error_of([&] { SafeTensorsFile::open(dir.path().string()); }),
+                    "not a regular file");
+}
+
+// A file replaced by rename (how microtrain writes files) keeps being read from the old file.
+TEST(SafeTensors, AFileReplacedAfterItWasOpenedIsStillReadWhole) {
+    TempDir dir;
+    const std::string p = dir.file("replaced.safetensors");
+    SafeTensorsWriter w;
+    w.add_f32("a", {3}, std::vector<float>{1, 2, 3});
+    w.write(p);
+    const SafeTensorsFile f = SafeTensorsFile::open(p);
+    SafeTensorsWriter other;
+    other.add_f32("z", {1}, std::vector<float>{9});
+    other.write(p);
+    EXPECT_EQ(f.read_f32("a"), (std::vector<float>{1, 2, 3}));
+}
+
+// Error messages quote the offending JSON briefly: a deeply nested shape must not recurse once
+// per level (dump() did, which could exhaust the stack on a large header).
+TEST(SafeTensors, RejectsADeeplyNestedShapeWithoutQuotingItWhole) {
+    TempDir dir;
+    const std::string p = dir.file("nested.safetensors");
+    const std::string nested = std::string(200000, '[') + std::string(200000, ']');
+    write_bytes(
+        p, raw_file("{\"x\":{\"dtype\":\"F32\",\"shape\":" + nested + ",\"data_offsets\":[0,0]}}",
+                    ""));
+    const std::string msg = error_of([&] { SafeTensorsFile::open(p); });
+    EXPECT_CONTAINS(msg, "tensor 'x' has shape [[...]], expected non-negative integer dimensions");
+    EXPECT_LT(msg.size(), 400u);
+}
+
+// The metadata may not claim a model larger than its tensors (issue #12: n_layer 10^6, n_embd
+// 10^6 or max_seq_len 2^31 made `step` allocate terabytes): read_checkpoint_config checks every
+// dimension against the tensors before a model of that size exists.
+TEST(Checkpoint, MetadataDimensionsThatTheTensorsDoNotHaveAreRejected) {
+    TempDir dir;
+    const std::string p = dir.file("claims.safetensors");
+    Rig a(tiny());
+    const auto es = model_entries(a.model);
+    const GPTConfig c = tiny();
+    write_entries(p, es, &c, {{"n_layer", "1000000"}});
+    std::string msg = error_of([&] { read_checkpoint_config(p); });
+    EXPECT_CONTAINS(msg, p);
+    EXPECT_CONTAINS(msg, "n_layer=1000000 but the file holds tensors of 2 layers");
+    write_entries(p, es, &c, {{"n_embd", "1000000"}, {"n_head", "1"}});
+    msg = error_of([&] { read_checkpoint_config(p); });
+    EXPECT_CONTAINS(msg,
+                    "tensor 'transformer.wte.weight' has shape [256, 64], expected F32 "
+                    "[256, 1000000]");
+    write_entries(p, es, &c, {{"max_seq_len", "2147483647"}});
+    msg = error_of([&] { read_checkpoint_config(p); });
+    EXPECT_CONTAINS(msg,
+                    "tensor 'transformer.wpe.weight' has shape [32, 64], expected F32 "
+                    "[2147483647, 64]");
+    write_entries(p, es, &c, {{"max_seq_len", "2147483648"}});
+    EXPECT_CONTAINS(error_of([&] { read_checkpoint_config(p); }),
+                    "__metadata__ \"max_seq_len\" is \"2147483648\", expected an integer >= 1");
+    write_entries(p, es, &c, {{"vocab_size", "2147483600"}});
+    EXPECT_CONTAINS(error_of([&] { read_checkpoint_config(p); }),
+                    "vocab_size must be <= 2147483520");
+}
+
+// A layer's tensors missing, or an extra layer, is caught by read_checkpoint_config too.
+TEST(Checkpoint, ConfigIsRejectedWhenAParameterItImpliesIsMissing) {
+    TempDir dir;
+    const std::string p = dir.file("gap.safetensors");
+    Rig a(tiny());
+    std::vector<Entry> es = model_entries(a.model);
+    const GPTConfig c = tiny();
+    std::erase_if(es, [](const Entry& e) { return e.name == "transformer.h.1.mlp.c_fc.bias"; });
+    write_entries(p, es, &c);
+    EXPECT_CONTAINS(error_of([&] { read_checkpoint_config(p); }),
+                    "missing tensor 'transformer.h.1.mlp.c_fc.bias' (expected F32 [256])");
+    es = model_entries(a.model);
+    es.push_back({"transformer.h.7.ln_1.weight", {64}, std::vector<float>(64, 1.0f)});
+    write_entries(p, es, &c);
+    EXPECT_CONTAINS(error_of([&] { read_checkpoint_config(p); }),
+                    "n_layer=2 but the file holds tensors of 3 layers (transformer.h.N with N "
+                    "from 0 to 7)");
+}
+
+// A dimension beyond int in a shape the config is inferred from is an error, not a truncation.
+TEST(Checkpoint, InferredDimensionsBeyondIntAreRejected) {
+    TempDir dir;
+    const std::string p = dir.file("wide.safetensors");
+    write_bytes(p, raw_file("{\"__metadata__\":{\"n_head\":\"1\"},\"transformer.wte.weight\":"
+                            "{\"dtype\":\"F32\",\"shape\":[4294967298,0],\"data_offsets\":[0,0]}}",
+                            ""));
+    EXPECT_CONTAINS(error_of([&] { read_checkpoint_config(p); }),
+                    "dimension 0 (vocab_size) does not fit in a 32-bit int");
+}
+
 }  // namespace
 }  // namespace mt

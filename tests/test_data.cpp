@@ -1,6 +1,7 @@
 // Data: llm.c token files, the three sources, window layout, deterministic order, workers, and
 // clean shutdown.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -116,6 +117,18 @@ TEST_F(DataTest, TruncatedTokenFileIsRejectedWithExpectedAndActualSize) {
                   "least 1024 bytes, got 3");
     const std::string q = write_raw("long.bin", {20240520, 1, 10}, 22);
     EXPECT_NE(error_of([&] { read_token_file(q); }).find("trailing data"), std::string::npos);
+}
+
+// A FIFO or a directory named as a token file is rejected at once: opening a FIFO used to wait
+// for a writer forever.
+TEST_F(DataTest, TokenFileThatIsNotARegularFileIsRejectedWithoutWaiting) {
+    const std::string fifo = path("fifo.bin");
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+    EXPECT_EQ(error_of([&] { read_token_file(fifo); }),
+              "'" + fifo + "': not a regular file: expected an llm.c token file (.bin)");
+    EXPECT_EQ(error_of([&] { token_file_count(fifo); }), error_of([&] { read_token_file(fifo); }));
+    EXPECT_NE(error_of([&] { read_token_file(dir_.string()); }).find("not a regular file"),
+              std::string::npos);
 }
 
 TEST_F(DataTest, SourceShorterThanOneBatchIsRejected) {

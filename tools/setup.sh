@@ -5,7 +5,7 @@
 #   tools/setup.sh --torch  also python3-torch (+ OpenBLAS) for the reference generator and bench/
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libeigen3-dev libyaml-cpp-dev libgtest-dev
-      googletest libcli11-dev nlohmann-json3-dev libfmt-dev clang-tidy)
+      googletest libcli11-dev nlohmann-json3-dev libfmt-dev clang-tidy clang libomp-dev)
 # Test extras: headless Chromium renders report.html (tests/test_report_browser.cpp).
 pkgs+=(chromium)
 if [[ "${1:-}" == "--torch" ]]; then pkgs+=(python3-torch python3-numpy libopenblas0-openmp); fi
