@@ -146,8 +146,9 @@ std::string checksum_text(const NamedBytes& tensors) {
 }
 
 std::string file_checksum(const SafeTensorsFile& f) {
+    std::map<std::string, std::vector<std::byte>> owned;  // read from the file (no mapping)
     NamedBytes t;
-    for (const auto& e : f.tensors()) t[e.name] = f.raw(e);
+    for (const auto& e : f.tensors()) t[e.name] = owned[e.name] = f.read_raw(e);
     return checksum_text(t);
 }
 

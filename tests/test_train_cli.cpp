@@ -146,7 +146,7 @@ void expect_same_tensors(const std::string& a, const std::string& b) {
     for (const auto& t : fa.tensors()) {
         const TensorEntry* u = fb.find(t.name);
         ASSERT_NE(u, nullptr) << t.name;
-        const auto x = fa.raw(t), y = fb.raw(*u);
+        const auto x = fa.read_raw(t), y = fb.read_raw(*u);
         ASSERT_EQ(x.size(), y.size()) << t.name;
         EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin())) << t.name << " differs";
         params += t.name.rfind("optim.", 0) != 0;
