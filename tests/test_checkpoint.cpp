@@ -849,26 +849,35 @@ TEST(Checkpoint, MetadataDimensionsThatTheTensorsDoNotHaveAreRejected) {
     Rig a(tiny());
     const auto es = model_entries(a.model);
     const GPTConfig c = tiny();
+    // Beyond GPTConfig's bounds: refused as an invalid config, naming the bound.
     write_entries(p, es, &c, {{"n_layer", "1000000"}});
     std::string msg = error_of([&] { read_checkpoint_config(p); });
     EXPECT_CONTAINS(msg, p);
-    EXPECT_CONTAINS(msg, "n_layer=1000000 but the file holds tensors of 2 layers");
+    EXPECT_CONTAINS(msg, "n_layer must be in [1, 1024], got 1000000");
     write_entries(p, es, &c, {{"n_embd", "1000000"}, {"n_head", "1"}});
-    msg = error_of([&] { read_checkpoint_config(p); });
-    EXPECT_CONTAINS(msg,
-                    "tensor 'transformer.wte.weight' has shape [256, 64], expected F32 "
-                    "[256, 1000000]");
+    EXPECT_CONTAINS(error_of([&] { read_checkpoint_config(p); }),
+                    "n_embd must be in [1, 65536], got 1000000");
     write_entries(p, es, &c, {{"max_seq_len", "2147483647"}});
-    msg = error_of([&] { read_checkpoint_config(p); });
-    EXPECT_CONTAINS(msg,
-                    "tensor 'transformer.wpe.weight' has shape [32, 64], expected F32 "
-                    "[2147483647, 64]");
+    EXPECT_CONTAINS(error_of([&] { read_checkpoint_config(p); }),
+                    "max_seq_len must be in [1, 1048576], got 2147483647");
     write_entries(p, es, &c, {{"max_seq_len", "2147483648"}});
     EXPECT_CONTAINS(error_of([&] { read_checkpoint_config(p); }),
                     "__metadata__ \"max_seq_len\" is \"2147483648\", expected an integer >= 1");
     write_entries(p, es, &c, {{"vocab_size", "2147483600"}});
     EXPECT_CONTAINS(error_of([&] { read_checkpoint_config(p); }),
-                    "vocab_size must be <= 2147483520");
+                    "vocab_size must be in [2, 16777216], got 2147483600");
+    // Within the bounds but not what the tensors hold: refused against the tensors.
+    write_entries(p, es, &c, {{"n_layer", "1000"}});
+    EXPECT_CONTAINS(error_of([&] { read_checkpoint_config(p); }),
+                    "n_layer=1000 but the file holds tensors of 2 layers");
+    write_entries(p, es, &c, {{"n_embd", "8192"}, {"n_head", "1"}});
+    EXPECT_CONTAINS(error_of([&] { read_checkpoint_config(p); }),
+                    "tensor 'transformer.wte.weight' has shape [256, 64], expected F32 "
+                    "[256, 8192]");
+    write_entries(p, es, &c, {{"max_seq_len", "1048576"}});
+    EXPECT_CONTAINS(error_of([&] { read_checkpoint_config(p); }),
+                    "tensor 'transformer.wpe.weight' has shape [32, 64], expected F32 "
+                    "[1048576, 64]");
 }
 
 // A layer's tensors missing, or an extra layer, is caught by read_checkpoint_config too.
