@@ -13,60 +13,15 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "tests/test_util.h"
 
 namespace mt {
 namespace {
 
 namespace fs = std::filesystem;
 
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_PRED_FORMAT2(::testing::IsSubstring, std::string(needle), std::string(haystack))
-
 std::string data(const std::string& name) {
     return std::string(MT_TEST_DATA_DIR) + "/" + name;
-}
-
-class TempDir {
-  public:
-    TempDir() {
-        std::string t = (fs::temp_directory_path() / "mt_step_XXXXXX").string();
-        if (!mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed");
-        path_ = t;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    std::string file(const std::string& name) const { return (path_ / name).string(); }
-
-  private:
-    fs::path path_;
-};
-
-struct Result {
-    int rc = -1;
-    std::string output;  // stdout + stderr
-};
-
-// Runs `microtrain <args>` through the shell (in directory `cwd` when given), capturing stdout
-// and stderr.
-Result run_microtrain(const std::string& args, const std::string& cwd = "") {
-    // Appended piecewise: GCC 12 warns (-Wrestrict, a known false positive) on "'" + string.
-    std::string cmd = cwd.empty() ? "" : "cd '" + cwd + "' && ";
-    cmd += "'";
-    cmd += MT_BINARY;
-    cmd += "' ";
-    cmd += args;
-    cmd += " 2>&1";
-    Result r;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) throw std::runtime_error("popen failed for: " + cmd);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-    const int status = pclose(p);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
 }
 
 std::string q(const std::string& s) {
@@ -111,18 +66,18 @@ void expect_matches_reference(const std::string& out_path, const std::string& c)
 }
 
 TEST(StepCli, OutputMatchesPyTorchOnTheTinyFixture) {
-    TempDir dir;
+    TempDir dir("mt_step");
     const std::string out = dir.file("o.safetensors");
-    Result r = run_microtrain(step_args("tiny", out, "--optim-impl fused"));
+    CliResult r = run_microtrain(step_args("tiny", out, "--optim-impl fused"));
     ASSERT_EQ(r.rc, 0) << r.output;
     EXPECT_CONTAINS(r.output, "loss before step 3");
     expect_matches_reference(out, "tiny");
 }
 
 TEST(StepCli, OutputMatchesPyTorchWithUnpaddedVocabShortSequencesAndClipping) {
-    TempDir dir;
+    TempDir dir("mt_step");
     const std::string out = dir.file("o.safetensors");
-    Result r = run_microtrain(step_args("tiny_v200", out, "--optim-impl unfused"));
+    CliResult r = run_microtrain(step_args("tiny_v200", out, "--optim-impl unfused"));
     ASSERT_EQ(r.rc, 0) << r.output;
     expect_matches_reference(out, "tiny_v200");
     // wte keeps W's 200 rows in the output (not the model's 256 padded rows).
@@ -132,11 +87,11 @@ TEST(StepCli, OutputMatchesPyTorchWithUnpaddedVocabShortSequencesAndClipping) {
 }
 
 TEST(StepCli, RunsOneStepByDefault) {
-    TempDir dir;
+    TempDir dir("mt_step");
     const std::string out = dir.file("o.safetensors");
-    Result r = run_microtrain("step --weights " + q(data("tiny_weights.safetensors")) +
-                              " --batch " + q(data("tiny_batch.safetensors")) + " --out " + q(out) +
-                              " --optim-impl multi_tensor --threads 1");
+    CliResult r = run_microtrain("step --weights " + q(data("tiny_weights.safetensors")) +
+                                 " --batch " + q(data("tiny_batch.safetensors")) + " --out " +
+                                 q(out) + " --optim-impl multi_tensor --threads 1");
     ASSERT_EQ(r.rc, 0) << r.output;
     SafeTensorsFile o = SafeTensorsFile::open(out);
     EXPECT_EQ(o.at("loss").shape, (std::vector<int64_t>{1}));
@@ -146,7 +101,7 @@ TEST(StepCli, RunsOneStepByDefault) {
 }
 
 TEST(StepCli, HelpDescribesEveryOption) {
-    Result r = run_microtrain("step --help");
+    CliResult r = run_microtrain("step --help");
     EXPECT_EQ(r.rc, 0) << r.output;
     for (const char* opt :
          {"--weights", "--batch", "--out", "--steps", "--lr", "--beta1", "--beta2", "--eps",
@@ -169,22 +124,22 @@ std::string write_batch(const TempDir& dir, const std::string& name, std::vector
 }
 
 // Runs step with W = the tiny fixture and the given batch; expects failure without output.
-Result expect_rejected(const TempDir& dir, const std::string& weights, const std::string& batch,
-                       const std::string& extra = "") {
+CliResult expect_rejected(const TempDir& dir, const std::string& weights, const std::string& batch,
+                          const std::string& extra = "") {
     const std::string out = dir.file("never.safetensors");
-    Result r = run_microtrain("step --weights " + q(weights) + " --batch " + q(batch) + " --out " +
-                              q(out) + " " + extra);
+    CliResult r = run_microtrain("step --weights " + q(weights) + " --batch " + q(batch) +
+                                 " --out " + q(out) + " " + extra);
     EXPECT_NE(r.rc, 0) << r.output;
     EXPECT_FALSE(fs::exists(out)) << "a rejected run must not write " << out;
     return r;
 }
 
 TEST(StepCli, RejectsTokenIdsOutsideTheVocabulary) {
-    TempDir dir;
+    TempDir dir("mt_step");
     std::vector<int32_t> ids(2 * 8, 5);
     ids[1 * 8 + 3] = 256;  // vocab_size is 256
     const std::string b = write_batch(dir, "x.safetensors", {2, 8}, ids, {2, 8}, ids);
-    Result r = expect_rejected(dir, data("tiny_weights.safetensors"), b);
+    CliResult r = expect_rejected(dir, data("tiny_weights.safetensors"), b);
     EXPECT_CONTAINS(r.output, b);
     EXPECT_CONTAINS(r.output,
                     "tensor 'inputs' has token id 256 at (b=1, t=3), outside [0, vocab_size=256)");
@@ -197,7 +152,7 @@ TEST(StepCli, RejectsTokenIdsOutsideTheVocabulary) {
 }
 
 TEST(StepCli, RejectsInputsAndTargetsOfDifferentShapes) {
-    TempDir dir;
+    TempDir dir("mt_step");
     const std::string b = write_batch(dir, "x.safetensors", {4, 32}, std::vector<int32_t>(128, 1),
                                       {4, 31}, std::vector<int32_t>(124, 1));
     EXPECT_CONTAINS(expect_rejected(dir, data("tiny_weights.safetensors"), b).output,
@@ -209,16 +164,16 @@ TEST(StepCli, RejectsInputsAndTargetsOfDifferentShapes) {
 }
 
 TEST(StepCli, RejectsSequencesLongerThanMaxSeqLen) {
-    TempDir dir;
+    TempDir dir("mt_step");
     const std::string b = write_batch(dir, "x.safetensors", {1, 33}, std::vector<int32_t>(33, 1),
                                       {1, 33}, std::vector<int32_t>(33, 1));
-    Result r = expect_rejected(dir, data("tiny_weights.safetensors"), b);
+    CliResult r = expect_rejected(dir, data("tiny_weights.safetensors"), b);
     EXPECT_CONTAINS(r.output, "sequence length T=33");
     EXPECT_CONTAINS(r.output, "exceeds max_seq_len=32");
 }
 
 TEST(StepCli, RejectsMissingTensors) {
-    TempDir dir;
+    TempDir dir("mt_step");
     const std::string b =
         write_batch(dir, "x.safetensors", {1, 4}, std::vector<int32_t>(4, 1), {}, {});
     EXPECT_CONTAINS(expect_rejected(dir, data("tiny_weights.safetensors"), b).output,
@@ -232,13 +187,13 @@ TEST(StepCli, RejectsMissingTensors) {
     for (const auto& [k, v] : src.metadata()) w.set_metadata(k, v);
     const std::string weights = dir.file("w.safetensors");
     w.write(weights);
-    Result r = expect_rejected(dir, weights, data("tiny_batch.safetensors"));
+    CliResult r = expect_rejected(dir, weights, data("tiny_batch.safetensors"));
     EXPECT_CONTAINS(r.output, weights);
     EXPECT_CONTAINS(r.output, "missing tensor 'transformer.ln_f.bias' (expected F32 [64])");
 }
 
 TEST(StepCli, RejectsBadFlags) {
-    TempDir dir;
+    TempDir dir("mt_step");
     const std::string w = data("tiny_weights.safetensors"), b = data("tiny_batch.safetensors");
     EXPECT_CONTAINS(expect_rejected(dir, w, b, "--optim-impl turbo").output, "--optim-impl");
     EXPECT_CONTAINS(expect_rejected(dir, w, b, "--bogus 1").output, "--bogus");
@@ -248,7 +203,7 @@ TEST(StepCli, RejectsBadFlags) {
 }
 
 TEST(StepCli, RejectsAnOutputThatIsTheSameFileAsTheWeights) {
-    TempDir dir;
+    TempDir dir("mt_step");
     const std::string w = dir.file("w.safetensors");
     fs::copy_file(data("tiny_weights.safetensors"), w);
     const auto size_before = fs::file_size(w);
@@ -263,7 +218,7 @@ TEST(StepCli, RejectsAnOutputThatIsTheSameFileAsTheWeights) {
         "step --weights " + q(w) + " --batch " + b + " --out " + q(dir.file("link.safetensors")),
     };
     for (const std::string& args : ways) {
-        Result r = run_microtrain(args, dir.file(""));
+        CliResult r = run_microtrain(args, dir.file(""));
         EXPECT_EQ(r.rc, 2) << args << "\n" << r.output;
         EXPECT_CONTAINS(r.output, "is the same file as --weights");
         EXPECT_CONTAINS(r.output, "choose another --out path");
@@ -274,13 +229,14 @@ TEST(StepCli, RejectsAnOutputThatIsTheSameFileAsTheWeights) {
     // The batch is an input too.
     const std::string bx = dir.file("x.safetensors");
     fs::copy_file(data("tiny_batch.safetensors"), bx);
-    Result r = run_microtrain("step --weights " + q(w) + " --batch " + q(bx) + " --out " + q(bx));
+    CliResult r =
+        run_microtrain("step --weights " + q(w) + " --batch " + q(bx) + " --out " + q(bx));
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_CONTAINS(r.output, "is the same file as --batch");
 }
 
 TEST(StepCli, StepsAndThreadsOutOfRangeSayTheRange) {
-    TempDir dir;
+    TempDir dir("mt_step");
     const std::string w = data("tiny_weights.safetensors"), b = data("tiny_batch.safetensors");
     for (const char* steps : {"0", "-3", "1000001"}) {
         const std::string out = expect_rejected(dir, w, b, std::string("--steps ") + steps).output;
@@ -294,7 +250,7 @@ TEST(StepCli, StepsAndThreadsOutOfRangeSayTheRange) {
 }
 
 TEST(StepCli, AnUnknownOptimImplIsRejectedNotMappedToFused) {
-    TempDir dir;
+    TempDir dir("mt_step");
     const std::string out = expect_rejected(dir, data("tiny_weights.safetensors"),
                                             data("tiny_batch.safetensors"), "--optim-impl turbo")
                                 .output;

@@ -22,54 +22,12 @@
 
 #include "harness/data.h"
 #include "io/safetensors.h"
+#include "tests/test_util.h"
 
 namespace mt {
 namespace {
 
 namespace fs = std::filesystem;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_PRED_FORMAT2(::testing::IsSubstring, std::string(needle), std::string(haystack))
-
-class TempDir {
-  public:
-    TempDir() {
-        std::string t = (fs::temp_directory_path() / "mt_train_XXXXXX").string();
-        if (!mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed");
-        path_ = t;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    std::string file(const std::string& name) const { return (path_ / name).string(); }
-
-  private:
-    fs::path path_;
-};
-
-struct Result {
-    int rc = -1;
-    std::string output;  // stdout + stderr
-};
-
-// Runs `microtrain <args>` through the shell, capturing stdout and stderr.
-Result run_microtrain(const std::string& args) {
-    std::string cmd = "'";
-    cmd += MT_BINARY;
-    cmd += "' ";
-    cmd += args;
-    cmd += " 2>&1";
-    Result r;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) throw std::runtime_error("popen failed for: " + cmd);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-    const int status = pclose(p);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-}
 
 std::string q(const std::string& s) {
     return "'" + s + "'";
@@ -162,7 +120,7 @@ const char* kSmallTrain =
 TEST(TrainCli, TrainWritesCsvAndCheckpoints) {
     TempDir d;
     const std::string out = d.file("run");
-    const Result r =
+    const CliResult r =
         run_microtrain("train " + q(tiny_yaml(d, kSmallTrain)) + " --out-dir " + q(out));
     ASSERT_EQ(r.rc, 0) << r.output;
     EXPECT_CONTAINS(r.output, "step 12/12");
@@ -199,7 +157,7 @@ TEST(TrainCli, TrainWritesCsvAndCheckpoints) {
 TEST(TrainCli, ValidationLossAppearsEveryEvalEverySteps) {
     TempDir d;
     const std::string out = d.file("run");
-    const Result r =
+    const CliResult r =
         run_microtrain("train " + q(tiny_yaml(d, kSmallTrain)) + " --out-dir " + q(out));
     ASSERT_EQ(r.rc, 0) << r.output;
     const auto rows = read_csv(out + "/train.csv");
@@ -232,7 +190,7 @@ TEST(TrainCli, ValPathFileIsTheValidationSplit) {
                "seq_len: 16 }\nrun: { threads: 1 }\n"
                "train: { steps: 6, eval_every: 3, eval_batches: 2 }\n");
     const std::string out = d.file("run");
-    const Result r = run_microtrain("train " + q(d.file("text.yaml")) + " --out-dir " + q(out));
+    const CliResult r = run_microtrain("train " + q(d.file("text.yaml")) + " --out-dir " + q(out));
     ASSERT_EQ(r.rc, 0) << r.output;
     EXPECT_CONTAINS(r.output, "validation '" + d.file("val.txt") + "'");
     const auto rows = read_csv(out + "/train.csv");
@@ -251,7 +209,7 @@ TEST(TrainCli, ResumedRunIsBitwiseIdenticalToUninterruptedRun) {
         const std::string part = d.file("part" + std::to_string(set.size()));
         ASSERT_EQ(run_microtrain("train " + q(yaml) + set + " --out-dir " + q(full)).rc, 0);
         // 5 steps (the last checkpoint is the final one at 5), then on to 12.
-        Result r =
+        CliResult r =
             run_microtrain("train " + q(yaml) + set + " --out-dir " + q(part) + " --steps 5");
         ASSERT_EQ(r.rc, 0) << r.output;
         r = run_microtrain("train " + q(yaml) + set + " --resume " + q(part) + " --steps 12");
@@ -335,7 +293,7 @@ TEST(TrainCli, SigkillAtAnyMomentLeavesAResumableDirectory) {
         int status = 0;
         waitpid(pid, &status, 0);
         const int rows_at_kill = static_cast<int>(read_csv(out + "/train.csv").size()) - 1;
-        const Result r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+        const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
         ASSERT_EQ(r.rc, 0) << "trial " << trial << " killed after " << ms << " ms (" << rows_at_kill
                            << " rows): " << r.output;
         std::printf("trial %d: SIGKILL after %.1f ms of %.1f, at %d rows (%s); resume ok\n", trial,
@@ -351,7 +309,7 @@ TEST(TrainCli, ResumeWithoutACheckpointIsRejected) {
     TempDir d;
     const std::string yaml = tiny_yaml(d, kSmallTrain);
     fs::create_directories(d.file("empty"));
-    Result r = run_microtrain("train " + q(yaml) + " --resume " + q(d.file("empty")));
+    CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(d.file("empty")));
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_CONTAINS(r.output, "nothing to resume");
     EXPECT_CONTAINS(r.output, "start the run without --resume");
@@ -373,7 +331,7 @@ TEST(TrainCli, TruncatedNewestCheckpointFallsBackToThePreviousWithAWarning) {
     const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
     two_checkpoints(d, yaml, out);
     fs::resize_file(ckpt(out, 6), fs::file_size(ckpt(out, 6)) / 2);
-    const Result r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
     ASSERT_EQ(r.rc, 0) << r.output;
     EXPECT_CONTAINS(r.output, "warning: skipping checkpoint " + ckpt(out, 6));
     EXPECT_CONTAINS(r.output, "resumed from " + ckpt(out, 3) + " at step 3");
@@ -394,7 +352,7 @@ TEST(TrainCli, DamagedNewestCheckpointFailsItsChecksumAndFallsBack) {
         f.seekp(-9, std::ios::end);
         f.write(&c, 1);
     }
-    const Result r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
     ASSERT_EQ(r.rc, 0) << r.output;
     EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6) + ": its tensors do not match");
     EXPECT_CONTAINS(r.output, "resumed from " + ckpt(out, 3));
@@ -405,15 +363,15 @@ TEST(TrainCli, ResumeRejectsAConfigMismatchNamingTheKeys) {
     TempDir d;
     const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
     ASSERT_EQ(run_microtrain("train " + q(yaml) + " --out-dir " + q(out) + " --steps 3").rc, 0);
-    const Result r = run_microtrain("train " + q(yaml) + " --resume " + q(out) +
-                                    " --set optim.lr=0.002 --set data.batch_size=3");
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out) +
+                                       " --set optim.lr=0.002 --set data.batch_size=3");
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_CONTAINS(r.output, "was written by a different config");
     EXPECT_CONTAINS(r.output, "optim.lr '0.001' (checkpoint) vs '0.002' (now)");
     EXPECT_CONTAINS(r.output, "data.batch_size '2' (checkpoint) vs '3' (now)");
     EXPECT_CONTAINS(r.output, "Only train.steps (--steps) may change");
     // A fresh run into a directory that holds one is refused too.
-    const Result again = run_microtrain("train " + q(yaml) + " --out-dir " + q(out));
+    const CliResult again = run_microtrain("train " + q(yaml) + " --out-dir " + q(out));
     EXPECT_EQ(again.rc, 2) << again.output;
     EXPECT_CONTAINS(again.output, "already holds a training run");
 }
@@ -432,14 +390,14 @@ TEST(TrainCli, BadTrainKeysAreRejectedWithLineAndColumn) {
     };
     for (const auto& c : cases) {
         const std::string yaml = tiny_yaml(d, c.section);
-        const Result r = run_microtrain("train " + q(yaml) + " --out-dir " + q(d.file("x")));
+        const CliResult r = run_microtrain("train " + q(yaml) + " --out-dir " + q(d.file("x")));
         EXPECT_EQ(r.rc, 2) << c.section << r.output;
         EXPECT_CONTAINS(r.output, yaml + c.where);
         EXPECT_CONTAINS(r.output, c.message);
     }
     // data.val_fraction is range-checked like every knob.
     const std::string yaml = tiny_yaml(d, "");
-    const Result r = run_microtrain("train " + q(yaml) + " --set data.val_fraction=1");
+    const CliResult r = run_microtrain("train " + q(yaml) + " --set data.val_fraction=1");
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_CONTAINS(r.output, "expected a number in [0, 1), got 1");
 }
@@ -447,12 +405,12 @@ TEST(TrainCli, BadTrainKeysAreRejectedWithLineAndColumn) {
 TEST(TrainCli, OneBatchSmokeTestStaysReachable) {
     for (const char* args :
          {"train --steps 2 --threads 1", "train --one-batch --steps 2 --threads 1"}) {
-        const Result r = run_microtrain(args);
+        const CliResult r = run_microtrain(args);
         EXPECT_EQ(r.rc, 0) << args << r.output;
         EXPECT_CONTAINS(r.output, "step    2  loss");
     }
     TempDir d;
-    const Result r = run_microtrain("train " + q(tiny_yaml(d, kSmallTrain)) + " --lr 0.1");
+    const CliResult r = run_microtrain("train " + q(tiny_yaml(d, kSmallTrain)) + " --lr 0.1");
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_CONTAINS(r.output, "--lr is a flag of the one-batch smoke test");
 }

@@ -12,31 +12,16 @@
 #include <vector>
 
 #include "harness/data.h"
+#include "tests/test_util.h"
 
 namespace mt {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-    int rc = -1;
-    std::string output;  // stdout + stderr
-};
-
-// `microtrain validate FILE` through the shell, under `timeout 30` so a hang fails the test.
-Result validate(const std::string& file) {
-    std::string cmd = "timeout 30 '";
-    cmd += MT_BINARY;
-    cmd += "' validate '" + file + "' 2>&1";
-    Result r;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) throw std::runtime_error("popen failed for: " + cmd);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-    const int status = pclose(p);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
+// `microtrain validate FILE` under `timeout 30`, so a hang fails the test (exit 124).
+CliResult validate(const std::string& file) {
+    return run_shell("timeout 30 '" + std::string(MT_BINARY) + "' validate '" + file + "'");
 }
 
 class ValidateDataTest : public ::testing::Test {
@@ -69,7 +54,7 @@ class ValidateDataTest : public ::testing::Test {
 TEST_F(ValidateDataTest, GoodTokenFileValidates) {
     const std::string tokens = (dir_ / "ok.bin").string();
     write_token_file(tokens, std::vector<uint16_t>(100, 7));
-    const Result r = validate(experiment("tokens", tokens));
+    const CliResult r = validate(experiment("tokens", tokens));
     EXPECT_EQ(r.rc, 0) << r.output;
     EXPECT_NE(r.output.find("OK:"), std::string::npos) << r.output;
 }
@@ -79,7 +64,7 @@ TEST_F(ValidateDataTest, TokenAtOrAboveVocabSizeFailsValidateNamingItsOffset) {
     t[42] = 600;  // >= vocab_size 512
     const std::string tokens = (dir_ / "big.bin").string();
     write_token_file(tokens, t);
-    const Result r = validate(experiment("tokens", tokens));
+    const CliResult r = validate(experiment("tokens", tokens));
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_NE(r.output.find("token 600 at token offset 42"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("model.vocab_size 512"), std::string::npos) << r.output;
@@ -92,7 +77,7 @@ TEST_F(ValidateDataTest, InvalidUtf8TextFailsValidateNamingTheByte) {
     std::ofstream(text, std::ios::binary)
         << std::string(40, 'a') << "\xff\xfe" << std::string(40, 'b');
     // vocab 512 >= 256, as byte-level text needs.
-    const Result r = validate(experiment("text", text));
+    const CliResult r = validate(experiment("text", text));
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_NE(r.output.find("not valid UTF-8 at byte offset 40"), std::string::npos) << r.output;
 }
@@ -100,7 +85,7 @@ TEST_F(ValidateDataTest, InvalidUtf8TextFailsValidateNamingTheByte) {
 TEST_F(ValidateDataTest, FifoAsDataPathIsRejectedWithoutBlocking) {
     const std::string fifo = (dir_ / "pipe").string();
     ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-    const Result r = validate(experiment("tokens", fifo));
+    const CliResult r = validate(experiment("tokens", fifo));
     EXPECT_EQ(r.rc, 2) << r.output;  // not 124: timeout would mean it blocked
     EXPECT_NE(r.output.find("key 'data.path'"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("is a FIFO (named pipe), not a regular file"), std::string::npos)
@@ -111,13 +96,13 @@ TEST_F(ValidateDataTest, SymlinkLoopAsDataPathSaysSo) {
     const fs::path a = dir_ / "a", b = dir_ / "b";
     fs::create_symlink(b, a);
     fs::create_symlink(a, b);
-    const Result r = validate(experiment("tokens", a.string()));
+    const CliResult r = validate(experiment("tokens", a.string()));
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_NE(r.output.find("too many levels of symbolic links"), std::string::npos) << r.output;
 }
 
 TEST_F(ValidateDataTest, DirectoryAsDataPathIsRejected) {
-    const Result r = validate(experiment("text", dir_.string()));
+    const CliResult r = validate(experiment("text", dir_.string()));
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_NE(r.output.find("got the directory"), std::string::npos) << r.output;
 }

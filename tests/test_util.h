@@ -1,0 +1,70 @@
+// What several tests share: a temporary directory, a substring expectation, and running the
+// microtrain binary (MT_BINARY, set by CMakeLists.txt) through the shell.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+#define EXPECT_CONTAINS(haystack, needle) \
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, std::string(needle), std::string(haystack))
+
+namespace mt {
+
+// A fresh directory under the system's temporary one, removed with its contents at the end.
+class TempDir {
+  public:
+    explicit TempDir(const std::string& prefix = "mt_test") {
+        std::string t = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
+        if (!mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed for " + t);
+        path_ = t;
+    }
+    ~TempDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path_, ec);
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    std::string file(const std::string& name) const { return (path_ / name).string(); }
+    const std::filesystem::path& path() const { return path_; }
+
+  private:
+    std::filesystem::path path_;
+};
+
+struct CliResult {
+    int rc = -1;         // the exit status; -1 when a signal ended the process
+    std::string output;  // stdout + stderr
+};
+
+// Runs `command` through the shell with stderr folded into stdout.
+inline CliResult run_shell(const std::string& command) {
+    const std::string cmd = command + " 2>&1";
+    CliResult r;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) throw std::runtime_error("popen failed for: " + cmd);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+    const int status = pclose(p);
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+}
+
+// `microtrain <args>` (in directory `cwd` when given).
+inline CliResult run_microtrain(const std::string& args, const std::string& cwd = "") {
+    // Appended piecewise: GCC 12 warns (-Wrestrict, a known false positive) on "'" + string.
+    std::string cmd = cwd.empty() ? "" : "cd '" + cwd + "' && ";
+    cmd += "'";
+    cmd += MT_BINARY;
+    cmd += "' ";
+    cmd += args;
+    return run_shell(cmd);
+}
+
+}  // namespace mt
