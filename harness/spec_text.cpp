@@ -271,6 +271,14 @@ class TextChecker {
             if (token_start && (c == '&' || c == '*') && p + 1 < le && !blank(t_[p + 1]))
                 fail(p, std::string(c == '&' ? "an anchor (&name)" : "an alias (*name)") +
                             " is not supported in an experiment file; write the value out");
+            // ',' ']' '}' cannot start a value outside [ ] or { } (YAML's c-indicators); yaml-cpp
+            // misreads them there (YAML::LoadAll loops forever on a leading ','; found by
+            // tests/fuzz/fuzz_experiment).
+            if (token_start && flow_ == 0 && (c == ',' || c == ']' || c == '}'))
+                fail(p, std::string("a '") + c +
+                            "' outside a [ ] list or { } mapping; it is YAML syntax and cannot "
+                            "start a value: remove it, or quote the value (\"" +
+                            c + "...\")");
             // In flow context every bracket nests (a plain scalar there cannot hold one).
             if ((token_start || flow_ > 0) && (c == '[' || c == '{')) {
                 ++flow_;

@@ -178,6 +178,22 @@ TEST_F(SpecDefects, EmptyFileIsNotAMapping) {
                                 "(an empty value); see configs/quickstart.yaml for the shape");
 }
 
+// Found by tests/fuzz/fuzz_experiment: a file starting with ',' made yaml-cpp's LoadAll loop
+// forever (a 976-byte file ran 77 s and grew memory). ',' ']' '}' cannot start a value outside a
+// flow collection; the pre-scan says so at their position.
+TEST_F(SpecDefects, StrayFlowIndicatorOutsideBracketsIsRejectedAtOnce) {
+    EXPECT_STARTS_WITH(error_of(", fp32 master weights\nname: x\n"),
+                       at(1, 1) + ": a ',' outside a [ ] list or { } mapping");
+    EXPECT_STARTS_WITH(error_of("name: x\nrun: ]\n"),
+                       at(2, 6) + ": a ']' outside a [ ] list or { } mapping");
+    EXPECT_STARTS_WITH(error_of("name: x\nvariants:\n  - }\n"),
+                       at(3, 5) + ": a '}' outside a [ ] list or { } mapping");
+    // Inside brackets, and inside a plain value, they are fine.
+    EXPECT_EQ(error_of("name: x\noptim: { betas: [0.9, 0.95] }\nvariants:\n  - name: a\n  - name: "
+                       "b\n    set: { run.seed: 3 }\n"),
+              "");
+}
+
 TEST_F(SpecDefects, NamesAreCheckedUpFrontForCharactersAndLength) {
     const std::string long_name(300, 'a');
     const std::string msg = error_of("name: " + long_name + "\n");
