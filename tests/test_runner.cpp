@@ -15,6 +15,7 @@
 #include "harness/report.h"
 #include "harness/runner.h"
 #include "harness/spec.h"
+#include "tests/test_util.h"
 
 namespace mt {
 namespace {
@@ -212,16 +213,12 @@ struct Proc {
     std::string out;
 };
 
+// `microtrain <args>` through tests/test_util.h's run_microtrain.
 Proc run_cli(const std::string& args) {
+    const CliResult r = run_microtrain(args);
     Proc p;
-    const std::string cmd = std::string(MT_BINARY) + " " + args + " 2>&1";
-    std::FILE* f = ::popen(cmd.c_str(), "r");
-    if (!f) return p;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) p.out.append(buf, n);
-    const int st = ::pclose(f);
-    p.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    p.code = r.rc;
+    p.out = r.output;
     return p;
 }
 
