@@ -57,6 +57,20 @@ struct RunSettings {
     int threads = 0;  // CPU threads (0 = all cores)
 };
 
+// Data parallel (dist/, `mpirun -np N microtrain run FILE`): how the gradients travel. Every key
+// is a one-knob variant; on one rank they change nothing.
+struct DistConfig {
+    float bucket_mb = 25;  // gradients reduced in buckets of about this size (MiB), in the
+                            // order backward produces them (PyTorch DDP's default is 25)
+    bool overlap = true;    // start a bucket's reduction as soon as backward has produced it
+    int zero = 0;           // ZeRO stage: 0, or 1 (AdamW state sharded across the ranks)
+    // A SIMULATED slow interconnect: each collective is stretched to latency + bytes / link
+    // (0 = off), so a communication-bound step can be studied on one machine.
+    float simulate_link_gbps = 0;   // link bandwidth in Gbit/s
+    float simulate_latency_us = 0;  // per-collective latency in microseconds
+    float timeout_s = 120;          // every wait for another rank gives up after this
+};
+
 struct ProfileConfig {
     bool kernels = false;  // per-op timing with FLOPs/bytes
     bool trace = true;     // write trace.json (a few steps)
@@ -73,6 +87,7 @@ struct RunConfig {
     RunSettings run;
     KernelChoice kernels;
     ProfileConfig profile;
+    DistConfig dist;
     // The dotted keys this variant changed relative to the base, with their new values as text
     // (e.g. {"run.precision", "bf16"}). Empty for the baseline.
     std::map<std::string, std::string> changed;

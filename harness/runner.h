@@ -28,7 +28,12 @@ struct StepRecord {
     double loss = 0;       // mean over the step's micro-batches
     double grad_norm = 0;  // global L2 norm before clipping (0 when clipping is off)
     double lr = 0;         // learning rate used by this step
+    // Data parallel (world > 1; zero otherwise). The exposed wait is times[Phase::comm].
+    double comm_busy_ms = 0;  // time the link was busy with this step's collectives
+    double comm_bytes = 0;    // bytes this rank sent for them (ring algorithm)
+    int stop_signal = 0;      // a stop signal seen by any rank (agreed, so all ranks stop)
 };
+
 
 // One step's timeline for trace.json (only profile.trace_steps measured steps are kept).
 struct TraceStep {
@@ -37,6 +42,35 @@ struct TraceStep {
     double wall_ms = 0;
     std::vector<PhaseInterval> phases;
     std::vector<OpInterval> ops;  // when profile.kernels
+};
+
+// One rank of a data-parallel variant: medians over its measured steps.
+struct RankSummary {
+    int rank = 0;
+    double step_ms = 0;                           // median wall time of a step
+    std::array<double, kPhaseCount> phases_ms{};  // median per phase (comm = exposed wait)
+    double comm_busy_ms = 0;                      // median link-busy time per step
+    // Communication hidden under backward: median of max(0, busy - exposed) per step.
+    double comm_overlapped_ms = 0;
+    std::vector<TraceStep> trace;  // this rank's kept steps, for one trace track per rank
+};
+
+// How a data-parallel variant communicated, and what each rank measured (dist/, DESIGN.md).
+struct DataParallelRun {
+    int world_size = 1;
+    std::string transport;  // "MPI (Open MPI 4.1.4)", "NCCL 2.27.3"
+    int zero = 0;           // ZeRO stage (0 or 1)
+    bool overlap = true;
+    double bucket_mb = 0;
+    int buckets = 0;  // gradient buckets per step
+    // dist.simulate_link_gbps / simulate_latency_us: a SIMULATED slow link stretched the
+    // collectives to what it would take (0 = the real transport only).
+    double simulated_link_gbps = 0, simulated_latency_us = 0;
+    double bytes_per_step = 0;           // bytes each rank sends per step (median)
+    double achieved_busbw_gbps = 0;      // bytes_per_step / median busy time, in GB/s
+    std::optional<double> probe_busbw_gbps;  // a measured all-reduce of the same transport
+    std::string probe_source;            // "measured now (...)" / "cache (...)"
+    std::vector<RankSummary> ranks;      // every rank, in rank order
 };
 
 enum class RunStatus { ok, failed, interrupted, skipped };
@@ -66,6 +100,7 @@ struct RunResult {
     std::vector<KernelStat> kernels;  // empty unless profile.kernels
     std::vector<TraceStep> trace;
     double setup_ms = 0;
+    std::optional<DataParallelRun> dist;  // nullopt: one rank
 };
 
 struct ExperimentResult {

@@ -559,6 +559,31 @@ void add_kernel_and_profile_keys(std::vector<KeyDef>& t) {
         "set profile.trace: false to write no trace"));
 }
 
+// dist.* (data parallel over MPI / NCCL): buckets, overlap, ZeRO stage, a simulated link.
+void add_dist_keys(std::vector<KeyDef>& t) {
+    t.push_back(float_key(
+        "dist.bucket_mb", [](double x) { return x > 0 && x <= 65536; }, "a number in (0, 65536]",
+        [](RunConfig& c) -> float& { return c.dist.bucket_mb; },
+        "it is the gradient bucket size in MiB (25 is PyTorch DDP's default)"));
+    t.push_back(bool_key("dist.overlap", [](RunConfig& c) -> bool& { return c.dist.overlap; }));
+    t.push_back(int_key(
+        "dist.zero", 0, 1, "the ZeRO stages microtrain has are 0 and 1",
+        [](RunConfig& c) -> int& { return c.dist.zero; },
+        "use 0 (replicated AdamW state) or 1 (AdamW state sharded across the ranks)"));
+    t.push_back(float_key(
+        "dist.simulate_link_gbps", [](double x) { return x >= 0; }, "a number >= 0",
+        [](RunConfig& c) -> float& { return c.dist.simulate_link_gbps; },
+        "it is a SIMULATED link bandwidth in Gbit/s; use 0 for the real transport only"));
+    t.push_back(float_key(
+        "dist.simulate_latency_us", [](double x) { return x >= 0 && x <= 1e7; },
+        "a number in [0, 1e7]", [](RunConfig& c) -> float& { return c.dist.simulate_latency_us; },
+        "it is a SIMULATED per-collective latency in microseconds; use 0 for none"));
+    t.push_back(float_key(
+        "dist.timeout_s", [](double x) { return x > 0 && x <= 86400; }, "a number in (0, 86400]",
+        [](RunConfig& c) -> float& { return c.dist.timeout_s; },
+        "it is how long a rank waits for the others before it gives up"));
+}
+
 // Every knob (a key that sets a RunConfig field), section by section, in the order all_keys()
 // lists them.
 const std::vector<KeyDef>& knob_table() {
@@ -569,6 +594,7 @@ const std::vector<KeyDef>& knob_table() {
         add_optim_keys(t);
         add_run_keys(t);
         add_kernel_and_profile_keys(t);
+        add_dist_keys(t);
         return t;
     }();
     return table;
@@ -599,8 +625,8 @@ bool is_experiment_key(const std::string& key) {
 }
 
 const std::vector<std::string>& knob_sections() {
-    static const std::vector<std::string> s = {"model", "data",    "optim",
-                                               "run",   "kernels", "profile"};
+    static const std::vector<std::string> s = {"model",   "data",    "optim", "run",
+                                               "kernels", "profile", "dist"};
     return s;
 }
 
@@ -1029,7 +1055,8 @@ ParsedFile parse_file(const std::string& path) {
 
     const std::vector<std::string> top = {"name",     "backend", "model",   "data",
                                           "optim",    "run",     "kernels", "profile",
-                                          "variants", "compare", "report",  "train"};
+                                          "dist",     "variants", "compare", "report",
+                                          "train"};
     std::set<std::string> seen;
     for (auto it = root.begin(); it != root.end(); ++it) {
         const std::string key = it->first.Scalar();

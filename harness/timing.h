@@ -1,7 +1,8 @@
 // Step timing: the named phases of one training step, a PhaseTimer that records a backend
 // TimingEvent at every phase boundary, and the statistics of a series of measured steps.
 //
-// A step is, in order (DESIGN.md): data -> h2d -> forward -> backward -> optimizer -> sync.
+// A step is, in order (DESIGN.md): data -> h2d -> forward -> backward -> comm -> optimizer ->
+// sync (comm only with data parallel).
 // With grad_accum > 1 the data/h2d/forward/backward phases repeat once per micro-step and their
 // times accumulate into the step's totals. `other` = wall - sum(phases): launch overhead and idle
 // time (negative when host work overlapped device work, e.g. loading micro-batch 2 while the
@@ -25,14 +26,19 @@
 
 namespace mt {
 
-enum class Phase : int { data, h2d, forward, backward, optimizer, sync };
-inline constexpr int kPhaseCount = 6;
+// comm: the time the step waits for communication (data parallel, dist/): for the gradient
+// buckets after backward, and under ZeRO-1 for the parameters after the optimizer. Zero on one
+// rank (the phase never runs). Communication hidden under backward is not a phase: it is
+// measured beside the phases (StepRecord::comm_busy_ms).
+enum class Phase : int { data, h2d, forward, backward, comm, optimizer, sync };
+inline constexpr int kPhaseCount = 7;
 inline constexpr std::array<Phase, kPhaseCount> kAllPhases = {
-    Phase::data, Phase::h2d, Phase::forward, Phase::backward, Phase::optimizer, Phase::sync};
+    Phase::data, Phase::h2d,       Phase::forward, Phase::backward,
+    Phase::comm, Phase::optimizer, Phase::sync};
 template <>
 struct EnumSpelling<Phase> {
     static constexpr std::array<std::string_view, kPhaseCount> names{
-        "data", "h2d", "forward", "backward", "optimizer", "sync"};
+        "data", "h2d", "forward", "backward", "comm", "optimizer", "sync"};
 };
 // Parses a phase name ("data", ..., "sync"); nullopt for anything else (including "other").
 std::optional<Phase> phase_from_string(const std::string& name);
