@@ -8,11 +8,14 @@
 // fit in memory"), 1 a variant failed (non-finite loss, ...) or the run folder could not be
 // completed (it is marked PARTIAL), 2 the experiment file is invalid or the output directory is
 // unusable, 128+n stopped by signal n (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
+#include <cstdint>
 #include <cstdio>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "dist/world.h"
 #include "harness/commands.h"
 #include "harness/report.h"
 #include "harness/run_folder.h"
@@ -31,6 +34,8 @@ struct RunArgs {
     std::string inject_variant;
     int inject_nan_at_step = -1;
     int interrupt_at_step = -1;
+    std::string fault;
+    int fault_rank = -1, fault_step = -1;
 };
 
 void print_header(std::FILE* out, const ExperimentSpec& spec, const std::string& dir) {
@@ -71,32 +76,115 @@ bool write_and_print(const ExperimentResult& ex, const std::string& dir) {
     return true;
 }
 
+// Data parallel: every rank must run the same experiment. Rank 0's resolved config (every key
+// of every variant) is broadcast; a rank whose own differs names the first keys that differ,
+// and every rank refuses (exit 2) together. Returns false on a mismatch.
+bool same_config_on_every_rank(const ExperimentSpec& spec, World& world) {
+    std::string mine;
+    for (const RunConfig& v : spec.variants) {
+        mine += "variant " + v.variant + "\n";
+        for (const auto& [k, val] : flatten(v)) mine += k + "=" + val + "\n";
+    }
+    const double timeout = spec.variants.empty() ? 120 : spec.variants[0].dist.timeout_s;
+    uint64_t len = mine.size();
+    world.broadcast(&len, sizeof len, timeout, "the config check (size)");
+    std::string rank0 = world.rank() == 0 ? mine : std::string(len, '\0');
+    world.broadcast(rank0.data(), len, timeout, "the config check");
+    double differs = rank0 != mine ? 1 : 0;
+    if (differs) {
+        // The first differing lines, so the user sees which key and how.
+        std::istringstream a(rank0), b(mine);
+        std::string la, lb, diff;
+        int shown = 0;
+        for (;;) {
+            const bool more_a = static_cast<bool>(std::getline(a, la));
+            const bool more_b = static_cast<bool>(std::getline(b, lb));
+            if ((!more_a && !more_b) || shown >= 5) break;
+            if (la != lb) {
+                diff += "\n    rank 0: " + la + "\n    rank " + std::to_string(world.rank()) +
+                        ": " + lb;
+                ++shown;
+            }
+            la.clear(), lb.clear();
+        }
+        std::fprintf(stderr,
+                     "microtrain run: rank %d of %d: this rank's resolved config differs from "
+                     "rank 0's:%s\n  every rank must read the same FILE with the same --set "
+                     "flags (and the same files next to it)\n",
+                     world.rank(), world.size(), diff.c_str());
+    }
+    world.allreduce_max(&differs, 1, timeout, "the config check (verdict)");
+    if (differs && world.rank() == 0)
+        std::fprintf(stderr,
+                     "microtrain run: refused: the ranks hold different configs (see the ranks' "
+                     "messages above); nothing was run\n");
+    return differs == 0;
+}
+
 int run_run(const RunArgs& a) {
+    World& world = World::current();
+    const bool leader = world.rank() == 0;  // rank 0 prints and writes the run folder
     ExperimentSpec spec;
     try {
         spec = load_experiment(a.file, a.overrides);
     } catch (const SpecError& e) {
-        std::fprintf(stderr, "microtrain run: %s\n", e.what());
+        std::fprintf(stderr, "microtrain run: %s%s\n",
+                     world.distributed() ? ("rank " + std::to_string(world.rank()) + ": ").c_str()
+                                         : "",
+                     e.what());
+        // A file that is bad on one rank only would leave the others waiting: end the job.
+        if (world.distributed()) world.abort(2);
         return 2;
+    }
+    if (world.distributed()) {
+        try {
+            if (!same_config_on_every_rank(spec, world)) return 2;
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "microtrain run: %s\n", e.what());
+            world.abort(2);
+        }
     }
     // From here to the end, a stop signal only stops the steps; the report is always written.
     StopSignals signals;
     std::string dir;
-    try {
-        dir = create_run_folder(spec.name, a.out_dir.empty() ? spec.out_dir : a.out_dir);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "microtrain run: %s\n", e.what());
-        return 2;
+    if (leader) {
+        try {
+            dir = create_run_folder(spec.name, a.out_dir.empty() ? spec.out_dir : a.out_dir);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "microtrain run: %s\n", e.what());
+            if (world.distributed()) world.abort(2);
+            return 2;
+        }
     }
-    std::FILE* out = a.quiet ? nullptr : stdout;
+    std::FILE* out = a.quiet || !leader ? nullptr : stdout;
     print_header(out, spec, dir);
+    if (out && world.distributed())
+        std::fprintf(out,
+                     "  data parallel: %d ranks (%s); data.batch_size %d is per rank, the global "
+                     "batch is %d\n",
+                     world.size(), world.transport().c_str(),
+                     spec.variants.empty() ? 0 : spec.variants[0].data.batch_size,
+                     spec.variants.empty() ? 0 : spec.variants[0].data.batch_size * world.size());
     RunnerOptions ro;
     ro.out = out;
+    ro.world = &world;
     ro.inject_variant = a.inject_variant;
     ro.inject_nan_at_step = a.inject_nan_at_step;
     ro.interrupt_at_step = a.interrupt_at_step;
+    ro.fault = a.fault;
+    ro.fault_rank = a.fault_rank;
+    ro.fault_step = a.fault_step;
     ro.handle_sigint = false;  // `signals` above covers the run and the report
-    ExperimentResult ex = run_experiment(spec, ro);
+    ExperimentResult ex;
+    try {
+        ex = run_experiment(spec, ro);
+    } catch (const std::exception& e) {
+        if (!world.distributed()) throw;
+        // A rank failed (or timed out waiting for one that did): the others cannot go on.
+        std::fprintf(stderr, "microtrain run: %s; ending the job (all ranks)\n", e.what());
+        world.abort(1);
+    }
+    if (!leader) return ex.stop_signal ? 128 + ex.stop_signal : 0;
     signals.protect_writes();
     if (out) std::fprintf(out, "\nwriting the report to %s\n", dir.c_str());
     if (out) std::fflush(out);
@@ -139,6 +227,10 @@ void register_run_command(CLI::App& app, int& exit_code) {
     cmd->add_option("--inject-variant", args->inject_variant)->group("");
     cmd->add_option("--inject-nan-at-step", args->inject_nan_at_step)->group("");
     cmd->add_option("--interrupt-at-step", args->interrupt_at_step)->group("");
+    // Data-parallel faults (hidden): rank R kills itself / hangs / throws before step S.
+    cmd->add_option("--inject-fault", args->fault)->group("");
+    cmd->add_option("--inject-fault-rank", args->fault_rank)->group("");
+    cmd->add_option("--inject-fault-step", args->fault_step)->group("");
     cmd->callback([args, &exit_code] { exit_code = run_run(*args); });
 }
 

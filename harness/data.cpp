@@ -245,6 +245,7 @@ struct DataLoader::Impl {
     int vocab = 0;
     uint64_t seed = 0;
     Backend* backend = nullptr;
+    int rank = 0, world = 1;  // DataLoaderOptions: this loader's slice of the global batch
 
     std::vector<uint16_t> tokens;              // tokens / text sources
     size_t n = 0;                              // tokens in the stream (synthetic: nominal)
@@ -304,7 +305,10 @@ struct DataLoader::Impl {
         uint64_t p_epoch = UINT64_MAX;
         std::vector<int> window(static_cast<size_t>(T) + 1);
         for (int r = 0; r < B; ++r) {
-            const uint64_t g = i * static_cast<uint64_t>(B) + r;
+            // Global row: batch i of the world is rows (i*world + rank)*B .. of the stream.
+            const uint64_t g = (i * static_cast<uint64_t>(world) + static_cast<uint64_t>(rank)) *
+                                   static_cast<uint64_t>(B) +
+                               r;
             const uint64_t epoch = g / windows;
             if (epoch != p_epoch) p = perm(epoch), p_epoch = epoch;
             const uint64_t start = (window_base + (*p)[g % windows]) * T;
@@ -407,7 +411,13 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
         bad("preprocess_us must be >= 0, got " + std::to_string(c.preprocess_us));
     if (vocab_size < 1) bad("vocab_size must be >= 1, got " + std::to_string(vocab_size));
 
-    const uint64_t B = c.batch_size, T = c.seq_len;
+    if (options.world < 1 || options.rank < 0 || options.rank >= options.world)
+        bad("rank " + std::to_string(options.rank) + " of a world of " +
+            std::to_string(options.world));
+    m.rank = options.rank;
+    m.world = options.world;
+    // Sizes are those of the global batch (world * B rows): every rank sees the same stream.
+    const uint64_t B = static_cast<uint64_t>(c.batch_size) * options.world, T = c.seq_len;
     const uint64_t need = B * T + 1;  // B windows of T+1 tokens overlapping by one
     if (c.source != DataSource::synthetic && !c.path.empty()) require_regular_file(c.path);
     switch (c.source) {
@@ -460,6 +470,9 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
         const std::string name = c.source == DataSource::synthetic ? "synthetic" : c.path;
         data_error(name, "has " + std::to_string(m.n) + " tokens, but one batch needs " +
                              std::to_string(need) + " (batch_size " + std::to_string(B) +
+                             (options.world > 1 ? " over " + std::to_string(options.world) +
+                                                      " ranks"
+                                                : std::string()) +
                              " x seq_len " + std::to_string(T) +
                              " + 1); use a longer file or a smaller batch_size / seq_len");
     }
@@ -471,7 +484,7 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
 
     // Batch slots: one when loading synchronously, a ring of `prefetch` otherwise.
     const size_t nslots = c.workers == 0 ? 1 : static_cast<size_t>(c.prefetch);
-    const size_t elems = static_cast<size_t>(B * T);
+    const size_t elems = static_cast<size_t>(c.batch_size) * T;  // this rank's rows only
     m.slots.resize(nslots);
     for (auto& s : m.slots) {
         int* base;

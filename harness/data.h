@@ -89,6 +89,10 @@ struct DataLoaderOptions {
     DataSplit split = DataSplit::train;
     // The first batch next() returns: a resumed run continues at the batches it had consumed.
     uint64_t first_batch = 0;
+    // Data parallel: rank `rank` of `world` takes rows [rank*B, rank*B + B) of the global batch
+    // of world*B rows, so `world` loaders of batch B hand out exactly what one loader of batch
+    // world*B does (the same windows, in the same order, the same epochs).
+    int rank = 0, world = 1;
 };
 
 // Produces batches in a deterministic order (by seed) for any number of workers: workers 0

@@ -1,10 +1,20 @@
 // microtrain: the command-line entry point. Each sub-command lives in harness/cmd_*.cpp.
 #include <cstdio>
 #include <exception>
+#include <memory>
 
+#include "dist/world.h"
 #include "harness/commands.h"
 
 int main(int argc, char** argv) {
+    // Under mpirun: this process becomes one rank of the job (dist/world.h); otherwise one rank.
+    std::unique_ptr<mt::World> world;
+    try {
+        world = mt::World::join(&argc, &argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "microtrain: error: %s\n", e.what());
+        return 2;
+    }
     CLI::App app{"microtrain: a GPT-2 microtrainer with hand-written kernels, and a harness that "
                  "finds why a training step is slow"};
     app.require_subcommand(1);

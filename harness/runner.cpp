@@ -12,8 +12,11 @@
 #include <exception>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include "harness/signals.h"
+#include <nlohmann/json.hpp>
+
 #include "harness/training.h"
 
 namespace mt {
@@ -117,7 +120,8 @@ std::optional<BackendKind> resolve_backend(const RunConfig& c, std::string* skip
 // reset) before the model exists.
 std::unique_ptr<TrainingSession> set_up_session(const RunConfig& cfg, BackendKind kind,
                                                 std::FILE* out, RunResult& r,
-                                                const std::function<void(Backend&)>& modify) {
+                                                const std::function<void(Backend&)>& modify,
+                                                World* world) {
     const auto t_setup = std::chrono::steady_clock::now();
     std::unique_ptr<Backend> backend = create_training_backend(cfg, kind);
     if (modify) modify(*backend);
@@ -139,7 +143,9 @@ std::unique_ptr<TrainingSession> set_up_session(const RunConfig& cfg, BackendKin
     r.peak_flops = peak_flops(r.device_name, cfg.run.precision);
     r.peak_flops_source = peak_flops_source(r.device_name, cfg.run.precision);
 
-    auto session = std::make_unique<TrainingSession>(std::move(backend), cfg);
+    TrainingInputs inputs;
+    inputs.world = world;
+    auto session = std::make_unique<TrainingSession>(std::move(backend), cfg, std::move(inputs));
     r.n_params = session->n_params();
     r.flops_per_step = session->flops_per_step();
     r.setup_ms =
@@ -164,6 +170,15 @@ void record_trace(const TrainingSession& session, const StepRecord& rec, const R
     ts.phases = timer.last_intervals();
     if (session.profiler()) ts.ops = session.profiler()->last_step_ops();
     r.trace.push_back(std::move(ts));
+}
+
+// The test hook of RunnerOptions::fault: a rank that dies, hangs or fails.
+void inject_fault(const std::string& fault) {
+    if (fault == "kill") std::raise(SIGKILL);
+    if (fault == "hang")
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    if (fault == "throw") throw std::runtime_error("an injected failure (test hook)");
+    throw std::invalid_argument("unknown fault '" + fault + "' (kill, hang or throw)");
 }
 
 // Marks the variant failed at a step whose loss or gradient norm is not finite, with what to try.
@@ -204,6 +219,9 @@ int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOption
     std::optional<std::chrono::steady_clock::time_point> trace_t0;
     int interrupted = 0;
     for (step = 0; step < total_steps; ++step) {
+        if (!opt.fault.empty() && step == opt.fault_step && opt.world &&
+            opt.world->rank() == opt.fault_rank)
+            inject_fault(opt.fault);
         StepRecord rec = session.step(step, step < cfg.run.warmup_steps);
         if (inject && step == opt.inject_nan_at_step)
             rec.loss = std::numeric_limits<double>::quiet_NaN();
@@ -214,7 +232,8 @@ int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOption
             fail_on_non_finite(cfg, rec, r);
             break;
         }
-        int sig = stop_signal();
+        // Data parallel: the stop signal every rank agreed on in the step (all stop together).
+        int sig = session.world_size() > 1 ? rec.stop_signal : stop_signal();
         if (!sig && inject && step == opt.interrupt_at_step) sig = SIGINT;  // the test hook
         if (sig) {
             mark_interrupted(step, sig, r);
@@ -247,6 +266,118 @@ void finish_variant(TrainingSession& session, BackendKind kind, RunResult& r) {
     }
 }
 
+// Data parallel: the bus bandwidth the transport reaches for an all-reduce of the gradients'
+// size (at most 64 MiB), the best of 3 after one warm-up, on the model's gradient buffer before
+// the first step zeroes it. The SIMULATED link is not applied: this is the real transport.
+void probe_collectives(TrainingSession& session, const RunConfig& cfg, std::FILE* out,
+                       RunResult& r) {
+    const GradientSync& sync = *session.gradient_sync();
+    DataParallelRun d;
+    d.world_size = session.world_size();
+    d.transport = session.collectives()->describe();
+    d.zero = cfg.dist.zero;
+    d.overlap = cfg.dist.overlap;
+    d.bucket_mb = cfg.dist.bucket_mb;
+    d.buckets = static_cast<int>(sync.buckets().size());
+    d.simulated_link_gbps = cfg.dist.simulate_link_gbps;
+    d.simulated_latency_us = cfg.dist.simulate_latency_us;
+    const double gbps = session.probe_all_reduce_gbps(size_t{64} << 20);
+    if (gbps > 0) {
+        d.probe_busbw_gbps = gbps;
+        d.probe_source = "measured now: all-reduce of the gradient buffer (at most 64 MiB) over " +
+                         std::to_string(d.world_size) + " ranks, best of 3";
+    }
+    if (out)
+        std::fprintf(out, "  data parallel: %d ranks over %s, %d bucket(s) of %.3g MiB, overlap %s, "
+                     "ZeRO-%d; all-reduce probe %.2f GB/s%s\n",
+                     d.world_size, d.transport.c_str(), d.buckets, d.bucket_mb,
+                     d.overlap ? "on" : "off", d.zero, gbps,
+                     d.simulated_link_gbps > 0 || d.simulated_latency_us > 0
+                         ? "; SIMULATED link in the steps"
+                         : "");
+    r.dist = std::move(d);
+}
+
+// One rank's medians and trace as text (JSON), so rank 0 can gather them.
+std::string rank_summary_json(const RunResult& r, int rank) {
+    nlohmann::json j;
+    std::vector<double> wall, busy, over;
+    std::array<std::vector<double>, kPhaseCount> ph;
+    std::vector<double> bytes;
+    for (const StepRecord& s : r.steps) {
+        if (s.warmup) continue;
+        wall.push_back(s.times.wall_ms);
+        for (int i = 0; i < kPhaseCount; ++i) ph[i].push_back(s.times.ms[i]);
+        busy.push_back(s.comm_busy_ms);
+        over.push_back(std::max(0.0, s.comm_busy_ms - s.times[Phase::comm]));
+        bytes.push_back(s.comm_bytes);
+    }
+    j["rank"] = rank;
+    j["step_ms"] = compute_stats(wall).median;
+    j["busy"] = compute_stats(busy).median;
+    j["overlapped"] = compute_stats(over).median;
+    j["bytes"] = compute_stats(bytes).median;
+    std::vector<double> phases;
+    for (int i = 0; i < kPhaseCount; ++i) phases.push_back(compute_stats(ph[i]).median);
+    j["phases"] = phases;
+    nlohmann::json trace = nlohmann::json::array();
+    for (const TraceStep& t : r.trace) {
+        nlohmann::json ts = {{"step", t.step}, {"start", t.start_ms}, {"wall", t.wall_ms}};
+        nlohmann::json iv = nlohmann::json::array();
+        for (const PhaseInterval& p : t.phases)
+            iv.push_back({static_cast<int>(p.phase), p.micro_step, p.start_ms, p.duration_ms});
+        ts["phases"] = iv;
+        trace.push_back(ts);
+    }
+    j["trace"] = trace;
+    return j.dump();
+}
+
+RankSummary rank_summary_from_json(const std::string& text, double* bytes) {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    RankSummary s;
+    s.rank = j.at("rank").get<int>();
+    s.step_ms = j.at("step_ms").get<double>();
+    s.comm_busy_ms = j.at("busy").get<double>();
+    s.comm_overlapped_ms = j.at("overlapped").get<double>();
+    *bytes = j.at("bytes").get<double>();
+    const auto phases = j.at("phases").get<std::vector<double>>();
+    for (int i = 0; i < kPhaseCount && i < static_cast<int>(phases.size()); ++i)
+        s.phases_ms[i] = phases[i];
+    for (const auto& ts : j.at("trace")) {
+        TraceStep t;
+        t.step = ts.at("step").get<int>();
+        t.start_ms = ts.at("start").get<double>();
+        t.wall_ms = ts.at("wall").get<double>();
+        for (const auto& iv : ts.at("phases"))
+            t.phases.push_back({static_cast<Phase>(iv[0].get<int>()), iv[1].get<int>(),
+                                iv[2].get<double>(), iv[3].get<double>()});
+        s.trace.push_back(std::move(t));
+    }
+    return s;
+}
+
+// Every rank's medians and trace into rank 0's result: the per-rank table, the stragglers, one
+// trace track per rank. Bytes and bus bandwidth are rank 0's (every rank sends the same).
+void gather_ranks(const TrainingSession& session, const RunConfig& cfg, World& world,
+                  RunResult& r) {
+    const std::vector<std::string> all =
+        world.gather(rank_summary_json(r, world.rank()), cfg.dist.timeout_s,
+                     "the gathering of every rank's phase times");
+    (void)session;
+    if (world.rank() != 0 || !r.dist) return;
+    for (const std::string& text : all) {
+        double bytes = 0;
+        RankSummary s = rank_summary_from_json(text, &bytes);
+        if (s.rank == 0) {
+            r.dist->bytes_per_step = bytes;
+            if (s.comm_busy_ms > 0)
+                r.dist->achieved_busbw_gbps = bytes / (s.comm_busy_ms * 1e-3) / 1e9;
+        }
+        r.dist->ranks.push_back(std::move(s));
+    }
+}
+
 RunResult skipped_variant(const RunConfig& cfg, const std::string& reason, std::FILE* out) {
     RunResult r;
     r.config = cfg;
@@ -272,9 +403,12 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
     int step = -1;
     try {
         session = set_up_session(cfg, *kind, out, r,
-                                 inject ? opt.modify_backend : std::function<void(Backend&)>());
+                                 inject ? opt.modify_backend : std::function<void(Backend&)>(),
+                                 opt.world);
+        if (session->world_size() > 1) probe_collectives(*session, cfg, out, r);
         if (const int sig = run_steps(*session, cfg, opt, inject, r, step)) *interrupted = sig;
         finish_variant(*session, *kind, r);
+        if (session->world_size() > 1) gather_ranks(*session, cfg, *opt.world, r);
     } catch (const ResourceError& e) {
         // The machine lacks what the variant needs (like a GPU): skipped, with the estimate.
         session.reset();
@@ -286,6 +420,15 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
         return skipped;
     } catch (const std::exception& e) {
         const std::string phase = session ? session->current_phase() : "setup";
+        // Data parallel: the other ranks are waiting for this one in a collective; they cannot
+        // go on. The caller prints this and ends the job.
+        if (opt.world && opt.world->distributed())
+            throw std::runtime_error(
+                "rank " + std::to_string(opt.world->rank()) + " of " +
+                std::to_string(opt.world->size()) + ": variant '" + cfg.variant + "' failed " +
+                (step < 0 ? std::string("during setup")
+                          : "at step " + std::to_string(step) + " in the " + phase + " phase") +
+                ": " + e.what());
         r.status = RunStatus::failed;
         r.failed_step = step;
         r.failed_phase = phase;
@@ -309,9 +452,14 @@ ExperimentResult run_experiment(const ExperimentSpec& spec, const RunnerOptions&
     ex.baseline = spec.baseline;
     ex.loss_tolerance = spec.loss_tolerance;
     ex.started_utc = utc_now_iso();
+    World* world = options.world && options.world->distributed() ? options.world : nullptr;
     for (const RunConfig& cfg : spec.variants) {
-        if (!ex.interrupted && stop_signal()) {  // arrived between two variants' steps
-            ex.stop_signal = stop_signal();
+        // A signal that arrived between two variants' steps (on any rank: all stop together).
+        double sig = stop_signal();
+        if (world && !ex.interrupted)
+            world->allreduce_max(&sig, 1, cfg.dist.timeout_s, "the stop flag between variants");
+        if (!ex.interrupted && sig > 0) {
+            ex.stop_signal = static_cast<int>(sig);
             ex.interrupted = true;
         }
         if (ex.interrupted) {
@@ -349,8 +497,10 @@ RunStats compute_run_stats(const RunResult& r) {
     if (!r.steps.empty()) st.final_loss = r.steps.back().loss;
     if (st.measured > 0 && st.step_ms.median > 0) {
         const double step_s = st.step_ms.median / 1000.0;
+        // The global batch: every rank's (data parallel) micro-batches of every micro-step.
+        const double world = r.dist ? r.dist->world_size : 1;
         const double samples =
-            static_cast<double>(r.config.data.batch_size) * r.config.run.grad_accum;
+            static_cast<double>(r.config.data.batch_size) * r.config.run.grad_accum * world;
         st.samples_per_s = samples / step_s;
         st.tokens_per_s = samples * r.config.data.seq_len / step_s;
         st.achieved_flops_per_s = r.flops_per_step / step_s;

@@ -16,6 +16,7 @@
 #include "harness/memory.h"
 #include "harness/profile.h"
 #include "harness/spec.h"
+#include "dist/world.h"
 #include "harness/timing.h"
 #include "model/gpt.h"
 
@@ -123,6 +124,10 @@ struct RunnerOptions {
     std::string inject_variant;
     int inject_nan_at_step = -1;  // the loss read back at this step is replaced by NaN
     int interrupt_at_step = -1;   // behave as if SIGINT arrived during this step
+    // Data-parallel fault injection (tests): on rank `fault_rank`, before step `fault_step`,
+    // "kill" (SIGKILL itself), "hang" (sleep without end) or "throw" (an exception). Empty: none.
+    std::string fault;
+    int fault_rank = -1, fault_step = -1;
     // Called on the variant's backend before the model is built: a test swaps in a kernel here
     // (Backend::kernels()), e.g. a deliberately wrong one that the loss check must catch.
     std::function<void(Backend&)> modify_backend;
@@ -130,6 +135,11 @@ struct RunnerOptions {
     // tests, and where the caller holds a StopSignals of its own (`microtrain run`, whose scope
     // also covers writing the report).
     bool handle_sigint = true;  // (the name predates the other signals)
+    // Data parallel: the job's world (dist/world.h); null or one rank = one process. With
+    // several ranks every rank runs every variant in lockstep, rank 0's result holds what every
+    // rank measured (RunResult::dist), and a variant that throws on a rank is rethrown (the
+    // caller ends the job: the other ranks cannot go on without it).
+    World* world = nullptr;
 };
 
 // Runs every variant. Never throws for a variant's failure (it is recorded in its RunResult);

@@ -1,9 +1,15 @@
 // The training step, defined once (see training.h).
 #include "harness/training.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+
+#include "harness/signals.h"
+#include "kernels/collectives.h"
 
 namespace mt {
 namespace {
@@ -72,6 +78,52 @@ std::unique_ptr<Backend> fitting(std::unique_ptr<Backend> backend, const RunConf
     return backend;
 }
 
+World* data_parallel_world(const TrainingInputs& inputs) {
+    return inputs.world && inputs.world->distributed() ? inputs.world : nullptr;
+}
+
+// The transport of a data-parallel session: NCCL on a CUDA backend, MPI on host memory for the
+// CPU backend (create_device_collectives returns null there).
+std::unique_ptr<Collectives> make_collectives(World* world, Backend& backend,
+                                              const RunConfig& cfg) {
+    if (!world) return nullptr;
+    const double timeout = cfg.dist.timeout_s;
+    auto broadcast = [world, timeout](void* data, size_t bytes) {
+        world->broadcast(data, bytes, timeout, "the NCCL unique id");
+    };
+    if (auto device = create_device_collectives(backend, world->rank(), world->size(), broadcast,
+                                                timeout))
+        return device;
+    return world->host_collectives(timeout);
+}
+
+std::unique_ptr<GradientSync> make_grad_sync(Collectives* coll, GPT& model, const RunConfig& cfg) {
+    if (!coll) return nullptr;
+    GradientSyncOptions o;
+    o.bucket_mb = cfg.dist.bucket_mb;
+    o.overlap = cfg.dist.overlap;
+    o.zero = cfg.dist.zero;
+    o.simulate_link_gbps = cfg.dist.simulate_link_gbps;
+    o.simulate_latency_us = cfg.dist.simulate_latency_us;
+    o.timeout_s = cfg.dist.timeout_s;
+    std::vector<FlatRange> order;
+    for (const auto& r : model.gradient_ready_order()) order.push_back({r.offset, r.count});
+    auto sync = std::make_unique<GradientSync>(*coll, o, order);
+    model.set_gradient_ready_hook(
+        [s = sync.get()](size_t offset, size_t count) { s->gradients_ready(offset, count); });
+    return sync;
+}
+
+// ZeRO-1: this rank updates its pieces; the norm is always cut into every rank's pieces.
+AdamWPartition partition_of(const GradientSync* sync, const RunConfig& cfg) {
+    AdamWPartition p;
+    if (!sync) return p;
+    if (cfg.dist.zero == 1)
+        for (const FlatRange& r : sync->owned_ranges()) p.owned.push_back({r.offset, r.count});
+    p.norm_pieces = sync->all_pieces().size();
+    return p;
+}
+
 }  // namespace
 
 void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* estimate) {
@@ -116,10 +168,17 @@ TrainingSession::TrainingSession(std::unique_ptr<Backend> backend, const RunConf
       backend_(fitting(std::move(backend), cfg)),
       memory_(inputs.track_memory ? std::make_unique<MemoryTracker>(*backend_) : nullptr),
       model_(*backend_, cfg.model, model_options(cfg)),
-      optim_(prepare_model(model_, cfg, inputs), cfg.optim),
-      batches_(inputs.batches ? std::move(inputs.batches)
-                              : std::make_unique<DataLoader>(cfg.data, cfg.model.vocab_size,
-                                                             cfg.run.seed, backend_.get())),
+      world_(data_parallel_world(inputs)),
+      world_size_(world_ ? world_->size() : 1),
+      collectives_(make_collectives(world_, *backend_, cfg)),
+      grad_sync_(make_grad_sync(collectives_.get(), model_, cfg)),
+      optim_(prepare_model(model_, cfg, inputs), cfg.optim, partition_of(grad_sync_.get(), cfg)),
+      batches_(inputs.batches
+                   ? std::move(inputs.batches)
+                   : std::make_unique<DataLoader>(
+                         cfg.data, cfg.model.vocab_size, cfg.run.seed, backend_.get(),
+                         DataLoaderOptions{.rank = world_ ? world_->rank() : 0,
+                                           .world = world_size_})),
       timer_(*backend_) {
     if (accum_ < 1)
         throw std::invalid_argument("run.grad_accum must be >= 1, got " + std::to_string(accum_));
@@ -140,6 +199,7 @@ TrainingSession::TrainingSession(std::unique_ptr<Backend> backend, const RunConf
 TrainingSession::~TrainingSession() {
     // The profiler dies with the session; the model must not call it after that.
     backend_->set_op_observer(nullptr);
+    model_.set_gradient_ready_hook({});  // nor the synchroniser
 }
 
 double TrainingSession::flops_per_step() const {
@@ -175,8 +235,10 @@ void TrainingSession::micro_step(int m) {
     leave(Phase::h2d);
 
     enter(Phase::forward);
-    // grad_scale 1/accum: the accumulated gradient is the gradient of the mean over micro-steps.
-    model_.forward(d_inputs_.as<int>(), d_targets_.as<int>(), B_, T_, 1.0f / accum_);
+    // grad_scale 1/(accum * world): the accumulated gradient, summed over the ranks, is the
+    // gradient of the mean over every micro-step of every rank: the global batch.
+    model_.forward(d_inputs_.as<int>(), d_targets_.as<int>(), B_, T_,
+                   1.0f / (static_cast<float>(accum_) * static_cast<float>(world_size_)));
     if (accum_ > 1)
         backend_->run(op::LossMean{
             .loss = d_losses_.as<float>() + m, .losses = model_.losses_device(), .N = int(n)});
@@ -184,7 +246,11 @@ void TrainingSession::micro_step(int m) {
 
     enter(Phase::backward);
     if (m == 0) model_.zero_grad();
+    // Only the last micro-step's backward completes the gradients: the buckets go from there.
+    const bool last = m == accum_ - 1;
+    if (grad_sync_ && last) grad_sync_->arm(model_.grads());
     model_.backward();
+    if (grad_sync_ && last) grad_sync_->end_backward();
     leave(Phase::backward);
 }
 
@@ -205,19 +271,107 @@ StepRecord TrainingSession::step(int index, bool warmup, const GradientsReady& g
     for (int m = 0; m < accum_; ++m) micro_step(m);
     if (gradients_ready) gradients_ready(model_);
 
-    enter(Phase::optimizer);
     rec.lr = optim_.current_lr();
-    optim_.step();
-    leave(Phase::optimizer);
+    if (grad_sync_) {
+        optimizer_step_data_parallel(rec);
+    } else {
+        enter(Phase::optimizer);
+        optim_.step();
+        leave(Phase::optimizer);
+    }
 
     enter(Phase::sync);
     rec.loss = read_back_loss();
     rec.grad_norm = cfg_.optim.grad_clip > 0 ? optim_.last_grad_norm() : 0.0;
+    if (world_) {
+        // The global batch's mean loss (every rank's batch has B*T tokens), and a stop signal
+        // any rank saw, so that every rank stops after the same step.
+        double loss = rec.loss, sig = stop_signal();
+        world_->allreduce_sum(&loss, 1, cfg_.dist.timeout_s, "the sum of the step's losses");
+        world_->allreduce_max(&sig, 1, cfg_.dist.timeout_s, "the stop flag of the step");
+        rec.loss = loss / world_size_;
+        rec.stop_signal = static_cast<int>(sig);
+    }
     backend_->synchronize();
     leave(Phase::sync);
     rec.times = timer_.finish_step();
     if (profiler_) profiler_->finish_step(!warmup, timer_.step_start_event());
     return rec;
+}
+
+// comm (wait for the buckets) -> optimizer (the global norm from every rank's pieces, the
+// update of this rank's part) -> ZeRO-1: comm again (all-gather the parameters).
+void TrainingSession::optimizer_step_data_parallel(StepRecord& rec) {
+    enter(Phase::comm);
+    grad_sync_->wait_gradients();
+    leave(Phase::comm);
+
+    enter(Phase::optimizer);
+    float clip = 1.0f, norm = 0.0f;
+    if (cfg_.optim.grad_clip > 0) {
+        // The squared norm of every rank's piece of every bucket, added in one fixed order (in
+        // double): the same norm on every rank and under both ZeRO stages. Stage 0 holds every
+        // reduced piece; stage 1 holds its own and gathers the others' partial sums.
+        const std::vector<FlatRange> pieces = grad_sync_->all_pieces();
+        std::vector<float> sq(pieces.size(), 0.0f);
+        const size_t W = static_cast<size_t>(world_size_), nb = pieces.size() / W;
+        if (cfg_.dist.zero == 0) {
+            std::vector<GPT::GradientRange> all;
+            for (const FlatRange& p : pieces) all.push_back({p.offset, p.count});
+            sq = optim_.grad_norm_squares(all);
+        } else {
+            std::vector<GPT::GradientRange> mine;
+            for (size_t b = 0; b < nb; ++b) {
+                const FlatRange& p = pieces[b * W + static_cast<size_t>(world_->rank())];
+                mine.push_back({p.offset, p.count});
+            }
+            const std::vector<float> my_sq = optim_.grad_norm_squares(mine);
+            std::vector<float> gathered(nb * W);
+            world_->all_gather(my_sq.data(), static_cast<int>(nb), gathered.data(),
+                               cfg_.dist.timeout_s, "the gradient norm's partial sums");
+            for (size_t r = 0; r < W; ++r)
+                for (size_t b = 0; b < nb; ++b) sq[b * W + r] = gathered[r * nb + b];
+        }
+        double total = 0;
+        for (float x : sq) total += static_cast<double>(x);
+        // As the GlobalNormClip kernels compute it from norm^2 (kernels/cpu/reductions.cpp).
+        norm = std::sqrt(static_cast<float>(total));
+        clip = std::min(1.0f, cfg_.optim.grad_clip / (norm + 1e-6f));
+    }
+    optim_.step_with_clip_scale(clip, norm);
+    leave(Phase::optimizer);
+
+    if (cfg_.dist.zero == 1) {
+        enter(Phase::comm);
+        grad_sync_->gather_params(model_.params());
+        leave(Phase::comm);
+    }
+    const GradientSync::StepStats st = grad_sync_->take_step_stats();
+    rec.comm_busy_ms = st.busy_ms;
+    rec.comm_bytes = st.bytes;
+}
+
+double TrainingSession::probe_all_reduce_gbps(size_t max_bytes) {
+    if (!collectives_) return 0.0;
+    const size_t n = std::min(n_params(), max_bytes / sizeof(float));
+    const size_t W = static_cast<size_t>(world_size_), q = (n + W - 1) / W;
+    std::vector<size_t> counts;
+    for (size_t r = 0, left = n; r < W; ++r, left -= std::min(q, left))
+        counts.push_back(std::min(q, left));
+    double best_s = 0;
+    for (int rep = 0; rep < 4; ++rep) {
+        collectives_->fence(0);
+        const auto t0 = std::chrono::steady_clock::now();
+        collectives_->reduce_scatter_sum(model_.grads(), counts, 0);
+        collectives_->all_gather(model_.grads(), counts, 0);
+        collectives_->wait();
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (rep > 0 && (best_s == 0 || s < best_s)) best_s = s;  // rep 0 is the warm-up
+    }
+    model_.zero_grad();
+    const double bytes = 2.0 * static_cast<double>(W - 1) / W * static_cast<double>(n) * 4;
+    return best_s > 0 ? bytes / best_s / 1e9 : 0.0;
 }
 
 MemorySummary TrainingSession::finish() {

@@ -10,7 +10,9 @@
 //   forward   model.forward(.., grad_scale 1/accum)       device events; with accum > 1 the
 //             micro-step's mean loss is reduced into its own device slot
 //   backward  (m == 0: zero_grad) model.backward()        device events
+//   comm      (data parallel) wait for the gradient buckets device events around the host wait
 //   optimizer AdamW::step (global norm, clip, update)     device events
+//             (ZeRO-1: then comm again for the all-gather of the parameters)
 //   sync      loss (+ grad norm) read-back, synchronize   device events around the host wait
 // Each phase boundary also resets/reads the allocator peaks and samples device memory (when
 // memory tracking is on).
@@ -21,6 +23,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "dist/grad_sync.h"
+#include "dist/world.h"
 #include "harness/data.h"
 #include "harness/memory.h"
 #include "harness/profile.h"
@@ -61,6 +65,10 @@ struct TrainingInputs {
     // Sample memory at every phase boundary (MemoryTracker). Off where nobody reads the summary
     // (train, step, the bench), because each sample reads /proc on the CPU.
     bool track_memory = true;
+    // Data parallel: the job's world (dist/world.h). Null, or a world of one rank: one process,
+    // exactly as without it. With several ranks each takes its slice of the global batch, the
+    // gradients are all-reduced (dist.*) and the step's loss is the global batch's mean.
+    World* world = nullptr;
 };
 
 class TrainingSession {
@@ -104,12 +112,21 @@ class TrainingSession {
     const KernelProfiler* profiler() const { return profiler_.get(); }
     KernelProfiler* profiler() { return profiler_.get(); }
     size_t n_params() const { return model_.parameter_table().total_count(); }
+    // Data parallel: the world size (1 without), and the synchroniser (null on one rank).
+    int world_size() const { return world_size_; }
+    const GradientSync* gradient_sync() const { return grad_sync_.get(); }
+    const Collectives* collectives() const { return collectives_.get(); }
+    // Data parallel, on every rank at once, before the first step: the bus bandwidth (GB/s) of
+    // an all-reduce of the first min(grads, max_bytes) bytes of the gradient buffer over the real
+    // transport (no simulated link), best of 3 after a warm-up. 0 on one rank.
+    double probe_all_reduce_gbps(size_t max_bytes);
     // Analytic model FLOPs of one step: forward + backward over all grad_accum micro-steps.
     double flops_per_step() const;
 
   private:
     void micro_step(int m);
     double read_back_loss();
+    void optimizer_step_data_parallel(StepRecord& rec);
     void enter(Phase p);
     void leave(Phase p);
 
@@ -118,6 +135,12 @@ class TrainingSession {
     std::unique_ptr<Backend> backend_;
     std::unique_ptr<MemoryTracker> memory_;  // null when not tracking
     GPT model_;
+    // Data parallel (world_size_ > 1): the transport and the gradient synchroniser, built before
+    // the optimizer, whose ZeRO-1 shard is the synchroniser's pieces of this rank.
+    World* world_ = nullptr;
+    int world_size_ = 1;
+    std::unique_ptr<Collectives> collectives_;
+    std::unique_ptr<GradientSync> grad_sync_;
     AdamW optim_;
     std::unique_ptr<BatchSource> batches_;
     DeviceBuffer d_inputs_, d_targets_;

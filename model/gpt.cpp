@@ -634,11 +634,32 @@ void GPT::zero_grad() {
 
 // ---- backward -------------------------------------------------------------------------------
 
+std::vector<GPT::GradientRange> GPT::gradient_ready_order() const {
+    // The table holds wte, wpe, the blocks in order, then ln_f (ParameterTable's constructor).
+    const auto& t = table_.tensors();
+    auto span_of = [&](size_t first, size_t last) {  // tensors [first, last]
+        return GradientRange{static_cast<size_t>(t[first].offset),
+                             static_cast<size_t>(t[last].offset + t[last].count - t[first].offset)};
+    };
+    const size_t per_block = (t.size() - 4) / static_cast<size_t>(config_.n_layer);
+    std::vector<GradientRange> order;
+    order.push_back(span_of(t.size() - 2, t.size() - 1));  // ln_f
+    for (int l = config_.n_layer - 1; l >= 0; --l) {
+        const size_t first = 2 + static_cast<size_t>(l) * per_block;
+        order.push_back(span_of(first, first + per_block - 1));
+    }
+    order.push_back(span_of(0, 1));  // wte, wpe
+    return order;
+}
+
 void GPT::backward() {
     if (!acts_ || !backward_ready_)
         throw std::logic_error(
             "GPT::backward: needs a forward pass with targets first (one backward per forward)");
+    const std::vector<GradientRange> ready =
+        gradient_ready_ ? gradient_ready_order() : std::vector<GradientRange>{};
     backward_head();
+    if (gradient_ready_) gradients_ready(ready[0]);
     const Activations& A = *acts_;
     const size_t e = backend_.compute_elem_bytes();
     for (int l = config_.n_layer - 1; l >= 0; --l) {
@@ -646,6 +667,7 @@ void GPT::backward() {
             .dst = grad(A.scratch), .bytes = A.scratch_elems * e, .what = "zero_activation_grads"});
         backward_mlp(l);
         backward_attention(l);
+        if (gradient_ready_) gradients_ready(ready[static_cast<size_t>(config_.n_layer - l)]);
     }
     backend_.run(op::EncoderBackward{.dwte = g(P_.wte),
                                      .dwpe = g(P_.wpe),
@@ -654,6 +676,7 @@ void GPT::backward() {
                                      .B = last_B_,
                                      .T = last_T_,
                                      .C = config_.n_embd});
+    if (gradient_ready_) gradients_ready(ready.back());
     // The logits buffer now holds dlogits; a second backward without a forward would be wrong.
     backward_ready_ = false;
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -178,6 +179,19 @@ class GPT {
     // Backpropagates the last forward; ACCUMULATES into grads(). Needs targets in forward.
     void backward();
 
+    // Where backward finishes each parameter gradient, for data parallel (dist/grad_sync.h):
+    // ranges [offset, offset + count) of grads() in the order backward completes them: ln_f
+    // (after the LM head), blocks n_layer-1 .. 0, then wte and wpe (the encoder backward adds the
+    // last term of the tied wte's gradient). Adjacent: together they cover the whole buffer.
+    struct GradientRange {
+        size_t offset = 0, count = 0;
+    };
+    std::vector<GradientRange> gradient_ready_order() const;
+    // Called by backward() with each range of gradient_ready_order() once its kernels have been
+    // issued (CPU: run), so a reduction can start while backward computes the rest. Empty: none.
+    using GradientReadyHook = std::function<void(size_t offset, size_t count)>;
+    void set_gradient_ready_hook(GradientReadyHook hook) { gradient_ready_ = std::move(hook); }
+
     // Analytic FLOPs of one training step (forward + backward) for (B, T): 6 N_params_matmul
     // B T + attention terms, as in the PaLM appendix / nanoGPT's estimate_mfu.
     double training_flops_per_step(int B, int T) const;
@@ -223,6 +237,10 @@ class GPT {
     bool backward_ready_ = false;  // ... and its backward has not run yet
     float grad_scale_ = 1.0f;
     bool params_dirty_ = true;  // bf16 copy needs refreshing
+    GradientReadyHook gradient_ready_;
+    void gradients_ready(const GradientRange& r) {
+        if (gradient_ready_) gradient_ready_(r.offset, r.count);
+    }
   public:
     // Call after the optimizer changed params() so the compute copy is refreshed.
     void mark_params_updated() { params_dirty_ = true; }

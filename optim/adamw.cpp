@@ -23,8 +23,8 @@ float learning_rate_at(const LRSchedule& s, float base_lr, int step) {
     return floor_lr + static_cast<float>(coeff) * (base_lr - floor_lr);
 }
 
-AdamW::AdamW(GPT& model, const AdamWConfig& config)
-    : model_(model), backend_(model.backend()), config_(config) {
+AdamW::AdamW(GPT& model, const AdamWConfig& config, AdamWPartition partition)
+    : model_(model), backend_(model.backend()), config_(config), partition_(std::move(partition)) {
     auto bad = [](const std::string& what) { throw std::invalid_argument("optim: " + what); };
     if (!(config_.lr > 0)) bad("lr must be > 0");
     if (!(config_.beta1 >= 0 && config_.beta1 < 1)) bad("beta1 must be in [0, 1)");
@@ -35,9 +35,30 @@ AdamW::AdamW(GPT& model, const AdamWConfig& config)
     for (const auto& t : model.parameter_table().tensors())
         slices_.push_back({t.offset, t.count, t.decay});
     const size_t n = model.parameter_table().total_count();
-    m_ = DeviceBuffer(backend_, n * sizeof(float), MemoryCategory::optimizer);
-    v_ = DeviceBuffer(backend_, n * sizeof(float), MemoryCategory::optimizer);
-    scratch_ = DeviceBuffer(backend_, 2 * sizeof(float), MemoryCategory::workspace);
+    state_count_ = n;
+    if (sharded()) {
+        state_count_ = 0;
+        size_t prev_end = 0;
+        for (const auto& r : partition_.owned) {
+            if (r.offset < prev_end || r.offset + r.count > n || r.count == 0)
+                bad("partition: owned ranges must be non-empty, ascending, disjoint and inside "
+                    "the parameters");
+            prev_end = r.offset + r.count;
+            state_count_ += r.count;
+            // The tensors that overlap [r.offset, r.offset + r.count), cut to it.
+            std::vector<TensorSlice> cut;
+            for (const TensorSlice& t : slices_) {
+                const size_t lo = std::max(t.offset, r.offset);
+                const size_t hi = std::min(t.offset + t.count, r.offset + r.count);
+                if (lo < hi) cut.push_back({lo - r.offset, hi - lo, t.decay});
+            }
+            owned_slices_.push_back(std::move(cut));
+        }
+    }
+    m_ = DeviceBuffer(backend_, state_count_ * sizeof(float), MemoryCategory::optimizer);
+    v_ = DeviceBuffer(backend_, state_count_ * sizeof(float), MemoryCategory::optimizer);
+    scratch_ = DeviceBuffer(backend_, (2 + 2 * partition_.norm_pieces) * sizeof(float),
+                            MemoryCategory::workspace);
     backend_.memset_zero(m_.get(), m_.bytes());
     backend_.memset_zero(v_.get(), v_.bytes());
     backend_.memset_zero(scratch_.get(), scratch_.bytes());
@@ -48,6 +69,8 @@ float AdamW::current_lr() const {
 }
 
 void AdamW::step() {
+    if (sharded())
+        throw std::logic_error("AdamW::step: a sharded optimizer steps with step_with_clip_scale");
     const size_t n = model_.parameter_table().total_count();
     float* norm_sq = scratch_.as<float>();
     float* clip = scratch_.as<float>() + 1;
@@ -65,22 +88,80 @@ void AdamW::step() {
     } else {
         norm_valid_ = false;
     }
+    host_norm_ = -1;
+    update(grad_scale);
+}
+
+// The AdamW update of this rank's part: the whole flat buffer, or each owned range with its
+// packed slice of m and v. The update is elementwise, so a range's elements get exactly the
+// values the whole-buffer update gives them.
+void AdamW::update(const float* grad_scale) {
     const AdamWParams hp{current_lr(), config_.beta1,        config_.beta2,
                          config_.eps,  config_.weight_decay, t_ + 1};
-    backend_.run(op::AdamWUpdate{.impl = config_.impl,
-                                 .params = model_.params(),
-                                 .grads = model_.grads(),
-                                 .m = m_.as<float>(),
-                                 .v = v_.as<float>(),
-                                 .tensors = slices_,
-                                 .total = n,
-                                 .hp = hp,
-                                 .grad_scale = grad_scale});
+    if (!sharded()) {
+        backend_.run(op::AdamWUpdate{.impl = config_.impl,
+                                     .params = model_.params(),
+                                     .grads = model_.grads(),
+                                     .m = m_.as<float>(),
+                                     .v = v_.as<float>(),
+                                     .tensors = slices_,
+                                     .total = model_.parameter_table().total_count(),
+                                     .hp = hp,
+                                     .grad_scale = grad_scale});
+    } else {
+        size_t state = 0;
+        for (size_t i = 0; i < partition_.owned.size(); ++i) {
+            const auto& r = partition_.owned[i];
+            backend_.run(op::AdamWUpdate{.impl = config_.impl,
+                                         .params = model_.params() + r.offset,
+                                         .grads = model_.grads() + r.offset,
+                                         .m = m_.as<float>() + state,
+                                         .v = v_.as<float>() + state,
+                                         .tensors = owned_slices_[i],
+                                         .total = r.count,
+                                         .hp = hp,
+                                         .grad_scale = grad_scale});
+            state += r.count;
+        }
+    }
     ++t_;
     model_.mark_params_updated();
 }
 
+std::vector<float> AdamW::grad_norm_squares(const std::vector<GPT::GradientRange>& ranges) {
+    if (ranges.size() > partition_.norm_pieces)
+        throw std::logic_error("AdamW::grad_norm_squares: more ranges than the partition's " +
+                               std::to_string(partition_.norm_pieces));
+    float* slots = scratch_.as<float>() + 2;
+    std::vector<float> host(2 * ranges.size(), 0.0f);
+    for (size_t i = 0; i < ranges.size(); ++i) {
+        if (ranges[i].count == 0) continue;
+        backend_.run(op::GlobalNormClip{.norm_sq = slots + 2 * i,
+                                        .clip_scale = slots + 2 * i + 1,
+                                        .grads = model_.grads() + ranges[i].offset,
+                                        .n = ranges[i].count,
+                                        .max_norm = 1.0f});
+    }
+    if (!ranges.empty())
+        backend_.copy_to_host(host.data(), slots, host.size() * sizeof(float));
+    std::vector<float> out(ranges.size());
+    for (size_t i = 0; i < ranges.size(); ++i) out[i] = ranges[i].count ? host[2 * i] : 0.0f;
+    return out;
+}
+
+void AdamW::step_with_clip_scale(float clip_scale, float grad_norm) {
+    const float* grad_scale = nullptr;
+    if (config_.grad_clip > 0) {
+        backend_.copy_to_device(scratch_.as<float>() + 1, &clip_scale, sizeof(float));
+        grad_scale = scratch_.as<float>() + 1;
+    }
+    norm_valid_ = false;
+    host_norm_ = grad_norm;
+    update(grad_scale);
+}
+
 float AdamW::last_grad_norm() {
+    if (host_norm_ >= 0) return host_norm_;
     if (!norm_valid_) return 0.0f;
     float sq = 0;
     backend_.copy_to_host(&sq, scratch_.as<float>(), sizeof(float));
@@ -88,19 +169,19 @@ float AdamW::last_grad_norm() {
 }
 
 std::vector<float> AdamW::get_m() {
-    std::vector<float> h(model_.parameter_table().total_count());
+    std::vector<float> h(state_count_);
     backend_.copy_to_host(h.data(), m_.get(), m_.bytes());
     return h;
 }
 
 std::vector<float> AdamW::get_v() {
-    std::vector<float> h(model_.parameter_table().total_count());
+    std::vector<float> h(state_count_);
     backend_.copy_to_host(h.data(), v_.get(), v_.bytes());
     return h;
 }
 
 void AdamW::set_state(const std::vector<float>& m, const std::vector<float>& v, int steps_taken) {
-    const size_t n = model_.parameter_table().total_count();
+    const size_t n = state_count_;
     if (m.size() != n || v.size() != n)
         throw std::invalid_argument("AdamW::set_state: expected " + std::to_string(n) +
                                     " floats for m and v");

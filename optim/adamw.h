@@ -36,13 +36,32 @@ struct AdamWConfig {
     LRSchedule schedule;
 };
 
+// Data parallel (dist/grad_sync.h): which part of the flat buffers this rank updates, and how
+// many ranges the gradient norm may be cut into.
+struct AdamWPartition {
+    // Ranges of the flat buffers this rank updates, ascending and disjoint. Empty: every
+    // parameter (one rank, or ZeRO stage 0). Non-empty (ZeRO-1): m and v hold only these
+    // elements, packed in this order, so the optimizer memory is this rank's share.
+    std::vector<GPT::GradientRange> owned;
+    // The most ranges grad_norm_squares() is asked for at once (its device scratch).
+    size_t norm_pieces = 0;
+};
+
 class AdamW {
   public:
-    AdamW(GPT& model, const AdamWConfig& config);
+    AdamW(GPT& model, const AdamWConfig& config, AdamWPartition partition = {});
 
     // One optimizer step over the model's flat buffers: global grad norm (when clipping),
     // clip scale, AdamW update; then marks the model's params updated. Asynchronous.
     void step();
+    // Data parallel. The squared L2 norm of the gradients in each range (one read-back): every
+    // rank's partial sums, added in one fixed order by the caller, give the same global norm on
+    // every rank and under both ZeRO stages.
+    std::vector<float> grad_norm_squares(const std::vector<GPT::GradientRange>& ranges);
+    // One step with the clip factor computed by the caller from the global norm (ignored when
+    // clipping is off), over this rank's part (AdamWPartition::owned) only. Asynchronous.
+    void step_with_clip_scale(float clip_scale, float grad_norm);
+    bool sharded() const { return !partition_.owned.empty(); }
     // Global L2 norm of the gradients before clipping at the last step (synchronises). 0 when
     // clipping is off and the norm was not computed.
     float last_grad_norm();
@@ -50,7 +69,8 @@ class AdamW {
     float current_lr() const;  // the LR the next step uses
     const AdamWConfig& config() const { return config_; }
 
-    // Optimizer state (host copies, flat, parameter-table order) for checkpoints.
+    // Optimizer state (host copies, flat, parameter-table order) for checkpoints. Sharded
+    // (ZeRO-1): only this rank's elements, packed in AdamWPartition::owned order.
     std::vector<float> get_m();
     std::vector<float> get_v();
     void set_state(const std::vector<float>& m, const std::vector<float>& v, int steps_taken);
@@ -59,11 +79,18 @@ class AdamW {
     GPT& model_;
     Backend& backend_;
     AdamWConfig config_;
+    void update(const float* grad_scale);
     std::vector<TensorSlice> slices_;
-    DeviceBuffer m_, v_;    // optimizer
-    DeviceBuffer scratch_;  // workspace: [0] norm^2, [1] clip scale
+    AdamWPartition partition_;
+    // Per owned range (sharded): the tensor slices inside it, relative to its start.
+    std::vector<std::vector<TensorSlice>> owned_slices_;
+    size_t state_count_ = 0;  // elements of m and v
+    DeviceBuffer m_, v_;      // optimizer
+    // workspace: [0] norm^2, [1] clip scale, then (norm^2, clip) per grad_norm_squares range
+    DeviceBuffer scratch_;
     int t_ = 0;
     bool norm_valid_ = false;
+    float host_norm_ = -1;  // the norm given to step_with_clip_scale (-1: none)
 };
 
 }  // namespace mt
