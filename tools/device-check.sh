@@ -89,13 +89,15 @@ configure() {
         -DGTest_DIR="$GT_PREFIX/lib/cmake/GTest"
     grep -q "MT_HAVE_CUDA" "$BUILD/CMakeCache.txt" || true
     grep -E "^(Eigen3|CLI11|nlohmann_json|yaml-cpp|GTest)_DIR:" "$BUILD/CMakeCache.txt"
+    # NCCL: the toolkit's or PyTorch's wheel (nvidia-nccl-cu13); NOTFOUND = the NCCL tests skip.
+    grep -E "^MT_NCCL_(INCLUDE_DIR|LIBRARY):" "$BUILD/CMakeCache.txt" || true
 }
 export -f configure
 stage configure 120 configure || true
 
 # ---- 3. build (Release, sm_$ARCH only) ----
 TESTS=(test_peak_flops test_backend_ops test_cuda_backend test_cuda_attention test_cuda_training
-       test_cuda_determinism)
+       test_cuda_determinism test_nccl_collectives)
 export TESTS_STR="${TESTS[*]}"
 build() {
     # shellcheck disable=SC2086

@@ -456,6 +456,14 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+cudaStream_t cuda::compute_stream_of(Backend& backend) {
+    auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+    if (!cuda)
+        throw BackendError(std::string("compute_stream_of: the ") + to_string(backend.kind()) +
+                           " backend has no CUDA stream (a CUDA backend is needed)");
+    return cuda->stream();
+}
+
 std::unique_ptr<Backend> create_cuda_backend(const BackendOptions& options) {
     return std::make_unique<CudaBackend>(options);
 }

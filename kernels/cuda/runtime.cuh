@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/compute_stream.h"
 #include "kernels/cuda_error_format.h"
 
 namespace mt::cuda {
