@@ -127,8 +127,11 @@ AdamWPartition partition_of(const GradientSync* sync, const RunConfig& cfg) {
 }  // namespace
 
 void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* estimate) {
-    const MemoryEstimate e = GPT::estimate_memory(cfg.model, model_options(cfg),
-                                                  cfg.data.batch_size, cfg.data.seq_len, backend);
+    MemoryEstimate e = GPT::estimate_memory(cfg.model, model_options(cfg), cfg.data.batch_size,
+                                            cfg.data.seq_len, backend);
+    // ZeRO-1 over the job's ranks: each holds about 1/N of the AdamW moments.
+    if (const World& w = World::current(); cfg.dist.zero == 1 && w.distributed())
+        e.optimizer = (e.optimizer + static_cast<size_t>(w.size()) - 1) / static_cast<size_t>(w.size());
     if (estimate) *estimate = e;
     const DeviceMemoryInfo info = backend.device_memory_info();
     if (!info.available || info.free_bytes == 0 || e.total() <= info.free_bytes) return;

@@ -20,8 +20,13 @@
 // once the kernels that produce an operation's input have been issued; the operation issued
 // later with the same `slot` starts only after them (CUDA: an event recorded on the compute
 // stream that the communication stream waits on; CPU: the kernels have already run, nothing to
-// do). `wait()` blocks the calling host thread until every operation issued so far is complete,
-// and throws CommError (with what the library said) on failure or when `timeout_s` passes.
+// do). The fence of a slot happens-before the issue of its operation (the synchroniser fences,
+// then hands the operation to its thread through a mutex-guarded queue), and a slot is not
+// fenced again before its operation was issued. `wait()` blocks the calling host thread until
+// every operation issued so far is complete, and throws CommError (with what the library said)
+// on failure or when `timeout_s` passes. After a CommError the object is dead: every later call
+// throws, and the caller ends the job (World::abort).
+// Gradients and parameters are fp32 (the master copies), so the element type is fixed.
 #pragma once
 
 #include <cstddef>
