@@ -9,9 +9,10 @@
 namespace mt::dist_detail {
 
 // Polls `request` with MPI_Test until it completes; throws CommError after timeout_s, naming
-// `what`, the rank and the size. Spins for the first 100 µs (a reduction on one machine often
-// completes in that time), then sleeps 50 µs between polls so a waiting rank leaves the cores to
-// the ranks still computing.
+// `what`, the rank and the size. MPI's non-blocking collectives advance only inside MPI calls
+// (no progress thread), so the poll rate is the transfer rate: it spins for the first 500 µs
+// (a bucket on one machine often completes in that time), then sleeps 20 µs between polls so a
+// waiting rank leaves the cores to the ranks still computing.
 void wait_for(MPI_Request& request, double timeout_s, const std::string& what, int rank,
               int size);
 

@@ -48,7 +48,7 @@ void wait_for(MPI_Request& request, double timeout_s, const std::string& what, i
               int size) {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
-    const auto spin_until = start + std::chrono::microseconds(100);
+    const auto spin_until = start + std::chrono::microseconds(500);
     const auto deadline = start + std::chrono::duration_cast<clock::duration>(
                                       std::chrono::duration<double>(timeout_s));
     for (;;) {
@@ -64,7 +64,7 @@ void wait_for(MPI_Request& request, double timeout_s, const std::string& what, i
                             " s (dist.timeout_s): another rank has died, hangs, or is at a "
                             "different place of the program (see its output above)");
         }
-        if (now > spin_until) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        if (now > spin_until) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
 }
 
