@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -159,6 +160,11 @@ std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKi
     bo.precision = cfg.run.precision;
     bo.kernels = cfg.kernels;
     bo.num_threads = cfg.run.threads;
+    // Data parallel on CUDA: one GPU per rank, the rank's index on its node picks it (a node
+    // with fewer GPUs than ranks is refused by the backend, naming the device count).
+    if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+        local && kind == BackendKind::cuda && World::current().distributed())
+        bo.device_index = std::atoi(local);
     return create_backend(kind, bo);
 }
 
