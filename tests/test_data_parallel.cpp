@@ -244,5 +244,38 @@ TEST(DataParallel, ARankThatThrowsEndsTheJobNamingRankVariantAndStep) {
     EXPECT_CONTAINS(r.output, "an injected failure");
 }
 
+// Ctrl-C on mpirun: mpirun sends every rank SIGTERM; the ranks agree on it in the step's sync,
+// stop after the same step, and rank 0 writes the report of what was measured (exit 143 from
+// the ranks; mpirun reports it). mpirun's grace period is raised to 20 s so the asan build has
+// time to write the report (the default is 1 s: docs/commands.md).
+TEST(DataParallel, CtrlCOnMpirunWritesTheReportOfWhatWasMeasured) {
+    REQUIRE_MPI();
+    TempDir dir("mt_dp");
+    const std::string f = write_experiment(dir, "c.yaml", 100000);
+    const std::string log = dir.file("log");
+    const std::string script =
+        mpirun(2) + "--mca odls_base_sigkill_timeout 20 '" + MT_BINARY + "' run '" + f +
+        "' --out-dir '" + dir.file("out") + "' > '" + log + "' 2>&1 & pid=$!; " +
+        "for i in $(seq 600); do grep -q 'step 6/' '" + log +
+        "' && break; sleep 0.1; done; kill -INT $pid; wait $pid; echo rc=$?";
+    const std::string sh = dir.file("ctrl-c.sh");
+    std::ofstream(sh) << script << "\n";
+    const CliResult r = run_shell("bash '" + sh + "'");
+    std::ifstream in(log);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string out = ss.str();
+    EXPECT_CONTAINS(out, "writing the report");
+    std::string results;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir.file("out")))
+        if (e.path().filename() == "results.json") results = e.path().string();
+    ASSERT_FALSE(results.empty()) << r.output << out;
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(results));
+    EXPECT_TRUE(j["interrupted"].get<bool>());
+    EXPECT_EQ(j["variants"][0]["status"], "interrupted");
+    EXPECT_GE(j["variants"][0]["steps"].size(), 6u);
+    EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(results).parent_path() / "PARTIAL"));
+}
+
 }  // namespace
 }  // namespace mt
