@@ -282,6 +282,24 @@ TEST(ReportDistMarkdown, OverlapOnWithLittleHiddenUnderSimulatedLatencySuggestsL
         << comm;
 }
 
+TEST(ReportDistMarkdown,
+     OverlapOnWithFewBucketsOnARealLinkSuggestsSmallerBucketsAndZeroOneIsNoFix) {
+    ExperimentResult ex = make_experiment(kCommHeavy, /*overlap=*/true);
+    DataParallelRun& d = *ex.runs[1].dist;
+    d.simulated_link_gbps = 0;
+    d.simulated_latency_us = 0;
+    d.zero = 1;
+    const std::string comm =
+        section(render_report_md(to_results(ex)), "## Communication (data parallel)");
+    EXPECT_NE(comm.find("link: the real transport (no simulated link)"), std::string::npos);
+    EXPECT_EQ(comm.find("not a real interconnect"), std::string::npos);
+    EXPECT_NE(comm.find("a smaller `dist.bucket_mb` (now 25 MiB, 2 buckets per step)"),
+              std::string::npos)
+        << comm;
+    EXPECT_NE(comm.find("ZeRO-1 is on: it saves optimizer memory, not traffic"), std::string::npos)
+        << comm;
+}
+
 TEST(ReportDistMarkdown, CommAtTwoPercentIsNotTheBottleneck) {
     const std::string md =
         render_report_md(to_results(make_experiment(kCommLight, true, /*rank_slowdown=*/0.01)));
