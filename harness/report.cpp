@@ -998,10 +998,10 @@ void write_communication(std::ostringstream& o, const Results& res) {
           << f("%.0f", d.bytes_per_step) << " bytes)\n";
         o << "- achieved bus bandwidth: " << f("%.3f", d.achieved_busbw_gbps) << " GB/s";
         if (d.probe_busbw_gbps)
-            o << " vs the probe's " << f("%.3f", *d.probe_busbw_gbps) << " GB/s (" << d.probe_source
-              << ")"
-              << (d.busbw_fraction_of_probe ? ": " + pct(*d.busbw_fraction_of_probe) + " of it"
-                                            : std::string());
+            o << " vs the probe's " << f("%.3f", *d.probe_busbw_gbps) << " GB/s"
+              << (d.busbw_fraction_of_probe ? ", " + pct(*d.busbw_fraction_of_probe) + " of it"
+                                            : std::string())
+              << " (probe: " << d.probe_source << ")";
         else
             o << " (no probe of this transport)";
         o << "\n";
