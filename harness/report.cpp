@@ -46,7 +46,7 @@ std::string steps_csv(const ExperimentResult& ex) {
     std::ostringstream o;
     o << "variant,step,warmup,wall_ms";
     for (Phase p : kAllPhases) o << "," << to_string(p) << "_ms";
-    o << ",other_ms,loss,grad_norm,lr\n";
+    o << ",other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes\n";
     auto num = [](double x) {
         if (!std::isfinite(x)) return std::string(std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf"));
         char b[48];
@@ -65,58 +65,105 @@ std::string steps_csv(const ExperimentResult& ex) {
             o << name << "," << s.step << "," << (s.warmup ? 1 : 0) << "," << num(s.times.wall_ms);
             for (Phase p : kAllPhases) o << "," << num(s.times[p]);
             o << "," << num(s.times.other_ms()) << "," << num(s.loss) << "," << num(s.grad_norm)
-              << "," << f("%.6g", s.lr) << "\n";
+              << "," << f("%.6g", s.lr) << "," << num(s.comm_busy_ms) << ","
+              << f("%.0f", s.comm_bytes) << "\n";
         }
     }
     return o.str();
 }
+
+namespace {
+
+// The trace events of one track (pid, tid) of kept steps: a step's phases, or its ops, or the
+// step itself, each placed at the step's host offset plus its own offset.
+enum class TraceTrack { steps, phases, ops };
+
+void add_track(json& events, int pid, int tid, const std::vector<TraceStep>& trace,
+               TraceTrack what) {
+    for (const TraceStep& s : trace) {
+        const double base_us = s.start_ms * 1000.0;
+        if (what == TraceTrack::steps)
+            events.push_back({{"name", "step " + std::to_string(s.step)},
+                              {"cat", "step"},
+                              {"ph", "X"},
+                              {"pid", pid},
+                              {"tid", tid},
+                              {"ts", base_us},
+                              {"dur", s.wall_ms * 1000.0},
+                              {"args", {{"step", s.step}}}});
+        if (what == TraceTrack::phases)
+            for (const PhaseInterval& iv : s.phases)
+                events.push_back({{"name", to_string(iv.phase)},
+                                  {"cat", "phase"},
+                                  {"ph", "X"},
+                                  {"pid", pid},
+                                  {"tid", tid},
+                                  {"ts", base_us + iv.start_ms * 1000.0},
+                                  {"dur", iv.duration_ms * 1000.0},
+                                  {"args", {{"step", s.step}, {"micro_step", iv.micro_step}}}});
+        if (what == TraceTrack::ops)
+            for (const OpInterval& op : s.ops)
+                events.push_back({{"name", op.name},
+                                  {"cat", "op"},
+                                  {"ph", "X"},
+                                  {"pid", pid},
+                                  {"tid", tid},
+                                  {"ts", base_us + op.start_ms * 1000.0},
+                                  {"dur", op.duration_ms * 1000.0},
+                                  {"args", {{"step", s.step}}}});
+    }
+}
+
+json thread_name(int pid, int tid, const std::string& name) {
+    return {{"name", "thread_name"},
+            {"ph", "M"},
+            {"pid", pid},
+            {"tid", tid},
+            {"args", {{"name", name}}}};
+}
+
+bool has_trace(const RunResult& r) {
+    if (!r.trace.empty()) return true;
+    if (r.dist)
+        for (const RankSummary& rank : r.dist->ranks)
+            if (!rank.trace.empty()) return true;
+    return false;
+}
+
+}  // namespace
 
 json trace_json(const ExperimentResult& ex) {
     json events = json::array();
     int pid = 0;
     for (const RunResult& r : ex.runs) {
         ++pid;
-        if (r.trace.empty()) continue;
+        if (!has_trace(r)) continue;
         events.push_back({{"name", "process_name"},
                           {"ph", "M"},
                           {"pid", pid},
                           {"args", {{"name", "variant " + r.config.variant}}}});
-        const char* tracks[] = {"steps", "phases", "ops"};
-        for (int t = 0; t < 3; ++t)
-            events.push_back({{"name", "thread_name"},
-                              {"ph", "M"},
-                              {"pid", pid},
-                              {"tid", t + 1},
-                              {"args", {{"name", tracks[t]}}}});
-        for (const TraceStep& s : r.trace) {
-            const double base_us = s.start_ms * 1000.0;
-            events.push_back({{"name", "step " + std::to_string(s.step)},
-                              {"cat", "step"},
-                              {"ph", "X"},
-                              {"pid", pid},
-                              {"tid", 1},
-                              {"ts", base_us},
-                              {"dur", s.wall_ms * 1000.0},
-                              {"args", {{"step", s.step}}}});
-            for (const PhaseInterval& iv : s.phases)
-                events.push_back({{"name", to_string(iv.phase)},
-                                  {"cat", "phase"},
-                                  {"ph", "X"},
-                                  {"pid", pid},
-                                  {"tid", 2},
-                                  {"ts", base_us + iv.start_ms * 1000.0},
-                                  {"dur", iv.duration_ms * 1000.0},
-                                  {"args", {{"step", s.step}, {"micro_step", iv.micro_step}}}});
-            for (const OpInterval& op : s.ops)
-                events.push_back({{"name", op.name},
-                                  {"cat", "op"},
-                                  {"ph", "X"},
-                                  {"pid", pid},
-                                  {"tid", 3},
-                                  {"ts", base_us + op.start_ms * 1000.0},
-                                  {"dur", op.duration_ms * 1000.0},
-                                  {"args", {{"step", s.step}}}});
+        events.push_back(thread_name(pid, 1, "steps"));
+        add_track(events, pid, 1, r.trace, TraceTrack::steps);
+        if (!r.dist) {
+            events.push_back(thread_name(pid, 2, "phases"));
+            add_track(events, pid, 2, r.trace, TraceTrack::phases);
+            events.push_back(thread_name(pid, 3, "ops"));
+            add_track(events, pid, 3, r.trace, TraceTrack::ops);
+            continue;
         }
+        // Data parallel: one phases track per rank (rank 0's is the variant's own trace), so a
+        // straggler or a rank waiting in comm shows beside the others; the steps and ops tracks
+        // stay rank 0's, which keeps the file as small as one rank's.
+        const std::vector<RankSummary>& ranks = r.dist->ranks;
+        for (size_t i = 0; i < ranks.size(); ++i) {
+            const int tid = 2 + static_cast<int>(i);
+            events.push_back(
+                thread_name(pid, tid, "rank " + std::to_string(ranks[i].rank) + " phases"));
+            add_track(events, pid, tid, ranks[i].trace, TraceTrack::phases);
+        }
+        const int ops_tid = 2 + static_cast<int>(ranks.size());
+        events.push_back(thread_name(pid, ops_tid, "ops"));
+        add_track(events, pid, ops_tid, r.trace, TraceTrack::ops);
     }
     return {{"traceEvents", events},
             {"displayTimeUnit", "ms"},
@@ -806,6 +853,168 @@ void write_kernels(std::ostringstream& o, const Results& res) {
     }
 }
 
+// ---- data parallel ------------------------------------------------------------------------------
+
+// Communication is the bottleneck when the step's exposed wait for it is the largest phase or more
+// than this share of the median step: beyond a quarter, hiding or shrinking it is the biggest
+// lever left, whichever phase is largest.
+constexpr double kCommBottleneckShare = 0.25;
+// A rank whose median step is this much slower than the fastest one holds every collective up.
+constexpr double kRankSpreadWarn = 0.10;
+// More buckets than this per step: the per-collective latency adds up.
+constexpr int kManyBuckets = 8;
+
+// The largest phase of the median step (phases only: `other` is not a phase).
+Phase largest_phase(const VariantResult& v) {
+    Phase best = kAllPhases[0];
+    for (Phase p : kAllPhases)
+        if (v.stats.phases_ms[column(p)].median > v.stats.phases_ms[column(best)].median) best = p;
+    return best;
+}
+
+bool comm_is_bottleneck(const VariantResult& v) {
+    if (!v.data_parallel || !v.measured()) return false;
+    const DataParallelRecord& d = *v.data_parallel;
+    return d.comm_exposed_ms > 0 &&
+           (d.comm_share > kCommBottleneckShare || largest_phase(v) == Phase::comm);
+}
+
+const RankRecord* rank_zero(const DataParallelRecord& d) {
+    for (const RankRecord& r : d.ranks)
+        if (r.rank == 0) return &r;
+    return nullptr;
+}
+
+std::string simulated_link_text(const DataParallelRecord& d) {
+    return "simulated: " + f("%g", d.simulated_link_gbps) + " Gbit/s, " +
+           f("%g", d.simulated_latency_us) + " µs — not a real interconnect";
+}
+
+// What to change when communication is the bottleneck, from what was measured.
+std::vector<std::string> comm_suggestions(const VariantResult& v) {
+    const DataParallelRecord& d = *v.data_parallel;
+    std::vector<std::string> out;
+    const std::string buckets = "now " + f("%g", d.bucket_mb) + " MiB, " +
+                                std::to_string(d.buckets) + " bucket" +
+                                (d.buckets == 1 ? "" : "s") + " per step";
+    if (!d.overlap) {
+        out.push_back(
+            "set `dist.overlap: true`: each bucket's reduction then starts as soon as "
+            "backward has produced it and runs under the rest of backward (overlap is "
+            "off: the step waits for every byte).");
+    } else if (d.comm_overlapped_ms < d.comm_exposed_ms) {
+        // Overlap is on but most of the communication is still waited for.
+        if (d.simulated_latency_us > 0 || d.buckets > kManyBuckets)
+            out.push_back("a larger `dist.bucket_mb` (" + buckets +
+                          "): fewer collectives, each paying the per-collective latency once" +
+                          (d.simulated_latency_us > 0
+                               ? " (" + f("%g", d.simulated_latency_us) + " µs simulated)"
+                               : std::string()) +
+                          "; little of the communication is hidden (" +
+                          f("%.2f", d.comm_overlapped_ms) + " ms overlapped vs " +
+                          f("%.2f", d.comm_exposed_ms) + " ms exposed).");
+        else
+            out.push_back("a smaller `dist.bucket_mb` (" + buckets +
+                          "): the first reduction starts earlier in backward, so more of it "
+                          "hides; little is hidden now (" +
+                          f("%.2f", d.comm_overlapped_ms) + " ms overlapped vs " +
+                          f("%.2f", d.comm_exposed_ms) + " ms exposed).");
+    }
+    out.push_back("more gradient accumulation (`run.grad_accum`, now " +
+                  std::to_string(v.batch.grad_accum) +
+                  "): one reduction per optimizer step is amortised over more samples.");
+    out.push_back(d.zero == 0
+                      ? std::string("`dist.zero: 1` (ZeRO-1) only when memory is the issue: it "
+                                    "shards the optimizer state across the ranks but does not "
+                                    "reduce the traffic.")
+                      : std::string("ZeRO-1 is on: it saves optimizer memory, not traffic (it "
+                                    "adds a parameter all-gather after the optimizer); "
+                                    "`dist.zero: 0` if memory allows."));
+    return out;
+}
+
+void write_rank_table(std::ostringstream& o, const DataParallelRecord& d) {
+    o << "\n| rank | step ms | comm exposed ms | comm overlapped ms | data ms | forward ms | "
+         "backward ms | optimizer ms |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (const RankRecord& r : d.ranks) {
+        const bool slow = d.ranks.size() > 1 && r.rank == d.slowest_rank;
+        o << "| "
+          << (slow ? "**" + std::to_string(r.rank) + "** (slowest)" : std::to_string(r.rank))
+          << " | " << f("%.2f", r.step_ms);
+        for (double x :
+             {r.phases_ms[column(Phase::comm)], r.comm_overlapped_ms,
+              r.phases_ms[column(Phase::data)], r.phases_ms[column(Phase::forward)],
+              r.phases_ms[column(Phase::backward)], r.phases_ms[column(Phase::optimizer)]})
+            o << " | " << f("%.2f", x);
+        o << " |\n";
+    }
+    o << "\nMedians per rank over its measured steps. Rank spread: " << f("%.2f", d.rank_spread_ms)
+      << " ms (" << pct(d.rank_spread_pct) << " of the fastest rank's median step); slowest rank "
+      << d.slowest_rank << ".\n";
+}
+
+void write_comm_verdict(std::ostringstream& o, const VariantResult& v) {
+    const DataParallelRecord& d = *v.data_parallel;
+    const bool bottleneck = comm_is_bottleneck(v);
+    o << "\n**Is communication the bottleneck?** " << (bottleneck ? "Yes" : "No")
+      << ": the exposed communication wait is " << pct(d.comm_share) << " of the median step ("
+      << f("%.2f", d.comm_exposed_ms) << " of " << f("%.2f", v.stats.step_ms.median)
+      << " ms); the largest phase is " << enum_name(largest_phase(v))
+      << " (threshold: communication is the bottleneck when it is the largest phase or more than "
+      << pct(kCommBottleneckShare) << " of the step).\n\n";
+    if (bottleneck)
+        for (const std::string& s : comm_suggestions(v)) o << "- next: " << s << "\n";
+    if (d.ranks.size() > 1 && d.rank_spread_pct > kRankSpreadWarn)
+        o << "- straggler / load imbalance: rank " << d.slowest_rank << " is the slowest, "
+          << f("%.2f", d.rank_spread_ms) << " ms (" << pct(d.rank_spread_pct)
+          << ") slower per step than the fastest rank (more than " << pct(kRankSpreadWarn)
+          << "); every collective waits for it, so the other ranks' comm wait includes its lag. "
+             "Check what differs on that rank (its data phase, other processes on its cores, "
+             "`run.threads` × ranks against the machine's cores).\n";
+    if (d.simulated_link_gbps > 0)
+        o << "- the link is simulated: these communication times are what the simulated link "
+             "would take, not what this machine's interconnect does.\n";
+}
+
+void write_communication(std::ostringstream& o, const Results& res) {
+    bool any = false;
+    for (const VariantResult& v : res.variants) any = any || (v.data_parallel && v.measured());
+    if (!any) return;
+    o << "\n## Communication (data parallel)\n\nThe comm phase is the time a step *waits* for "
+         "communication (exposed); communication hidden under backward (overlapped) is measured "
+         "beside the phases. Per step, rank 0's medians unless stated.\n";
+    for (const VariantResult& v : res.variants) {
+        if (!v.data_parallel || !v.measured()) continue;
+        const DataParallelRecord& d = *v.data_parallel;
+        o << "\n### " << v.name << "\n\n";
+        o << "- world size **" << d.world_size << "**, transport " << d.transport << ", ZeRO stage "
+          << d.zero << ", overlap " << (d.overlap ? "on" : "off") << ", " << d.buckets << " bucket"
+          << (d.buckets == 1 ? "" : "s") << " of " << f("%g", d.bucket_mb) << " MiB\n";
+        if (d.simulated_link_gbps > 0)
+            o << "- link: **" << simulated_link_text(d) << "**\n";
+        else
+            o << "- link: the real transport (no simulated link)\n";
+        o << "- sent per step (each rank): " << mib(d.bytes_per_step) << " MiB ("
+          << f("%.0f", d.bytes_per_step) << " bytes)\n";
+        o << "- achieved bus bandwidth: " << f("%.3f", d.achieved_busbw_gbps) << " GB/s";
+        if (d.probe_busbw_gbps)
+            o << " vs the probe's " << f("%.3f", *d.probe_busbw_gbps) << " GB/s"
+              << (d.busbw_fraction_of_probe ? ", " + pct(*d.busbw_fraction_of_probe) + " of it"
+                                            : std::string())
+              << " (probe: " << d.probe_source << ")";
+        else
+            o << " (no probe of this transport)";
+        o << "\n";
+        const RankRecord* r0 = rank_zero(d);
+        o << "- communication per step: exposed " << f("%.2f", d.comm_exposed_ms) << " ms ("
+          << pct(d.comm_share) << " of the step), overlapped " << f("%.2f", d.comm_overlapped_ms)
+          << " ms" << (r0 ? ", link busy " + f("%.2f", r0->comm_busy_ms) + " ms" : std::string())
+          << "\n";
+        write_rank_table(o, d);
+        write_comm_verdict(o, v);
+    }
+}
+
 void write_bottlenecks(std::ostringstream& o, const Results& res, const VariantResult* ref,
                        const std::string& baseline) {
     o << "\n## Bottleneck and next steps\n";
@@ -971,6 +1180,11 @@ std::vector<std::string> suggestions_for(const VariantResult& v) {
     const Shares s = shares_of(v);
     const double data = s.share(column(Phase::data)), h2d = s.share(column(Phase::h2d)),
                  fwd = s.share(column(Phase::forward)), bwd = s.share(column(Phase::backward));
+    if (comm_is_bottleneck(v))
+        out.push_back("communication-bound: the step waits " + pct(v.data_parallel->comm_share) +
+                      " of its median time for communication; see *Communication (data "
+                      "parallel)* above for what to change (overlap, bucket size, grad "
+                      "accumulation).");
     if (data >= 0.20) out.push_back(data_suggestion(v, data));
     if (h2d >= 0.10)
         out.push_back("h2d takes " + pct(h2d) + " of the step: " +
@@ -999,6 +1213,7 @@ std::string render_report_md(const Results& results) {
     write_memory_estimate_table(o, results);
     write_memory_peaks(o, results);
     write_kernels(o, results);
+    write_communication(o, results);
     write_bottlenecks(o, results, ref, cmp.baseline);
     write_configuration(o, results);
     write_environment(o, results);

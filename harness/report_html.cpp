@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -174,9 +175,12 @@ std::string md_to_html(const std::string& md, const std::string& charts) {
 
 // ---- charts -------------------------------------------------------------------------------------
 
-// One colour per phase column (the phases, then other).
-const char* kPhaseColors[kPhaseColumnCount] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759",
-                                               "#b07aa1", "#76b7b2", "#bab0ac"};
+// One colour per phase column (the phases, then other); comm, the data-parallel wait, is yellow.
+// The static_assert makes a new phase without a colour a compile error rather than a null
+// pointer printed into the SVG.
+const char* const kPhaseColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759",
+                                    "#edc948", "#b07aa1", "#76b7b2", "#bab0ac"};
+static_assert(std::size(kPhaseColors) == kPhaseColumnCount, "one colour per phase column");
 const char* kCatColors[kMemoryCategoryCount] = {"#4e79a7", "#e15759", "#f28e2b",
                                                 "#59a14f", "#b07aa1", "#9c755f"};
 const char* kLineColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -106,6 +107,43 @@ StepRow step_row(const StepRecord& s) {
     o.loss = finite(s.loss);
     o.grad_norm = finite(s.grad_norm);
     o.lr = s.lr;
+    o.comm_busy_ms = s.comm_busy_ms;
+    o.comm_bytes = s.comm_bytes;
+    return o;
+}
+
+// The data-parallel record with its derived numbers. `st` is rank 0's statistics (the variant's):
+// the exposed comm time and the step it is a share of come from the same median steps.
+DataParallelRecord data_parallel_record(const DataParallelRun& d, const RunStats& st) {
+    DataParallelRecord o;
+    o.world_size = d.world_size;
+    o.transport = d.transport;
+    o.zero = d.zero;
+    o.overlap = d.overlap;
+    o.bucket_mb = d.bucket_mb;
+    o.buckets = d.buckets;
+    o.simulated_link_gbps = d.simulated_link_gbps;
+    o.simulated_latency_us = d.simulated_latency_us;
+    o.bytes_per_step = d.bytes_per_step;
+    o.achieved_busbw_gbps = d.achieved_busbw_gbps;
+    o.probe_busbw_gbps = d.probe_busbw_gbps;
+    o.probe_source = d.probe_source;
+    for (const RankSummary& r : d.ranks)
+        o.ranks.push_back({r.rank, r.step_ms, r.phases_ms, r.comm_busy_ms, r.comm_overlapped_ms});
+    if (!o.ranks.empty()) {
+        const auto [lo, hi] = std::minmax_element(
+            o.ranks.begin(), o.ranks.end(),
+            [](const RankRecord& a, const RankRecord& b) { return a.step_ms < b.step_ms; });
+        o.slowest_rank = hi->rank;
+        o.rank_spread_ms = hi->step_ms - lo->step_ms;
+        o.rank_spread_pct = lo->step_ms > 0 ? o.rank_spread_ms / lo->step_ms : 0;
+        for (const RankRecord& r : o.ranks)
+            if (r.rank == 0) o.comm_overlapped_ms = r.comm_overlapped_ms;
+    }
+    o.comm_exposed_ms = st.phase[static_cast<int>(Phase::comm)].median;
+    o.comm_share = st.step_ms.median > 0 ? o.comm_exposed_ms / st.step_ms.median : 0;
+    if (d.probe_busbw_gbps && *d.probe_busbw_gbps > 0)
+        o.busbw_fraction_of_probe = d.achieved_busbw_gbps / *d.probe_busbw_gbps;
     return o;
 }
 
@@ -133,7 +171,9 @@ void fill_config(VariantResult& v, const RunResult& r) {
     v.model_describe = c.model.describe();
     v.n_params = r.n_params;
     const int B = c.data.batch_size, T = c.data.seq_len, A = c.run.grad_accum;
-    v.batch = {B, T, A, static_cast<long long>(B) * A, static_cast<long long>(B) * T * A};
+    // The global batch: every rank trains B * A samples of its own per optimizer step.
+    const long long W = r.dist ? r.dist->world_size : 1;
+    v.batch = {B, T, A, W * B * A, W * B * T * A};
     v.warmup_steps = c.run.warmup_steps;
     v.measure_steps = c.run.measure_steps;
     v.profiled = c.profile.kernels;
@@ -165,6 +205,7 @@ VariantResult to_variant_result(const RunResult& r) {
     v.memory = memory_record(r);
     for (const KernelStat& k : r.kernels) v.kernels.push_back(kernel_record(k));
     for (const StepRecord& s : r.steps) v.steps.push_back(step_row(s));
+    if (r.dist) v.data_parallel = data_parallel_record(*r.dist, st);
     return v;
 }
 
@@ -332,10 +373,51 @@ json step_json(const StepRow& s) {
             {"other_ms", s.other_ms},
             {"loss", opt_json(s.loss)},
             {"grad_norm", opt_json(s.grad_norm)},
-            {"lr", s.lr}};
+            {"lr", s.lr},
+            {"comm_busy_ms", s.comm_busy_ms},
+            {"comm_bytes", s.comm_bytes}};
 }
 
-// The measurements of one variant: statistics, FLOPs, roofline, loss, memory, ops, steps.
+json phase_values_json(const std::array<double, kPhaseCount>& ms) {
+    json j = json::object();
+    for (Phase p : kAllPhases) j[to_string(p)] = ms[static_cast<int>(p)];
+    return j;
+}
+
+json data_parallel_json(const std::optional<DataParallelRecord>& dp) {
+    if (!dp) return nullptr;
+    const DataParallelRecord& d = *dp;
+    json ranks = json::array();
+    for (const RankRecord& r : d.ranks)
+        ranks.push_back({{"rank", r.rank},
+                         {"step_ms", r.step_ms},
+                         {"phases_ms", phase_values_json(r.phases_ms)},
+                         {"comm_busy_ms", r.comm_busy_ms},
+                         {"comm_overlapped_ms", r.comm_overlapped_ms}});
+    return {{"world_size", d.world_size},
+            {"transport", d.transport},
+            {"zero", d.zero},
+            {"overlap", d.overlap},
+            {"bucket_mb", d.bucket_mb},
+            {"buckets", d.buckets},
+            {"simulated_link_gbps", d.simulated_link_gbps},
+            {"simulated_latency_us", d.simulated_latency_us},
+            {"bytes_per_step", d.bytes_per_step},
+            {"achieved_busbw_gbps", d.achieved_busbw_gbps},
+            {"probe_busbw_gbps", opt_json(d.probe_busbw_gbps)},
+            {"probe_source", d.probe_source},
+            {"ranks", ranks},
+            {"slowest_rank", d.slowest_rank},
+            {"rank_spread_ms", d.rank_spread_ms},
+            {"rank_spread_pct", d.rank_spread_pct},
+            {"comm_exposed_ms", d.comm_exposed_ms},
+            {"comm_overlapped_ms", d.comm_overlapped_ms},
+            {"comm_share", d.comm_share},
+            {"busbw_fraction_of_probe", opt_json(d.busbw_fraction_of_probe)}};
+}
+
+// The measurements of one variant: statistics, FLOPs, roofline, loss, memory, ops, steps, and
+// how it communicated (data_parallel).
 void write_measurements(json& v, const VariantResult& r) {
     v["stats"] = stats_json(r.stats);
     v["flops"] = {{"per_step", r.flops.per_step},
@@ -358,6 +440,7 @@ void write_measurements(json& v, const VariantResult& r) {
     for (const KernelRecord& k : r.kernels) v["kernels"].push_back(kernel_json(k));
     v["steps"] = json::array();
     for (const StepRow& s : r.steps) v["steps"].push_back(step_json(s));
+    v["data_parallel"] = data_parallel_json(r.data_parallel);
 }
 
 json variant_json(const VariantResult& r) {
@@ -646,10 +729,47 @@ StepRow read_step(const Node& n) {
     s.loss = n["loss"].number_or_null();
     s.grad_norm = n["grad_norm"].number_or_null();
     s.lr = n["lr"].number();
+    s.comm_busy_ms = n["comm_busy_ms"].number();
+    s.comm_bytes = n["comm_bytes"].number();
     return s;
 }
 
-// Statistics, FLOPs, roofline, loss, memory, ops and steps (the counterpart of
+std::array<double, kPhaseCount> read_phase_values(const Node& n) {
+    std::array<double, kPhaseCount> ms{};
+    for (Phase p : kAllPhases) ms[static_cast<int>(p)] = n[to_string(p)].number();
+    return ms;
+}
+
+std::optional<DataParallelRecord> read_data_parallel(const Node& n) {
+    if (n.is_null()) return std::nullopt;
+    DataParallelRecord d;
+    d.world_size = n["world_size"].int_value();
+    d.transport = n["transport"].string();
+    d.zero = n["zero"].int_value();
+    d.overlap = n["overlap"].boolean();
+    d.bucket_mb = n["bucket_mb"].number();
+    d.buckets = n["buckets"].int_value();
+    d.simulated_link_gbps = n["simulated_link_gbps"].number();
+    d.simulated_latency_us = n["simulated_latency_us"].number();
+    d.bytes_per_step = n["bytes_per_step"].number();
+    d.achieved_busbw_gbps = n["achieved_busbw_gbps"].number();
+    d.probe_busbw_gbps = n["probe_busbw_gbps"].number_or_null();
+    d.probe_source = n["probe_source"].string();
+    for (const Node& r : n["ranks"].elements())
+        d.ranks.push_back({r["rank"].int_value(), r["step_ms"].number(),
+                           read_phase_values(r["phases_ms"]), r["comm_busy_ms"].number(),
+                           r["comm_overlapped_ms"].number()});
+    d.slowest_rank = n["slowest_rank"].int_value();
+    d.rank_spread_ms = n["rank_spread_ms"].number();
+    d.rank_spread_pct = n["rank_spread_pct"].number();
+    d.comm_exposed_ms = n["comm_exposed_ms"].number();
+    d.comm_overlapped_ms = n["comm_overlapped_ms"].number();
+    d.comm_share = n["comm_share"].number();
+    d.busbw_fraction_of_probe = n["busbw_fraction_of_probe"].number_or_null();
+    return d;
+}
+
+// Statistics, FLOPs, roofline, loss, memory, ops, steps and data_parallel (the counterpart of
 // write_measurements).
 void read_measurements(VariantResult& v, const Node& n) {
     v.stats = read_stats(n["stats"]);
@@ -667,6 +787,7 @@ void read_measurements(VariantResult& v, const Node& n) {
     v.memory = read_memory(n["memory"]);
     for (const Node& k : n["kernels"].elements()) v.kernels.push_back(read_kernel(k));
     for (const Node& s : n["steps"].elements()) v.steps.push_back(read_step(s));
+    v.data_parallel = read_data_parallel(n["data_parallel"]);
 }
 
 VariantResult read_variant(const Node& n) {

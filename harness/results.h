@@ -8,10 +8,14 @@
 // to_results also runs the comparison (build_comparison, report.cpp) once and stores its
 // verdicts in Results::comparison, so results.json and report.md state the same verdicts.
 //
-// Layout (schema_version 3): v2 (the v1 keys plus the top-level `comparison` block) with the
+// Layout (schema_version 4): v2 (the v1 keys plus the top-level `comparison` block) with the
 // loss check of v3: `experiment.loss_tolerance` may be null (derived), and the comparison block
 // states the tolerance it applied (`loss_tolerance_nats`, `loss_tolerance_basis`) and each
-// variant's `delta_mean_loss` / `delta_final_loss`.
+// variant's `delta_mean_loss` / `delta_final_loss`. v4 adds data parallelism: the phase `comm`
+// in every phases object (stats, memory, steps), `comm_busy_ms` / `comm_bytes` per step, and per
+// variant `data_parallel` (null for one rank): how it communicated, every rank's medians
+// (`ranks`; their trace steps go to trace.json only) and the derived fields of
+// DataParallelRecord. samples/tokens per step and per second count the GLOBAL batch (all ranks).
 // JSON objects are written with sorted keys (nlohmann's default), so writing a Results read from
 // a file gives the same text back. Reading checks the type and presence of every key and throws
 // ReportError naming the file and the key path, e.g.
@@ -31,7 +35,7 @@
 
 namespace mt {
 
-inline constexpr int kResultsSchemaVersion = 3;
+inline constexpr int kResultsSchemaVersion = 4;
 
 // Thrown for a results.json that cannot be used; the message names the file and the key.
 struct ReportError : std::runtime_error {
@@ -51,7 +55,9 @@ struct SeriesSummary {
 };
 
 struct BatchShape {
-    int batch_size = 0, seq_len = 0, grad_accum = 0;
+    int batch_size = 0, seq_len = 0, grad_accum = 0;  // per rank
+    // Of one optimizer step over every rank (the global batch): world_size * B * grad_accum
+    // samples, times T tokens. world_size is 1 without data parallelism.
     long long samples_per_step = 0, tokens_per_step = 0;
 };
 
@@ -61,7 +67,7 @@ struct StepStatistics {
     std::array<SeriesSummary, kPhaseCount> phases_ms;  // indexed by Phase
     SeriesSummary other_ms;                            // wall - sum of the phases
     SeriesSummary loss;
-    double samples_per_s = 0, tokens_per_s = 0;  // from the median step
+    double samples_per_s = 0, tokens_per_s = 0;  // global batch / median step (all ranks)
     double jitter = 0;                           // step_ms IQR / median
     bool jitter_warning = false;                 // jitter > kJitterWarnThreshold
 };
@@ -127,6 +133,41 @@ struct StepRow {
     double other_ms = 0;
     std::optional<double> loss, grad_norm;  // nullopt: not finite
     double lr = 0;
+    double comm_busy_ms = 0;  // link-busy time of the step's collectives (0 on one rank)
+    double comm_bytes = 0;    // bytes this rank sent for them
+};
+
+// One rank of a data-parallel variant (RankSummary without its trace steps, which go to
+// trace.json only): medians over that rank's measured steps.
+struct RankRecord {
+    int rank = 0;
+    double step_ms = 0;
+    std::array<double, kPhaseCount> phases_ms{};  // indexed by Phase; comm = exposed wait
+    double comm_busy_ms = 0, comm_overlapped_ms = 0;
+};
+
+// How a data-parallel variant communicated (DataParallelRun), plus the numbers the report
+// judges it by, derived once in to_variant_result so results.json and report.md agree.
+struct DataParallelRecord {
+    int world_size = 1;
+    std::string transport;
+    int zero = 0;
+    bool overlap = true;
+    double bucket_mb = 0;
+    int buckets = 0;
+    double simulated_link_gbps = 0, simulated_latency_us = 0;  // 0: the real transport only
+    double bytes_per_step = 0, achieved_busbw_gbps = 0;
+    std::optional<double> probe_busbw_gbps;
+    std::string probe_source;
+    std::vector<RankRecord> ranks;  // in rank order
+    // Derived.
+    int slowest_rank = 0;           // the highest median step_ms
+    double rank_spread_ms = 0;      // max - min median step_ms over the ranks
+    double rank_spread_pct = 0;     // rank_spread_ms / the fastest rank's median (a fraction)
+    double comm_exposed_ms = 0;     // median comm phase of rank 0 (= the variant's stats)
+    double comm_overlapped_ms = 0;  // rank 0's median communication hidden under backward
+    double comm_share = 0;          // comm_exposed_ms / the median step
+    std::optional<double> busbw_fraction_of_probe;  // achieved / probe; nullopt: no probe
 };
 
 struct VariantResult {
@@ -152,7 +193,8 @@ struct VariantResult {
     MemoryRecord memory;
     std::vector<KernelRecord> kernels;  // heaviest first; empty unless profiled
     bool profiled = false;
-    std::vector<StepRow> steps;  // warm-up and measured
+    std::vector<StepRow> steps;                       // warm-up and measured
+    std::optional<DataParallelRecord> data_parallel;  // nullopt (JSON null): one rank
 
     bool measured() const { return stats.step_ms.n > 0; }
     // The config value of a dotted key, "" when absent.

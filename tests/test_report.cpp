@@ -152,7 +152,8 @@ TEST(ResultsJson, HoldsSchemaEnvironmentAndEveryVariant) {
     // Statistics cover measured steps only (warm-up steps are 20-30 ms).
     EXPECT_NEAR(b["stats"]["step_ms"]["median"].get<double>(), 10.0, 1e-9);
     EXPECT_NEAR(b["stats"]["step_ms"]["max"].get<double>(), 10.1, 1e-9);
-    for (const char* p : {"data", "h2d", "forward", "backward", "optimizer", "sync", "other"})
+    for (const char* p :
+         {"data", "h2d", "forward", "backward", "comm", "optimizer", "sync", "other"})
         EXPECT_TRUE(b["stats"]["phases_ms"].contains(p)) << p;
     EXPECT_NEAR(b["stats"]["phases_ms"]["other"]["mean"].get<double>(),
                 0.02 * b["stats"]["step_ms"]["mean"].get<double>(), 1e-9);
@@ -185,14 +186,14 @@ TEST(StepsCsv, IsConsistentWithResultsJson) {
     std::string header;
     std::getline(in, header);
     EXPECT_EQ(header,
-              "variant,step,warmup,wall_ms,data_ms,h2d_ms,forward_ms,backward_ms,optimizer_ms,"
-              "sync_ms,other_ms,loss,grad_norm,lr");
+              "variant,step,warmup,wall_ms,data_ms,h2d_ms,forward_ms,backward_ms,comm_ms,"
+              "optimizer_ms,sync_ms,other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes");
     std::map<std::string, std::vector<std::vector<std::string>>> rows;
     for (std::string line; std::getline(in, line);) {
         std::vector<std::string> cells;
         std::stringstream ls(line);
         for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
-        ASSERT_EQ(cells.size(), 14u) << line;
+        ASSERT_EQ(cells.size(), 17u) << line;
         rows[cells[0]].push_back(cells);
     }
     for (const json& v : j["variants"]) {
@@ -204,8 +205,8 @@ TEST(StepsCsv, IsConsistentWithResultsJson) {
             EXPECT_EQ(rs[i][2] == "1", s["warmup"].get<bool>());
             EXPECT_NEAR(std::stod(rs[i][3]), s["wall_ms"].get<double>(), 1e-5);
             EXPECT_NEAR(std::stod(rs[i][6]), s["phases_ms"]["forward"].get<double>(), 1e-5);
-            EXPECT_NEAR(std::stod(rs[i][10]), s["other_ms"].get<double>(), 1e-5);
-            EXPECT_NEAR(std::stod(rs[i][11]), s["loss"].get<double>(), 1e-5);
+            EXPECT_NEAR(std::stod(rs[i][11]), s["other_ms"].get<double>(), 1e-5);
+            EXPECT_NEAR(std::stod(rs[i][12]), s["loss"].get<double>(), 1e-5);
         }
     }
 }
@@ -410,7 +411,7 @@ TEST(LoadResults, BadFilesGiveClearErrors) {
     expect_error((dir / "other.json").string(), "not a microtrain results.json");
     { std::ofstream(dir / "v1.json") << R"({"schema_version": 1, "variants": []})"; }
     expect_error((dir / "v1.json").string(),
-                 "has schema_version 1, this microtrain reads schema_version 3");
+                 "has schema_version 1, this microtrain reads schema_version 4");
     json j = results_to_json(make_experiment());
     j["variants"][1].erase("stats");
     { std::ofstream(dir / "nostats.json") << j.dump(); }
@@ -447,7 +448,7 @@ TEST(ResultsSchema, ResultsJsonRoundTripsThroughTheSchema) {
 
 TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
     const json j = results_to_json(make_experiment());
-    EXPECT_EQ(j["schema_version"], 3);
+    EXPECT_EQ(j["schema_version"], 4);
     for (const char* key : {"tool", "experiment", "started_utc", "interrupted", "environment",
                             "units", "variants", "comparison"})
         EXPECT_TRUE(j.contains(key)) << key;
@@ -457,9 +458,10 @@ TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
           "backend",        "device_name", "threads", "config",       "changed",
           "knobs_changed",  "model",       "batch",   "warmup_steps", "measure_steps",
           "measured_steps", "setup_ms",    "stats",   "flops",        "roofline",
-          "loss",           "memory",      "kernels", "profiled",     "steps"})
+          "loss",           "memory",      "kernels", "profiled",     "steps",
+          "data_parallel"})
         EXPECT_TRUE(v.contains(key)) << key;
-    EXPECT_EQ(v.size(), 25u);  // nothing else: the comparison lives in its own block
+    EXPECT_EQ(v.size(), 26u);  // nothing else: the comparison lives in its own block
     EXPECT_EQ(v["memory"]["phases"].size(), 1u);  // only the phases that ran
     EXPECT_TRUE(v["memory"]["phases"].contains("forward"));
     EXPECT_EQ(v["stats"]["phases_ms"].size(), static_cast<size_t>(kPhaseCount + 1));
@@ -580,7 +582,7 @@ TEST(ResultsSchema, VersionOneIsRefusedNamingBothVersions) {
     } catch (const ReportError& e) {
         EXPECT_EQ(std::string(e.what()),
                   "'old/results.json' has schema_version 1, this microtrain reads schema_version "
-                  "3; re-run the experiment with this version");
+                  "4; re-run the experiment with this version");
     }
 }
 
