@@ -186,7 +186,11 @@ int run_run(const RunArgs& a) {
     }
     if (!leader) return ex.stop_signal ? 128 + ex.stop_signal : 0;
     signals.protect_writes();
-    if (out) std::fprintf(out, "\nwriting the report to %s\n", dir.c_str());
+    // Data parallel and stopped by a signal: mpirun has stopped reading our output while it
+    // ends the job, so the report is written before anything more is printed (a print could
+    // block until mpirun's SIGKILL).
+    const bool quiet_until_written = world.distributed() && ex.stop_signal;
+    if (out && !quiet_until_written) std::fprintf(out, "\nwriting the report to %s\n", dir.c_str());
     if (out) std::fflush(out);
     const bool complete = write_and_print(ex, dir);
     // A signal after the last step (or while writing) did not cut anything short, but the exit

@@ -227,7 +227,11 @@ int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOption
             rec.loss = std::numeric_limits<double>::quiet_NaN();
         record_trace(session, rec, cfg, trace_t0, r);
         r.steps.push_back(rec);
-        progress.step(step, rec.loss, rec.times.wall_ms);
+        // Data parallel: once a stop signal arrived, mpirun stops reading the ranks' output while
+        // it ends the job; a progress line could then block rank 0 before the report is
+        // written, so none is printed.
+        if (!(session.world_size() > 1 && rec.stop_signal))
+            progress.step(step, rec.loss, rec.times.wall_ms);
         if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) {
             fail_on_non_finite(cfg, rec, r);
             break;
@@ -437,7 +441,9 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
                               : "at step " + std::to_string(step) + " in the " + phase + " phase") +
                     ": " + e.what();
     }
-    if (out && r.status != RunStatus::ok) std::fprintf(out, "  %s\n", r.message.c_str());
+    // (Data parallel, interrupted: nothing more is printed before the report; see run_steps.)
+    const bool quiet = r.status == RunStatus::interrupted && opt.world && opt.world->distributed();
+    if (out && r.status != RunStatus::ok && !quiet) std::fprintf(out, "  %s\n", r.message.c_str());
     return r;
 }
 
