@@ -384,8 +384,26 @@ void append_bytes(std::string& out, const void* p, size_t bytes) {
     out.append(static_cast<const char*>(p), bytes);
 }
 
-// Every rank's owned ranges and packed m/v go to rank 0 (one gather), which places them by
-// offset and checks that the ranks' ranges cover every element exactly once.
+// World::gather carries at most 2^31 bytes in all, and the moments are 8 bytes a parameter (a
+// 350M model's are 2.8 GB), so each rank's bytes go in rounds of at most 2^30 / world bytes: as
+// many rounds as the largest rank needs (agreed first, so every rank joins each one).
+std::vector<std::string> gather_in_rounds(World& world, const std::string& mine, double timeout_s,
+                                          const char* what) {
+    const size_t chunk = std::max<size_t>(1, (size_t{1} << 30) / static_cast<size_t>(world.size()));
+    double rounds = std::max(1.0, std::ceil(static_cast<double>(mine.size()) / chunk));
+    world.allreduce_max(&rounds, 1, timeout_s, what);
+    std::vector<std::string> all(world.rank() == 0 ? static_cast<size_t>(world.size()) : 0);
+    for (size_t i = 0; i < static_cast<size_t>(rounds); ++i) {
+        const size_t lo = std::min(mine.size(), i * chunk);
+        const std::vector<std::string> part =
+            world.gather(mine.substr(lo, std::min(chunk, mine.size() - lo)), timeout_s, what);
+        for (size_t r = 0; r < all.size(); ++r) all[r] += part[r];
+    }
+    return all;
+}
+
+// Every rank's owned ranges and packed m/v go to rank 0, which places them by offset and checks
+// that the ranks' ranges cover every element exactly once.
 FullMoments gather_full_moments(AdamW& opt, size_t n, World& world, double timeout_s) {
     const std::vector<GPT::GradientRange>& owned = opt.partition().owned;
     const std::vector<float> m = opt.get_m(), v = opt.get_v();
@@ -399,7 +417,7 @@ FullMoments gather_full_moments(AdamW& opt, size_t n, World& world, double timeo
     append_bytes(mine, m.data(), m.size() * sizeof(float));
     append_bytes(mine, v.data(), v.size() * sizeof(float));
     const std::vector<std::string> all =
-        world.gather(mine, timeout_s, "the AdamW moments of the checkpoint");
+        gather_in_rounds(world, mine, timeout_s, "the AdamW moments of the checkpoint");
     FullMoments full;
     if (world.rank() != 0) return full;
     full.m.assign(n, 0.0f);
