@@ -2,17 +2,21 @@
 // thread on a tiny synthetic config, a few seconds each. Pins the semantics (2 ranks x B train
 // like one process of 2B, validation included), that rank 0 alone writes the run directory,
 // that a ZeRO-1 checkpoint holds the full AdamW moments (bitwise those of ZeRO-0) and resumes in
-// one process, and that a 2-rank resume is a bitwise continuation. Without MPI in the build the
-// tests skip.
+// one process, that a 2-rank resume is a bitwise continuation, that a signal to one rank stops
+// every rank after the same step, and that ranks with different configs are refused. Without MPI
+// in the build the tests skip.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/safetensors.h"
@@ -248,6 +252,53 @@ TEST(TrainDist, AZero1ResumeOnTwoRanksIsABitwiseContinuation) {
         const auto p = x.read_raw(t), r = y.read_raw(*u);
         EXPECT_TRUE(p.size() == r.size() && std::equal(p.begin(), p.end(), r.begin())) << t.name;
     }
+}
+
+// SIGTERM to rank 1 only: the stop flag is agreed in the step, so both ranks stop after the same
+// step, rank 0 writes that step's checkpoint and both exit 143; a 2-rank --resume finishes.
+TEST(TrainDist, ASignalToOneRankStopsEveryRankAfterTheSameStepWithACheckpoint) {
+    REQUIRE_MPI();
+    TempDir d("mt_train_dist");
+    const std::string f = q(tiny_yaml(d, "t.yaml", 2)), run = d.file("run");
+    // Each rank writes its pid (Open MPI names the rank in OMPI_COMM_WORLD_RANK; escaped, so the
+    // rank's shell expands it, not the one that starts mpirun) and becomes microtrain; long enough
+    // (3000 steps, no periodic checkpoints) to be signalled mid-run.
+    const std::string rank_cmd = "echo \\$\\$ > " + d.file("pid.") +
+                                 "\\$OMPI_COMM_WORLD_RANK; exec '" + std::string(MT_BINARY) +
+                                 "' train " + f + " --out-dir '" + run +
+                                 "' --steps 3000 --set train.checkpoint_every=0";
+    std::string cmd = mpirun(2) + "sh -c \"" + rank_cmd + "\"";
+    std::thread killer([&] {
+        // Once rank 0 has written 20 rows, both ranks are in the loop: signal rank 1.
+        for (int i = 0; i < 3000; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            std::ifstream csv(run + "/train.csv");
+            std::string line;
+            int rows = -1;
+            while (std::getline(csv, line)) ++rows;
+            std::ifstream pid(d.file("pid.1"));
+            int p = 0;
+            if (rows >= 20 && (pid >> p) && p > 0) {
+                ::kill(p, SIGTERM);
+                return;
+            }
+        }
+    });
+    const CliResult r = run_shell(cmd);
+    killer.join();
+    EXPECT_EQ(r.rc, 143) << r.output;  // 128 + SIGTERM, from both ranks (mpirun passes it on)
+    ASSERT_EQ(count(r.output, "stopped by signal 15 after step"), 1u) << r.output;  // rank 0
+    const auto rows = read_csv(run + "/train.csv");
+    const int last = static_cast<int>(rows.size()) - 1;
+    ASSERT_GT(last, 19);
+    ASSERT_LT(last, 3000) << "the run was not stopped";
+    EXPECT_CONTAINS(r.output, "after step " + std::to_string(last) + ";");
+    EXPECT_TRUE(fs::exists(ckpt(run, last))) << r.output;
+    const CliResult again =
+        train(2, f + " --resume '" + run + "' --set train.checkpoint_every=0 --steps " +
+                     std::to_string(last + 2));
+    ASSERT_EQ(again.rc, 0) << again.output;
+    EXPECT_EQ(read_csv(run + "/train.csv").size(), static_cast<size_t>(last + 3));
 }
 
 TEST(TrainDist, RanksWithDifferentConfigsAreRefusedBeforeAnythingIsWritten) {
