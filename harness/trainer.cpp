@@ -481,7 +481,7 @@ class Trainer {
     int loop();
     void check_same_config();
     void prepare_directory();
-    void share_resume_point();
+    void share_resume_point(int error_code);
     void build_session();
     double evaluate();
     void checkpoint(int step);
@@ -585,14 +585,20 @@ void Trainer::check_same_config() {
 }
 
 // Rank 0 chose the checkpoint (prepare_directory); the others read the same file, so the run
-// directory must be on a filesystem every rank sees (one machine, or a shared mount).
-void Trainer::share_resume_point() {
+// directory must be on a filesystem every rank sees (one machine, or a shared mount). A
+// directory rank 0 refused (`error_code`, the exit code; 0: none) ends every rank with that code
+// instead of aborting the job: the other ranks are waiting here for it.
+void Trainer::share_resume_point(int error_code) {
     std::string path = resume_ ? resume_->path.string() : std::string();
-    uint64_t head[5] = {resume_ ? 1u : 0u, static_cast<uint64_t>(start_step_),
-                        resume_ ? resume_->data_position : 0, resume_ ? resume_->global_batch : 0,
-                        path.size()};
+    uint64_t head[6] = {resume_ ? 1u : 0u,
+                        static_cast<uint64_t>(start_step_),
+                        resume_ ? resume_->data_position : 0,
+                        resume_ ? resume_->global_batch : 0,
+                        path.size(),
+                        static_cast<uint64_t>(error_code)};
     const double t = cfg_.dist.timeout_s;
     world_.broadcast(head, sizeof head, t, "the resume point");
+    if (head[5]) throw TrainError(static_cast<int>(head[5]), "", /*agreed=*/true);
     path.resize(head[4]);
     world_.broadcast(path.data(), path.size(), t, "the resume point (path)");
     start_step_ = static_cast<int>(head[1]);
@@ -734,8 +740,16 @@ void Trainer::print_progress(int step, const StepRecord& r, const std::optional<
 
 int Trainer::run() {
     if (world_.distributed()) check_same_config();
-    if (leader_) prepare_directory();
-    if (world_.distributed()) share_resume_point();
+    if (leader_) {
+        try {
+            prepare_directory();
+        } catch (const TrainError& e) {
+            if (!world_.distributed()) throw;
+            std::fprintf(stderr, "microtrain train: %s\n", e.what());
+            share_resume_point(e.code);
+        }
+    }
+    if (world_.distributed()) share_resume_point(0);
     build_session();
     if (train_.eval_every > 0) val_ = make_validation_set(cfg_, train_.eval_batches, world_);
     if (!leader_) return start_step_ >= train_.steps ? 0 : loop();

@@ -301,6 +301,20 @@ TEST(TrainDist, ASignalToOneRankStopsEveryRankAfterTheSameStepWithACheckpoint) {
     EXPECT_EQ(read_csv(run + "/train.csv").size(), static_cast<size_t>(last + 3));
 }
 
+// Rank 0 alone checks the directory; its refusal reaches the other ranks (waiting for the resume
+// point), so every rank exits 2 with one message instead of the job being aborted.
+TEST(TrainDist, ADirectoryRankZeroRefusesEndsEveryRankWithExitCode2) {
+    REQUIRE_MPI();
+    TempDir d("mt_train_dist");
+    const std::string f = q(tiny_yaml(d, "t.yaml", 2)), out = q(d.file("run"));
+    ASSERT_EQ(train(2, f + " --out-dir " + out).rc, 0);
+    const CliResult r = train(2, f + " --out-dir " + out);
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_EQ(count(r.output, "already holds a training run"), 1u) << r.output;
+    EXPECT_EQ(count(r.output, "MPI_ABORT"), 0u) << r.output;
+    EXPECT_EQ(read_csv(d.file("run/train.csv")).size(), 9u);  // untouched
+}
+
 TEST(TrainDist, RanksWithDifferentConfigsAreRefusedBeforeAnythingIsWritten) {
     REQUIRE_MPI();
     TempDir d("mt_train_dist");
