@@ -8,15 +8,14 @@
 // fit in memory"), 1 a variant failed (non-finite loss, ...) or the run folder could not be
 // completed (it is marked PARTIAL), 2 the experiment file is invalid or the output directory is
 // unusable, 128+n stopped by signal n (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
-#include <cstdint>
 #include <cstdio>
-#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "dist/world.h"
 #include "harness/commands.h"
+#include "harness/dist_config_check.h"
 #include "harness/report.h"
 #include "harness/run_folder.h"
 #include "harness/runner.h"
@@ -74,51 +73,6 @@ bool write_and_print(const ExperimentResult& ex, const std::string& dir) {
     std::printf("run folder: %s\n  report: %s/report.md\n  charts: %s/report.html\n", dir.c_str(),
                 dir.c_str(), dir.c_str());
     return true;
-}
-
-// Data parallel: every rank must run the same experiment. Rank 0's resolved config (every key
-// of every variant) is broadcast; a rank whose own differs names the first keys that differ,
-// and every rank refuses (exit 2) together. Returns false on a mismatch.
-bool same_config_on_every_rank(const ExperimentSpec& spec, World& world) {
-    std::string mine;
-    for (const RunConfig& v : spec.variants) {
-        mine += "variant " + v.variant + "\n";
-        for (const auto& [k, val] : flatten(v)) mine += k + "=" + val + "\n";
-    }
-    const double timeout = spec.variants.empty() ? 120 : spec.variants[0].dist.timeout_s;
-    uint64_t len = mine.size();
-    world.broadcast(&len, sizeof len, timeout, "the config check (size)");
-    std::string rank0 = world.rank() == 0 ? mine : std::string(len, '\0');
-    world.broadcast(rank0.data(), len, timeout, "the config check");
-    double differs = rank0 != mine ? 1 : 0;
-    if (differs) {
-        // The first differing lines, so the user sees which key and how.
-        std::istringstream a(rank0), b(mine);
-        std::string la, lb, diff;
-        int shown = 0;
-        for (;;) {
-            const bool more_a = static_cast<bool>(std::getline(a, la));
-            const bool more_b = static_cast<bool>(std::getline(b, lb));
-            if ((!more_a && !more_b) || shown >= 5) break;
-            if (la != lb) {
-                diff += "\n    rank 0: " + la + "\n    rank " + std::to_string(world.rank()) +
-                        ": " + lb;
-                ++shown;
-            }
-            la.clear(), lb.clear();
-        }
-        std::fprintf(stderr,
-                     "microtrain run: rank %d of %d: this rank's resolved config differs from "
-                     "rank 0's:%s\n  every rank must read the same FILE with the same --set "
-                     "flags (and the same files next to it)\n",
-                     world.rank(), world.size(), diff.c_str());
-    }
-    world.allreduce_max(&differs, 1, timeout, "the config check (verdict)");
-    if (differs && world.rank() == 0)
-        std::fprintf(stderr,
-                     "microtrain run: refused: the ranks hold different configs (see the ranks' "
-                     "messages above); nothing was run\n");
-    return differs == 0;
 }
 
 int run_run(const RunArgs& a) {

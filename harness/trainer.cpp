@@ -28,7 +28,9 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "dist/world.h"
 #include "harness/data.h"
+#include "harness/dist_config_check.h"
 #include "harness/signals.h"
 #include "harness/spec.h"
 #include "harness/training.h"
@@ -49,12 +51,20 @@ constexpr const char* kCsvRowsKey = "microtrain.csv_rows";        // train.csv r
 constexpr const char* kChecksumKey = "microtrain.checksum";       // FNV-1a of every tensor
 constexpr const char* kSeedKey = "microtrain.seed";
 constexpr const char* kRngKey = "microtrain.rng";
+// Data parallel: the ranks that wrote it and the global batch (ranks x data.batch_size), which
+// data_position counts in. Absent in a checkpoint of one process: 1 and data.batch_size.
+constexpr const char* kWorldSizeKey = "microtrain.world_size";
+constexpr const char* kGlobalBatchKey = "microtrain.global_batch";
 constexpr const char* kCsvHeader = "step,loss,val_loss,lr,grad_norm,ms";
 
 // An error that ends the run with `code` (2: bad input or an unusable directory; 1: runtime).
+// `agreed`: every rank of a data-parallel job throws it at the same point (it follows from
+// agreed values, e.g. the global loss), so the ranks can all return instead of aborting the job.
 struct TrainError : std::runtime_error {
-    TrainError(int c, const std::string& what) : std::runtime_error(what), code(c) {}
+    TrainError(int c, const std::string& what, bool a = false)
+        : std::runtime_error(what), code(c), agreed(a) {}
     int code;
+    bool agreed;
 };
 [[noreturn]] void input_error(const std::string& what) {
     throw TrainError(2, what);
@@ -232,17 +242,21 @@ class CsvAppender {
 // ---- validation -----------------------------------------------------------------------------
 
 // The fixed validation batches: batches 0 .. n-1 of the validation part (data.val_fraction) or
-// of the validation file (data.val_path), read once.
+// of the validation file (data.val_path), read once. Data parallel: batch i is the global batch
+// of world x B rows and this rank holds its slice (the same rows a one-process run of batch
+// world x B evaluates), so the mean over the ranks is the one-process validation loss.
 struct ValidationSet {
     std::vector<std::vector<int>> inputs, targets;
     std::string source;  // for the start-up line
 };
 
-ValidationSet make_validation_set(const RunConfig& cfg, int n) {
+ValidationSet make_validation_set(const RunConfig& cfg, int n, const World& world) {
     ValidationSet v;
     DataConfig dc = cfg.data;
     dc.workers = 0;
     DataLoaderOptions opt;
+    opt.rank = world.rank();
+    opt.world = world.size();
     if (!dc.val_path.empty()) {
         dc.path = dc.val_path;
         dc.val_fraction = 0;
@@ -271,7 +285,8 @@ ValidationSet make_validation_set(const RunConfig& cfg, int n) {
 struct ResumePoint {
     fs::path path;
     int step = 0;
-    uint64_t data_position = 0;  // train batches consumed
+    uint64_t data_position = 0;  // train batches consumed (global batches)
+    uint64_t global_batch = 0;   // rows per batch of the run that wrote it
 };
 
 void warn_skipping(const fs::path& path, const std::string& why) {
@@ -319,7 +334,8 @@ std::optional<ResumePoint> check_candidate(const fs::path& path,
                         ". Only train.steps (--steps) may change on --resume; resume with the "
                         "original file, --variant and --set flags, or start a new --out-dir");
         ResumePoint r{path, static_cast<int>(metadata_u64(f, "step")),
-                      metadata_u64(f, kPositionKey)};
+                      metadata_u64(f, kPositionKey), 0};
+        if (f.metadata_value(kGlobalBatchKey)) r.global_batch = metadata_u64(f, kGlobalBatchKey);
         if (metadata_u64(f, kCsvRowsKey) != static_cast<uint64_t>(r.step))
             throw SafeTensorsError("its train.csv row count differs from its step");
         return r;
@@ -354,6 +370,108 @@ std::string duration_text(double seconds) {
     return buf;
 }
 
+// ---- ZeRO-1 moments ---------------------------------------------------------------------------
+//
+// Under ZeRO-1 each rank's AdamW holds m and v only for its owned ranges, packed. A checkpoint
+// holds the full moments in the one-process layout, so it loads into any world size (and into
+// PyTorch); a resumed ZeRO-1 rank takes its ranges back out of them.
+
+struct FullMoments {
+    std::vector<float> m, v;  // parameter-table layout; empty on ranks other than 0
+};
+
+void append_bytes(std::string& out, const void* p, size_t bytes) {
+    out.append(static_cast<const char*>(p), bytes);
+}
+
+// World::gather carries at most 2^31 bytes in all, and the moments are 8 bytes a parameter (a
+// 350M model's are 2.8 GB), so each rank's bytes go in rounds of at most 2^30 / world bytes: as
+// many rounds as the largest rank needs (agreed first, so every rank joins each one).
+std::vector<std::string> gather_in_rounds(World& world, const std::string& mine, double timeout_s,
+                                          const char* what) {
+    const size_t chunk = std::max<size_t>(1, (size_t{1} << 30) / static_cast<size_t>(world.size()));
+    double rounds = std::max(1.0, std::ceil(static_cast<double>(mine.size()) / chunk));
+    world.allreduce_max(&rounds, 1, timeout_s, what);
+    std::vector<std::string> all(world.rank() == 0 ? static_cast<size_t>(world.size()) : 0);
+    for (size_t i = 0; i < static_cast<size_t>(rounds); ++i) {
+        const size_t lo = std::min(mine.size(), i * chunk);
+        const std::vector<std::string> part =
+            world.gather(mine.substr(lo, std::min(chunk, mine.size() - lo)), timeout_s, what);
+        for (size_t r = 0; r < all.size(); ++r) all[r] += part[r];
+    }
+    return all;
+}
+
+// Every rank's owned ranges and packed m/v go to rank 0, which places them by offset and checks
+// that the ranks' ranges cover every element exactly once.
+FullMoments gather_full_moments(AdamW& opt, size_t n, World& world, double timeout_s) {
+    const std::vector<GPT::GradientRange>& owned = opt.partition().owned;
+    const std::vector<float> m = opt.get_m(), v = opt.get_v();
+    std::string mine;
+    const uint64_t ranges = owned.size();
+    append_bytes(mine, &ranges, sizeof ranges);
+    for (const auto& r : owned) {
+        const uint64_t range[2] = {r.offset, r.count};
+        append_bytes(mine, range, sizeof range);
+    }
+    append_bytes(mine, m.data(), m.size() * sizeof(float));
+    append_bytes(mine, v.data(), v.size() * sizeof(float));
+    const std::vector<std::string> all =
+        gather_in_rounds(world, mine, timeout_s, "the AdamW moments of the checkpoint");
+    FullMoments full;
+    if (world.rank() != 0) return full;
+    full.m.assign(n, 0.0f);
+    full.v.assign(n, 0.0f);
+    std::vector<char> covered(n, 0);
+    for (size_t rank = 0; rank < all.size(); ++rank) {
+        const std::string& b = all[rank];
+        auto bad = [&] {
+            return TrainError(1, "the AdamW moments gathered from rank " + std::to_string(rank) +
+                                     " do not fit the parameters (" + std::to_string(b.size()) +
+                                     " bytes); the ranks disagree on the ZeRO-1 partition");
+        };
+        uint64_t nr = 0;
+        if (b.size() < sizeof nr) throw bad();
+        std::memcpy(&nr, b.data(), sizeof nr);
+        if (nr > n || b.size() < sizeof nr + nr * 2 * sizeof(uint64_t)) throw bad();
+        std::vector<uint64_t> rr(2 * nr);
+        std::memcpy(rr.data(), b.data() + sizeof nr, rr.size() * sizeof(uint64_t));
+        size_t count = 0;
+        for (size_t i = 0; i < nr; ++i) {
+            if (rr[2 * i] > n || rr[2 * i + 1] > n - rr[2 * i]) throw bad();
+            count += rr[2 * i + 1];
+        }
+        const size_t head = sizeof nr + rr.size() * sizeof(uint64_t);
+        if (b.size() != head + 2 * count * sizeof(float)) throw bad();
+        const char* pm = b.data() + head;
+        const char* pv = pm + count * sizeof(float);
+        size_t at = 0;
+        for (size_t i = 0; i < nr; ++i) {
+            const size_t off = rr[2 * i], cnt = rr[2 * i + 1];
+            for (size_t k = off; k < off + cnt; ++k)
+                if (covered[k]++) throw bad();
+            std::memcpy(full.m.data() + off, pm + at * sizeof(float), cnt * sizeof(float));
+            std::memcpy(full.v.data() + off, pv + at * sizeof(float), cnt * sizeof(float));
+            at += cnt;
+        }
+    }
+    if (std::find(covered.begin(), covered.end(), 0) != covered.end())
+        throw TrainError(1,
+                         "the ranks' ZeRO-1 ranges do not cover every parameter; the AdamW "
+                         "moments cannot be checkpointed");
+    return full;
+}
+
+// This rank's owned ranges of the full moments, packed (what AdamW::set_state expects).
+std::vector<float> pack_owned(const std::vector<float>& full,
+                              const std::vector<GPT::GradientRange>& owned) {
+    std::vector<float> out;
+    for (const auto& r : owned)
+        out.insert(out.end(), full.begin() + static_cast<std::ptrdiff_t>(r.offset),
+                   full.begin() + static_cast<std::ptrdiff_t>(r.offset + r.count));
+    return out;
+}
+
 class Trainer {
   public:
     explicit Trainer(const TrainRunOptions& o);
@@ -361,13 +479,20 @@ class Trainer {
 
   private:
     int loop();
+    void check_same_config();
     void prepare_directory();
+    void share_resume_point(int error_code);
     void build_session();
     double evaluate();
     void checkpoint(int step);
     void print_progress(int step, const StepRecord& r, const std::optional<double>& val);
+    int global_batch() const { return cfg_.data.batch_size * world_.size(); }
 
     TrainRunOptions opts_;
+    // Data parallel: rank 0 (the leader) alone writes the directory and prints; every rank
+    // steps, evaluates its slice and joins the checkpoint's gather.
+    World& world_;
+    bool leader_;
     ExperimentSpec spec_;
     RunConfig cfg_;
     TrainSpec train_;
@@ -386,7 +511,8 @@ class Trainer {
     std::optional<double> last_val_;  // the latest validation loss, for the progress line
 };
 
-Trainer::Trainer(const TrainRunOptions& o) : opts_(o) {
+Trainer::Trainer(const TrainRunOptions& o)
+    : opts_(o), world_(World::current()), leader_(world_.rank() == 0) {
     spec_ = load_experiment(o.file, o.overrides);
     cfg_ = o.variant.empty() ? spec_.base : spec_.variant(o.variant);
     train_ = spec_.train;
@@ -447,25 +573,76 @@ void Trainer::prepare_directory() {
     if (ec) throw TrainError(1, ckdir_.string() + ": cannot create the directory: " + ec.message());
 }
 
+// Every rank must train the same config from the same directory: the resolved config, the
+// train.* keys, the variant, the step count and the directories, compared with rank 0's.
+void Trainer::check_same_config() {
+    std::string mine = "variant " + opts_.variant +
+                       "\ntrain.steps=" + std::to_string(train_.steps) + "\ndir=" + dir_.string() +
+                       "\nresume=" + (opts_.resume_dir.empty() ? "no" : "yes") + "\n";
+    for (const auto& [k, v] : config_) mine += k + "=" + v + "\n";
+    if (!same_text_on_every_rank(mine, world_, cfg_.dist.timeout_s, "train"))
+        throw TrainError(2, "", /*agreed=*/true);  // the check printed why
+}
+
+// Rank 0 chose the checkpoint (prepare_directory); the others read the same file, so the run
+// directory must be on a filesystem every rank sees (one machine, or a shared mount). A
+// directory rank 0 refused (`error_code`, the exit code; 0: none) ends every rank with that code
+// instead of aborting the job: the other ranks are waiting here for it.
+void Trainer::share_resume_point(int error_code) {
+    std::string path = resume_ ? resume_->path.string() : std::string();
+    uint64_t head[6] = {resume_ ? 1u : 0u,
+                        static_cast<uint64_t>(start_step_),
+                        resume_ ? resume_->data_position : 0,
+                        resume_ ? resume_->global_batch : 0,
+                        path.size(),
+                        static_cast<uint64_t>(error_code)};
+    const double t = cfg_.dist.timeout_s;
+    world_.broadcast(head, sizeof head, t, "the resume point");
+    if (head[5]) throw TrainError(static_cast<int>(head[5]), "", /*agreed=*/true);
+    path.resize(head[4]);
+    world_.broadcast(path.data(), path.size(), t, "the resume point (path)");
+    start_step_ = static_cast<int>(head[1]);
+    if (head[0])
+        resume_ = ResumePoint{path, start_step_, head[2], head[3]};
+    else
+        resume_.reset();
+}
+
 void Trainer::build_session() {
     const bool cuda = cfg_.backend == BackendChoice::cuda ||
                       (cfg_.backend == BackendChoice::auto_ && cuda_available());
     std::unique_ptr<Backend> backend =
         create_training_backend(cfg_, cuda ? BackendKind::cuda : BackendKind::cpu);
     DataLoaderOptions lo;
+    // In global batches: the same number on every rank, each rank reading its rows of them.
     lo.first_batch = resume_ ? resume_->data_position : 0;
+    lo.rank = world_.rank();
+    lo.world = world_.size();
     auto loader = std::make_unique<DataLoader>(cfg_.data, cfg_.model.vocab_size, cfg_.run.seed,
                                                backend.get(), lo);
     loader_ = loader.get();
     TrainingInputs in;
     in.batches = std::move(loader);
     in.track_memory = false;
+    in.world = &world_;
     // Resuming: the checkpoint overwrites every weight, so skip the initialisation.
     if (resume_) in.load_weights = [](GPT&) {};
     session_ = std::make_unique<TrainingSession>(std::move(backend), cfg_, std::move(in));
     if (resume_) {
-        const CheckpointLoadInfo info =
-            load_checkpoint(resume_->path.string(), session_->model(), &session_->optimizer());
+        AdamW& opt = session_->optimizer();
+        CheckpointLoadInfo info;
+        if (opt.sharded()) {
+            // The file holds the full moments; a staging optimizer of the one-process layout
+            // reads (and checks) them, and this rank keeps its ranges. Its memory is freed at
+            // once, but it is a brief peak of two full moment buffers on each rank.
+            AdamW staging(session_->model(), opt.config());
+            info = load_checkpoint(resume_->path.string(), session_->model(), &staging);
+            const auto& owned = opt.partition().owned;
+            opt.set_state(pack_owned(staging.get_m(), owned), pack_owned(staging.get_v(), owned),
+                          staging.steps_taken());
+        } else {
+            info = load_checkpoint(resume_->path.string(), session_->model(), &opt);
+        }
         if (info.step != start_step_)
             throw TrainError(1, resume_->path.string() + ": step changed while loading");
     }
@@ -488,14 +665,25 @@ double Trainer::evaluate() {
         model.forward(d_inputs_.as<int>(), d_targets_.as<int>(), B, T);
         sum += model.loss();
     }
-    return sum / static_cast<double>(val_.inputs.size());
+    // Every rank's slice has B rows, so the mean of the ranks' means is the global batch's.
+    world_.allreduce_sum(&sum, 1, cfg_.dist.timeout_s, "the validation loss");
+    return sum / static_cast<double>(val_.inputs.size() * static_cast<size_t>(world_.size()));
 }
 
+// Every rank calls it at the same step (ZeRO-1: every rank's moments are gathered); rank 0
+// writes.
 void Trainer::checkpoint(int step) {
-    csv_->sync();  // the rows this checkpoint counts are on disk before it is
     GPT& model = session_->model();
     AdamW& opt = session_->optimizer();
-    const std::vector<float> params = model.get_params(), m = opt.get_m(), v = opt.get_v();
+    FullMoments full;
+    if (opt.sharded())
+        full = gather_full_moments(opt, session_->n_params(), world_, cfg_.dist.timeout_s);
+    if (!leader_) return;
+    csv_->sync();  // the rows this checkpoint counts are on disk before it is
+    if (!opt.sharded()) full = FullMoments{opt.get_m(), opt.get_v()};
+    // ZeRO-1 gathers the parameters after every optimizer step, so rank 0's are all of them.
+    const std::vector<float> params = model.get_params();
+    const std::vector<float>&m = full.m, &v = full.v;
     NamedBytes tensors;
     for (const auto& p : model.parameter_table().tensors()) {
         auto bytes = [&](const std::vector<float>& x) {
@@ -511,11 +699,22 @@ void Trainer::checkpoint(int step) {
     extra[kPositionKey] = std::to_string(loader_->position());
     extra[kCsvRowsKey] = std::to_string(step);
     extra[kSeedKey] = std::to_string(cfg_.run.seed);
+    extra[kWorldSizeKey] = std::to_string(world_.size());
+    extra[kGlobalBatchKey] = std::to_string(global_batch());
     extra[kRngKey] =
         "none to carry: weights initialised once by run.seed; batch i is a pure function of "
         "(run.seed, i); no dropout";
     extra[kChecksumKey] = checksum_text(tensors);
-    save_checkpoint((ckdir_ / checkpoint_name(step)).string(), model, &opt, extra);
+    if (opt.sharded()) {
+        // save_checkpoint writes an optimizer's moments in the one-process layout: a staging
+        // one holds the gathered moments (a brief peak of two full moment buffers on rank 0),
+        // so the file is exactly what a one-process run writes.
+        AdamW staging(model, opt.config());
+        staging.set_state(full.m, full.v, opt.steps_taken());
+        save_checkpoint((ckdir_ / checkpoint_name(step)).string(), model, &staging, extra);
+    } else {
+        save_checkpoint((ckdir_ / checkpoint_name(step)).string(), model, &opt, extra);
+    }
     // Older ones go only now that the new one is whole (renamed into place and fsynced).
     const auto all = list_checkpoints(ckdir_);
     std::error_code ec;
@@ -527,8 +726,8 @@ void Trainer::print_progress(int step, const StepRecord& r, const std::optional<
     ++steps_here_;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    const double tokens = static_cast<double>(steps_here_) * cfg_.data.batch_size *
-                          cfg_.data.seq_len * cfg_.run.grad_accum;
+    const double tokens =
+        static_cast<double>(steps_here_) * global_batch() * cfg_.data.seq_len * cfg_.run.grad_accum;
     if (val) last_val_ = val;
     char val_text[32] = "-";
     if (last_val_) std::snprintf(val_text, sizeof val_text, "%.4f", *last_val_);
@@ -540,14 +739,31 @@ void Trainer::print_progress(int step, const StepRecord& r, const std::optional<
 }
 
 int Trainer::run() {
-    prepare_directory();
+    if (world_.distributed()) check_same_config();
+    if (leader_) {
+        try {
+            prepare_directory();
+        } catch (const TrainError& e) {
+            if (!world_.distributed()) throw;
+            std::fprintf(stderr, "microtrain train: %s\n", e.what());
+            share_resume_point(e.code);
+        }
+    }
+    if (world_.distributed()) share_resume_point(0);
     build_session();
-    if (train_.eval_every > 0) val_ = make_validation_set(cfg_, train_.eval_batches);
+    if (train_.eval_every > 0) val_ = make_validation_set(cfg_, train_.eval_batches, world_);
+    if (!leader_) return start_step_ >= train_.steps ? 0 : loop();
     csv_ = std::make_unique<CsvAppender>(csv_path_);
     std::printf("microtrain train: %s%s, %s, %zu params, B=%d T=%d grad_accum %d on %s\n",
                 spec_.name.c_str(), opts_.variant.empty() ? "" : (" / " + opts_.variant).c_str(),
                 cfg_.model.describe().c_str(), session_->n_params(), cfg_.data.batch_size,
                 cfg_.data.seq_len, cfg_.run.grad_accum, session_->backend().device_name().c_str());
+    if (world_.distributed())
+        std::printf(
+            "  data parallel: %d ranks (%s), ZeRO-%d; data.batch_size %d is per rank, "
+            "the global batch is %d\n",
+            world_.size(), world_.transport().c_str(), cfg_.dist.zero, cfg_.data.batch_size,
+            global_batch());
     std::printf("  data %s; validation %s\n", loader_->describe().c_str(),
                 val_.inputs.empty()
                     ? (train_.eval_every > 0 ? "none (set data.val_fraction or data.val_path)"
@@ -558,6 +774,20 @@ int Trainer::run() {
     std::printf("  %s %s at step %d, to step %d\n", resume_ ? "resumed from" : "writing to",
                 resume_ ? resume_->path.string().c_str() : dir_.string().c_str(), start_step_,
                 train_.steps);
+    // The loader's position counts global batches: with another global batch (ranks x
+    // data.batch_size) the run continues at the same batch index, but each batch now holds other
+    // rows, so the data from here on is not what the original run would have seen.
+    const uint64_t saved_batch = resume_ && resume_->global_batch
+                                     ? resume_->global_batch
+                                     : static_cast<uint64_t>(cfg_.data.batch_size);
+    if (resume_ && saved_batch != static_cast<uint64_t>(global_batch()))
+        std::fprintf(stderr,
+                     "microtrain train: warning: the checkpoint was written with a global batch "
+                     "of %llu rows, this run's is %d (%d rank(s) x data.batch_size %d); the data "
+                     "position (%llu batches) is in global batches, so the batches from here on "
+                     "are composed differently and the run is not a bitwise continuation\n",
+                     static_cast<unsigned long long>(saved_batch), global_batch(), world_.size(),
+                     cfg_.data.batch_size, static_cast<unsigned long long>(resume_->data_position));
     std::fflush(stdout);
     if (start_step_ >= train_.steps) {
         std::printf("nothing to do: the run is at step %d >= train.steps %d (raise --steps)\n",
@@ -568,6 +798,8 @@ int Trainer::run() {
 }
 
 // Steps start+1 .. train.steps: step, (validate), the CSV row, the progress line, (checkpoint).
+// Data parallel: the loss, the validation loss and the stop signal are agreed over the ranks, so
+// every rank validates, checkpoints and stops after the same step.
 int Trainer::loop() {
     StopSignals signals;
     t0_ = std::chrono::steady_clock::now();
@@ -575,29 +807,56 @@ int Trainer::loop() {
         const StepRecord rec = session_->step(step - 1, /*warmup=*/false);
         std::optional<double> val;
         if (!val_.inputs.empty() && step % train_.eval_every == 0) val = evaluate();
-        csv_->append(csv_row(step, rec, val));
-        print_progress(step, rec, val);
+        if (leader_) {
+            csv_->append(csv_row(step, rec, val));
+            print_progress(step, rec, val);
+        }
         if (!std::isfinite(rec.loss))
-            throw TrainError(1, "the loss is not finite at step " + std::to_string(step) +
-                                    "; no checkpoint of the diverged model is written (the "
-                                    "last one is kept); lower optim.lr or check the data");
-        const int sig = stop_signal();
+            throw TrainError(1,
+                             "the loss is not finite at step " + std::to_string(step) +
+                                 "; no checkpoint of the diverged model is written (the "
+                                 "last one is kept); lower optim.lr or check the data",
+                             /*agreed=*/true);
+        const int sig = world_.distributed() ? rec.stop_signal : stop_signal();
         if (sig) signals.protect_writes();  // a second signal cannot cut the checkpoint off
         if (sig || step == train_.steps ||
             (train_.checkpoint_every > 0 && step % train_.checkpoint_every == 0))
             checkpoint(step);
         if (sig) {
-            std::fprintf(stderr,
-                         "microtrain train: stopped by signal %d after step %d; checkpoint %s "
-                         "written; continue with --resume %s\n",
-                         sig, step, (ckdir_ / checkpoint_name(step)).string().c_str(),
-                         dir_.string().c_str());
+            if (leader_)
+                std::fprintf(stderr,
+                             "microtrain train: stopped by signal %d after step %d; checkpoint "
+                             "%s written; continue with --resume %s\n",
+                             sig, step, (ckdir_ / checkpoint_name(step)).string().c_str(),
+                             dir_.string().c_str());
             return 128 + sig;
         }
     }
-    std::printf("done: %d steps; checkpoint %s\n", train_.steps,
-                (ckdir_ / checkpoint_name(train_.steps)).string().c_str());
+    if (leader_)
+        std::printf("done: %d steps; checkpoint %s\n", train_.steps,
+                    (ckdir_ / checkpoint_name(train_.steps)).string().c_str());
     return 0;
+}
+
+}  // namespace
+
+namespace {
+
+// Prints the error and returns `code`; data parallel, a failure on one rank ends the job (the
+// others would wait for it in the next collective), unless every rank met it at the same point.
+int fail(int code, const char* what, bool agreed = false) {
+    World& world = World::current();
+    if (!world.distributed()) {
+        std::fprintf(stderr, "microtrain train: %s\n", what);
+        return code;
+    }
+    if (agreed) {
+        if (world.rank() == 0 && *what) std::fprintf(stderr, "microtrain train: %s\n", what);
+        return code;
+    }
+    std::fprintf(stderr, "microtrain train: rank %d of %d: %s; ending the job (all ranks)\n",
+                 world.rank(), world.size(), what);
+    world.abort(code);
 }
 
 }  // namespace
@@ -607,20 +866,15 @@ int run_training(const TrainRunOptions& options) {
         Trainer t(options);
         return t.run();
     } catch (const TrainError& e) {
-        std::fprintf(stderr, "microtrain train: %s\n", e.what());
-        return e.code;
+        return fail(e.code, e.what(), e.agreed);
     } catch (const SpecError& e) {
-        std::fprintf(stderr, "microtrain train: %s\n", e.what());
-        return 2;
+        return fail(2, e.what());
     } catch (const DataError& e) {
-        std::fprintf(stderr, "microtrain train: %s\n", e.what());
-        return 2;
+        return fail(2, e.what());
     } catch (const ResourceError& e) {  // does not fit / too many threads: fixable by the user
-        std::fprintf(stderr, "microtrain train: %s\n", e.what());
-        return 2;
+        return fail(2, e.what());
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "microtrain train: %s\n", e.what());
-        return 1;
+        return fail(1, e.what());
     }
 }
 

@@ -11,6 +11,12 @@
 //                                              row count and a checksum (trainer.cpp)
 // Every file is replaced atomically, so a SIGKILL at any moment leaves a directory that
 // --resume accepts, losing at most the steps since the last checkpoint.
+//
+// Data parallel (`mpirun -np N microtrain train FILE`): every rank steps its rows of each global
+// batch (N x data.batch_size) and evaluates its rows of the validation batches; rank 0 alone
+// writes the directory and prints. A checkpoint has the one-process format under either ZeRO
+// stage (ZeRO-1 moments are gathered to rank 0), so it resumes under any world size;
+// data_position counts global batches (docs/commands.md, "Data parallel").
 #pragma once
 
 #include <optional>

@@ -62,6 +62,8 @@ class AdamW {
     // clipping is off), over this rank's part (AdamWPartition::owned) only. Asynchronous.
     void step_with_clip_scale(float clip_scale, float grad_norm);
     bool sharded() const { return !partition_.owned.empty(); }
+    // Which elements m and v hold (ZeRO-1: `train` gathers every rank's to checkpoint them).
+    const AdamWPartition& partition() const { return partition_; }
     // Global L2 norm of the gradients before clipping at the last step (synchronises). 0 when
     // clipping is off and the norm was not computed.
     float last_grad_norm();
