@@ -1,6 +1,9 @@
 // The world of a data-parallel job (see world.h).
 #include "dist/world.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -221,6 +224,12 @@ void World::abort(int code) {
 }
 
 #endif
+
+void keep_output_from_blocking(const World& world) {
+    if (!world.distributed()) return;
+    const int flags = fcntl(STDOUT_FILENO, F_GETFL);
+    if (flags >= 0) fcntl(STDOUT_FILENO, F_SETFL, flags | O_NONBLOCK);
+}
 
 World& World::current() {
     if (g_current) return *g_current;

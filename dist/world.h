@@ -66,6 +66,13 @@ class World {
     std::string transport_ = "single process (no MPI)";
 };
 
+// Under mpirun, rank 0's stdout is a pty that mpirun drains; when it ends a job (Ctrl-C on
+// mpirun) it stops draining for its grace period before it signals the ranks, and a rank that
+// prints would block there, miss the signal and never write its report. This makes stdout
+// non-blocking on a distributed world, so a print that cannot go out is dropped instead. No-op
+// on a world of one.
+void keep_output_from_blocking(const World& world);
+
 // The environment variable that says a launcher started this process with several ranks, and
 // that count (0 when none: a plain process).
 int launcher_world_size();

@@ -111,6 +111,7 @@ int run_run(const RunArgs& a) {
         }
     }
     std::FILE* out = a.quiet || !leader ? nullptr : stdout;
+    keep_output_from_blocking(world);
     print_header(out, spec, dir);
     if (out && world.distributed())
         std::fprintf(out,

@@ -65,6 +65,11 @@ class Progress {
         const double eta_s = done_ms_ / done * (total_ - done) / 1000.0;
         const char* tag = s < warmup_ ? " (warm-up)" : "";
         if (bar_) {
+            // A terminal needs no more than ~10 updates a second (and under mpirun every byte
+            // goes through mpirun's pty): skip the rest, never the last step.
+            const auto now = std::chrono::steady_clock::now();
+            if (done < total_ && now - last_bar_ < std::chrono::milliseconds(100)) return;
+            last_bar_ = now;
             const int width = 24;
             const int filled = total_ > 0 ? done * width / total_ : width;
             std::string b(static_cast<size_t>(filled), '#');
@@ -84,6 +89,7 @@ class Progress {
   private:
     std::FILE* out_;
     bool bar_;
+    std::chrono::steady_clock::time_point last_bar_{};
     std::string variant_;
     int total_, warmup_;
     double done_ms_ = 0;

@@ -513,6 +513,7 @@ class Trainer {
 
 Trainer::Trainer(const TrainRunOptions& o)
     : opts_(o), world_(World::current()), leader_(world_.rank() == 0) {
+    keep_output_from_blocking(world_);  // Ctrl-C on mpirun: see dist/world.h
     spec_ = load_experiment(o.file, o.overrides);
     cfg_ = o.variant.empty() ? spec_.base : spec_.variant(o.variant);
     train_ = spec_.train;
