@@ -2,6 +2,7 @@
 #include "dist/grad_sync.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -63,10 +64,7 @@ std::vector<GradientBucket> plan_buckets(const std::vector<FlatRange>& ready_ord
 
 GradientSync::GradientSync(Collectives& collectives, const GradientSyncOptions& options,
                            const std::vector<FlatRange>& ready_order)
-    : coll_(collectives),
-      config_(options),
-      world_(collectives.size()),
-      rank_(collectives.rank()) {
+    : coll_(collectives), config_(options), world_(collectives.size()), rank_(collectives.rank()) {
     buckets_ = plan_buckets(ready_order, config_.bucket_mb * 1024.0 * 1024.0, world_);
     // Which bucket each ready range falls in (buckets are contiguous, in ready order).
     for (const FlatRange& r : ready_order) {
@@ -150,7 +148,9 @@ void GradientSync::issue_job(Job job) {
     cv_.notify_all();
 }
 
-void GradientSync::wait_gradients() { wait_all_issued("the gradient reduction"); }
+void GradientSync::wait_gradients() {
+    wait_all_issued("the gradient reduction");
+}
 
 void GradientSync::gather_params(float* params) {
     for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -164,13 +164,17 @@ void GradientSync::wait_all_issued(const char* what) {
     std::unique_lock<std::mutex> lock(mu_);
     const auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
                                                   std::chrono::duration<double>(config_.timeout_s));
-    const bool done = cv_.wait_until(lock, deadline,
-                                     [&] { return error_ || jobs_done_ == jobs_issued_; });
+    const bool done =
+        cv_.wait_until(lock, deadline, [&] { return error_ || jobs_done_ == jobs_issued_; });
     if (error_) std::rethrow_exception(error_);
-    if (!done)
+    if (!done) {
+        char t[32];
+        std::snprintf(t, sizeof t, "%g", config_.timeout_s);
         throw CommError("rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " +
-                        what + " did not complete within " + std::to_string(config_.timeout_s) +
-                        " s (dist.timeout_s): another rank has died or hangs");
+                        what + " did not complete within " + t +
+                        " s (dist.timeout_s): another rank has died, hangs, or is at a different "
+                        "place of the program (see its output above)");
+    }
 }
 
 GradientSync::StepStats GradientSync::take_step_stats() {
@@ -234,8 +238,8 @@ void GradientSync::run_job(const Job& job) {
         // SIMULATED link: the collective takes at least latency + bytes / bandwidth.
         double s = config_.simulate_latency_us * 1e-6;
         if (config_.simulate_link_gbps > 0) s += bytes * 8.0 / (config_.simulate_link_gbps * 1e9);
-        const auto sim_end =
-            start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(s));
+        const auto sim_end = start + std::chrono::duration_cast<clock_type::duration>(
+                                         std::chrono::duration<double>(s));
         if (sim_end > end) {
             std::this_thread::sleep_until(sim_end);
             end = std::max(sim_end, clock_type::now());

@@ -55,7 +55,7 @@ struct FlatRange {
 
 struct GradientBucket {
     size_t offset = 0, count = 0;
-    std::vector<size_t> pieces;  // per rank: piece r's element count
+    std::vector<size_t> pieces;        // per rank: piece r's element count
     size_t piece_offset(int r) const;  // absolute offset of piece r
 };
 

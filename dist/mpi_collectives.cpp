@@ -73,8 +73,9 @@ class MpiCollectives final : public Collectives {
         size_t off = 0;
         for (size_t c : counts) {
             if (off + c > static_cast<size_t>(INT_MAX))
-                throw CommError(std::string(what) + ": a bucket of more than 2^31 floats (lower "
-                                                    "dist.bucket_mb)");
+                throw CommError(std::string(what) +
+                                ": a bucket of more than 2^31 floats (lower "
+                                "dist.bucket_mb)");
             l.counts.push_back(static_cast<int>(c));
             l.displs.push_back(static_cast<int>(off));
             off += c;

@@ -13,8 +13,7 @@ namespace mt::dist_detail {
 // (no progress thread), so the poll rate is the transfer rate: it spins for the first 500 µs
 // (a bucket on one machine often completes in that time), then sleeps 20 µs between polls so a
 // waiting rank leaves the cores to the ranks still computing.
-void wait_for(MPI_Request& request, double timeout_s, const std::string& what, int rank,
-              int size);
+void wait_for(MPI_Request& request, double timeout_s, const std::string& what, int rank, int size);
 
 // Throws CommError naming `call` when an MPI call did not return MPI_SUCCESS.
 void check_mpi(int rc, const char* call);

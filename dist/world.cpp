@@ -47,8 +47,7 @@ void check_mpi(int rc, const char* call) {
     throw CommError(std::string(call) + " failed: " + std::string(msg, static_cast<size_t>(len)));
 }
 
-void wait_for(MPI_Request& request, double timeout_s, const std::string& what, int rank,
-              int size) {
+void wait_for(MPI_Request& request, double timeout_s, const std::string& what, int rank, int size) {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     const auto spin_until = start + std::chrono::microseconds(500);
@@ -62,8 +61,8 @@ void wait_for(MPI_Request& request, double timeout_s, const std::string& what, i
         if (now > deadline) {
             char t[32];
             std::snprintf(t, sizeof t, "%g", timeout_s);
-            throw CommError("rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                            ": " + what + " did not complete within " + t +
+            throw CommError("rank " + std::to_string(rank) + " of " + std::to_string(size) + ": " +
+                            what + " did not complete within " + t +
                             " s (dist.timeout_s): another rank has died, hangs, or is at a "
                             "different place of the program (see its output above)");
         }

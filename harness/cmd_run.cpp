@@ -82,10 +82,10 @@ int run_run(const RunArgs& a) {
     try {
         spec = load_experiment(a.file, a.overrides);
     } catch (const SpecError& e) {
-        std::fprintf(stderr, "microtrain run: %s%s\n",
-                     world.distributed() ? ("rank " + std::to_string(world.rank()) + ": ").c_str()
-                                         : "",
-                     e.what());
+        std::fprintf(
+            stderr, "microtrain run: %s%s\n",
+            world.distributed() ? ("rank " + std::to_string(world.rank()) + ": ").c_str() : "",
+            e.what());
         // A file that is bad on one rank only would leave the others waiting: end the job.
         if (world.distributed()) world.abort(2);
         return 2;

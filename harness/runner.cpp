@@ -11,12 +11,11 @@
 #include <ctime>
 #include <exception>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "harness/signals.h"
-#include <nlohmann/json.hpp>
-
 #include "harness/training.h"
 
 namespace mt {
@@ -298,7 +297,8 @@ void probe_collectives(TrainingSession& session, const RunConfig& cfg, std::FILE
                          std::to_string(d.world_size) + " ranks, best of 3";
     }
     if (out)
-        std::fprintf(out, "  data parallel: %d ranks over %s, %d bucket(s) of %.3g MiB, overlap %s, "
+        std::fprintf(out,
+                     "  data parallel: %d ranks over %s, %d bucket(s) of %.3g MiB, overlap %s, "
                      "ZeRO-%d; all-reduce probe %.2f GB/s%s\n",
                      d.world_size, d.transport.c_str(), d.buckets, d.bucket_mb,
                      d.overlap ? "on" : "off", d.zero, gbps,

@@ -92,8 +92,8 @@ std::unique_ptr<Collectives> make_collectives(World* world, Backend& backend,
     auto broadcast = [world, timeout](void* data, size_t bytes) {
         world->broadcast(data, bytes, timeout, "the NCCL unique id");
     };
-    if (auto device = create_device_collectives(backend, world->rank(), world->size(), broadcast,
-                                                timeout))
+    if (auto device =
+            create_device_collectives(backend, world->rank(), world->size(), broadcast, timeout))
         return device;
     return world->host_collectives(timeout);
 }
@@ -132,7 +132,8 @@ void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* e
                                             cfg.data.seq_len, backend);
     // ZeRO-1 over the job's ranks: each holds about 1/N of the AdamW moments.
     if (const World& w = World::current(); cfg.dist.zero == 1 && w.distributed())
-        e.optimizer = (e.optimizer + static_cast<size_t>(w.size()) - 1) / static_cast<size_t>(w.size());
+        e.optimizer =
+            (e.optimizer + static_cast<size_t>(w.size()) - 1) / static_cast<size_t>(w.size());
     if (estimate) *estimate = e;
     const DeviceMemoryInfo info = backend.device_memory_info();
     if (!info.available || info.free_bytes == 0 || e.total() <= info.free_bytes) return;
@@ -182,12 +183,11 @@ TrainingSession::TrainingSession(std::unique_ptr<Backend> backend, const RunConf
       collectives_(make_collectives(world_, *backend_, cfg)),
       grad_sync_(make_grad_sync(collectives_.get(), model_, cfg)),
       optim_(prepare_model(model_, cfg, inputs), cfg.optim, partition_of(grad_sync_.get(), cfg)),
-      batches_(inputs.batches
-                   ? std::move(inputs.batches)
-                   : std::make_unique<DataLoader>(
-                         cfg.data, cfg.model.vocab_size, cfg.run.seed, backend_.get(),
-                         DataLoaderOptions{.rank = world_ ? world_->rank() : 0,
-                                           .world = world_size_})),
+      batches_(inputs.batches ? std::move(inputs.batches)
+                              : std::make_unique<DataLoader>(
+                                    cfg.data, cfg.model.vocab_size, cfg.run.seed, backend_.get(),
+                                    DataLoaderOptions{.rank = world_ ? world_->rank() : 0,
+                                                      .world = world_size_})),
       timer_(*backend_) {
     if (accum_ < 1)
         throw std::invalid_argument("run.grad_accum must be >= 1, got " + std::to_string(accum_));

@@ -241,6 +241,7 @@ class GPT {
     void gradients_ready(const GradientRange& r) {
         if (gradient_ready_) gradient_ready_(r.offset, r.count);
     }
+
   public:
     // Call after the optimizer changed params() so the compute copy is refreshed.
     void mark_params_updated() { params_dirty_ = true; }

@@ -142,8 +142,7 @@ std::vector<float> AdamW::grad_norm_squares(const std::vector<GPT::GradientRange
                                         .n = ranges[i].count,
                                         .max_norm = 1.0f});
     }
-    if (!ranges.empty())
-        backend_.copy_to_host(host.data(), slots, host.size() * sizeof(float));
+    if (!ranges.empty()) backend_.copy_to_host(host.data(), slots, host.size() * sizeof(float));
     std::vector<float> out(ranges.size());
     for (size_t i = 0; i < ranges.size(); ++i) out[i] = ranges[i].count ? host[2 * i] : 0.0f;
     return out;

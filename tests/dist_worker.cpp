@@ -27,12 +27,19 @@ int main(int argc, char** argv) {
         }
         const std::string out = argv[1];
         // A tiny model on learnable synthetic data; every knob can be overridden.
-        std::vector<std::string> sets = {
-            "backend=cpu",          "model.n_layer=2",       "model.n_embd=64",
-            "model.n_head=2",       "model.max_seq_len=32",  "model.vocab_size=512",
-            "data.seq_len=32",      "run.threads=1",         "dist.bucket_mb=0.05",
-            "dist.timeout_s=60",    "optim.lr=0.003",        "optim.grad_clip=1.0",
-            std::string("data.batch_size=") + argv[2]};
+        std::vector<std::string> sets = {"backend=cpu",
+                                         "model.n_layer=2",
+                                         "model.n_embd=64",
+                                         "model.n_head=2",
+                                         "model.max_seq_len=32",
+                                         "model.vocab_size=512",
+                                         "data.seq_len=32",
+                                         "run.threads=1",
+                                         "dist.bucket_mb=0.05",
+                                         "dist.timeout_s=60",
+                                         "optim.lr=0.003",
+                                         "optim.grad_clip=1.0",
+                                         std::string("data.batch_size=") + argv[2]};
         for (int i = 4; i < argc; ++i) sets.push_back(argv[i]);
         const std::string yaml = out + ".yaml";
         if (world->rank() == 0 || !world->distributed()) {
@@ -69,8 +76,7 @@ int main(int argc, char** argv) {
             std::ofstream(out + ".json") << j.dump(1);
         }
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "mt_dist_worker: rank %d: %s\n", world ? world->rank() : -1,
-                     e.what());
+        std::fprintf(stderr, "mt_dist_worker: rank %d: %s\n", world ? world->rank() : -1, e.what());
         if (world && world->distributed()) world->abort(1);
         return 1;
     }

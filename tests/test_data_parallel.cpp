@@ -19,18 +19,23 @@
 namespace mt {
 namespace {
 
-bool have_mpi() { return std::string(MT_MPIEXEC).size() > 0; }
+bool have_mpi() {
+    return std::string(MT_MPIEXEC).size() > 0;
+}
 
 // mpirun with the flags a container needs: root allowed, 2 ranks on 2 cores, no binding, no
 // single-copy (ptrace-based CMA is often forbidden in containers).
-std::string mpirun(int np) {
+// `timeout` bounds every launch (a hang fails the test, never CI); the Ctrl-C test signals mpirun
+// itself, so it launches without it.
+std::string mpirun(int np, bool bounded = true) {
     // LSAN_OPTIONS: under the asan build, Open MPI's own allocations at exit are not leaks of
     // ours (tests/lsan-mpi.supp).
-    return "LSAN_OPTIONS=suppressions=" MT_SOURCE_DIR "/tests/lsan-mpi.supp "
+    return "LSAN_OPTIONS=suppressions=" MT_SOURCE_DIR
+           "/tests/lsan-mpi.supp "
            "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-           "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
-           "timeout 300 '" +
-           std::string(MT_MPIEXEC) + "' -np " + std::to_string(np) + " --bind-to none ";
+           "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 " +
+           std::string(bounded ? "timeout 300 " : "") + "'" + std::string(MT_MPIEXEC) + "' -np " +
+           std::to_string(np) + " --bind-to none ";
 }
 
 struct WorkerRun {
@@ -86,10 +91,10 @@ TEST(DataParallel, TwoRanksEqualOneRankWithTheDoubledBatch) {
         EXPECT_NEAR(a, b, 1e-5 * std::fabs(b)) << "step " << s;
     }
     const double diff = max_abs_diff(two.params, one.params);
-    std::printf("  2 ranks x B2 vs 1 rank x B4 after 6 steps: max |param diff| %.3g, loss %.9g vs "
-                "%.9g\n",
-                diff, static_cast<double>(two.info["loss"][5]),
-                static_cast<double>(one.info["loss"][5]));
+    std::printf(
+        "  2 ranks x B2 vs 1 rank x B4 after 6 steps: max |param diff| %.3g, loss %.9g vs "
+        "%.9g\n",
+        diff, static_cast<double>(two.info["loss"][5]), static_cast<double>(one.info["loss"][5]));
     EXPECT_LT(diff, 2e-5);
     // And the run learned something: not a comparison of two untouched models.
     EXPECT_LT(static_cast<double>(two.info["loss"][5]), static_cast<double>(two.info["loss"][0]));
@@ -140,8 +145,8 @@ TEST(DataParallel, CommPhaseIsPositiveUnderASimulatedLinkAndZeroOnOneRank) {
     REQUIRE_MPI();
     TempDir dir("mt_dp");
     // 0.05 Gbit/s: the ~0.5 MB of gradients take ~80 ms per step on the simulated link.
-    const WorkerRun slow = run_worker(dir, "slow", 2, 2, 3,
-                                      "dist.simulate_link_gbps=0.05 dist.overlap=false");
+    const WorkerRun slow =
+        run_worker(dir, "slow", 2, 2, 3, "dist.simulate_link_gbps=0.05 dist.overlap=false");
     const WorkerRun one = run_worker(dir, "one", 0, 4, 3);
     for (size_t s = 0; s < 3; ++s) {
         EXPECT_GT(static_cast<double>(slow.info["comm_ms"][s]), 40.0) << "step " << s;
@@ -165,8 +170,8 @@ TEST(DataParallel, OverlapHidesCommunicationUnderBackward) {
         on_ms += on.info["comm_ms"][s].get<double>();
         off_ms += off.info["comm_ms"][s].get<double>();
     }
-    EXPECT_LT(on_ms, off_ms) << "exposed comm with overlap " << on_ms << " ms vs without "
-                             << off_ms << " ms";
+    EXPECT_LT(on_ms, off_ms) << "exposed comm with overlap " << on_ms << " ms vs without " << off_ms
+                             << " ms";
 }
 
 // An experiment file for microtrain run under mpirun.
@@ -205,9 +210,9 @@ TEST(DataParallel, RanksWithDifferentConfigsAreRefusedNamingTheKey) {
 CliResult run_with_fault(const TempDir& dir, const std::string& fault, double* seconds) {
     const std::string f = write_experiment(dir, "f.yaml", 30);
     const auto t0 = std::chrono::steady_clock::now();
-    const CliResult r = run_shell(mpirun(2) + "'" + MT_BINARY + "' run '" + f + "' --out-dir '" +
-                                  dir.file("out") + "' --inject-fault " + fault +
-                                  " --inject-fault-rank 1 --inject-fault-step 3");
+    const CliResult r =
+        run_shell(mpirun(2) + "'" + MT_BINARY + "' run '" + f + "' --out-dir '" + dir.file("out") +
+                  "' --inject-fault " + fault + " --inject-fault-rank 1 --inject-fault-step 3");
     *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
 }
@@ -254,11 +259,12 @@ TEST(DataParallel, CtrlCOnMpirunWritesTheReportOfWhatWasMeasured) {
     TempDir dir("mt_dp");
     const std::string f = write_experiment(dir, "c.yaml", 100000);
     const std::string log = dir.file("log");
-    const std::string script =
-        mpirun(2) + "--mca odls_base_sigkill_timeout 3 '" + MT_BINARY + "' run '" + f +
-        "' --out-dir '" + dir.file("out") + "' > '" + log + "' 2>&1 & pid=$!; " +
-        "for i in $(seq 600); do grep -q 'ms/step' '" + log +
-        "' && break; sleep 0.1; done; sleep 1; kill -INT $pid; wait $pid; echo rc=$?";
+    const std::string script = mpirun(2, false) + "--mca odls_base_sigkill_timeout 3 '" +
+                               MT_BINARY + "' run '" + f + "' --out-dir '" + dir.file("out") +
+                               "' > '" + log + "' 2>&1 & pid=$!; " +
+                               "for i in $(seq 600); do grep -q 'ms/step' '" + log +
+                               "' && break; sleep 0.1; done; sleep 1; kill -INT $pid; " +
+                               "(sleep 120; kill -9 $pid) > /dev/null 2>&1 & w=$!; wait $pid; echo rc=$?; kill $w";
     const std::string sh = dir.file("ctrl-c.sh");
     std::ofstream(sh) << script << "\n";
     const CliResult r = run_shell("bash '" + sh + "'");
