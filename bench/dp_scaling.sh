@@ -16,6 +16,7 @@ OUT=${MT_BENCH_OUT:-bench/results}
 [[ -x $MT ]] || { echo "dp_scaling: $MT not built (cmake --preset release && cmake --build --preset release)"; exit 2; }
 command -v mpirun > /dev/null || { echo "dp_scaling: mpirun not found (bash tools/setup.sh installs Open MPI)"; exit 2; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+CORES=$(nproc)  # before OMP_NUM_THREADS=1, which GNU nproc honours
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 run() {  # run NAME NP
@@ -32,7 +33,7 @@ for r in $(seq "$ROUNDS"); do
 done
 mkdir -p "$OUT"
 stamp=$(date -u +%Y-%m-%dT%H%M)
-report="$OUT/dp-scaling-$stamp-$(nproc)c.md"
+report="$OUT/dp-scaling-$stamp-${CORES}c.md"
 python3 - "$report" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "${files1[@]}" -- "${files2[@]}" <<'PY'
 import json, statistics, sys
 report, commit = sys.argv[1], sys.argv[2]

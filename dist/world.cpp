@@ -66,7 +66,7 @@ void wait_for(MPI_Request& request, double timeout_s, const std::string& what, i
                             " s (dist.timeout_s): another rank has died, hangs, or is at a "
                             "different place of the program (see its output above)");
         }
-        if (now > spin_until) std::this_thread::yield();
+        if (now > spin_until) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
 }
 
