@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "harness/comm_probe.h"
 #include "harness/signals.h"
 #include "harness/training.h"
 
@@ -275,10 +276,10 @@ void finish_variant(TrainingSession& session, BackendKind kind, RunResult& r) {
     }
 }
 
-// Data parallel: the bus bandwidth the transport reaches for an all-reduce of the gradients'
-// size (at most 64 MiB), the best of 3 after one warm-up, on the model's gradient buffer before
-// the first step zeroes it. The SIMULATED link is not applied: this is the real transport.
-void probe_collectives(TrainingSession& session, const RunConfig& cfg, std::FILE* out,
+// Data parallel: how the variant communicates, and the bus bandwidth the transport reaches for
+// an all-reduce of the gradients' size (harness/comm_probe.h: cached, or measured on the model's
+// gradient buffer before the first step zeroes it). The SIMULATED link is not applied to it.
+void probe_collectives(TrainingSession& session, const RunConfig& cfg, World& world, std::FILE* out,
                        RunResult& r) {
     const GradientSync& sync = *session.gradient_sync();
     DataParallelRun d;
@@ -290,11 +291,11 @@ void probe_collectives(TrainingSession& session, const RunConfig& cfg, std::FILE
     d.buckets = static_cast<int>(sync.buckets().size());
     d.simulated_link_gbps = cfg.dist.simulate_link_gbps;
     d.simulated_latency_us = cfg.dist.simulate_latency_us;
-    const double gbps = session.probe_all_reduce_gbps(size_t{64} << 20);
+    const CommProbe probe = all_reduce_probe(session, world, cfg.dist.timeout_s);
+    const double gbps = probe.busbw_gbps;
     if (gbps > 0) {
         d.probe_busbw_gbps = gbps;
-        d.probe_source = "measured now: all-reduce of the gradient buffer (at most 64 MiB) over " +
-                         std::to_string(d.world_size) + " ranks, best of 3";
+        d.probe_source = probe.source;
     }
     if (out)
         std::fprintf(out,
@@ -415,7 +416,7 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
         session = set_up_session(cfg, *kind, out, r,
                                  inject ? opt.modify_backend : std::function<void(Backend&)>(),
                                  opt.world);
-        if (session->world_size() > 1) probe_collectives(*session, cfg, out, r);
+        if (session->world_size() > 1) probe_collectives(*session, cfg, *opt.world, out, r);
         if (const int sig = run_steps(*session, cfg, opt, inject, r, step)) *interrupted = sig;
         finish_variant(*session, *kind, r);
         if (session->world_size() > 1) gather_ranks(*session, cfg, *opt.world, r);
