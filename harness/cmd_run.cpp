@@ -148,6 +148,13 @@ int run_run(const RunArgs& a) {
     if (out && !quiet_until_written) std::fprintf(out, "\nwriting the report to %s\n", dir.c_str());
     if (out) std::fflush(out);
     const bool complete = write_and_print(ex, dir);
+    if (!ex.job_failure.empty()) {
+        // Data parallel: the report holds what was measured; the other ranks wait in a
+        // collective that will never complete, so the job ends here.
+        std::fprintf(stderr, "microtrain run: %s; ending the job (all ranks)\n",
+                     ex.job_failure.c_str());
+        world.abort(1);
+    }
     // A signal after the last step (or while writing) did not cut anything short, but the exit
     // code still says the process was asked to stop.
     const int sig = ex.stop_signal ? ex.stop_signal : stop_signal();

@@ -399,8 +399,8 @@ RunResult skipped_variant(const RunConfig& cfg, const std::string& reason, std::
     return r;
 }
 
-RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool inject,
-                      int* interrupted) {
+RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool inject, int* interrupted,
+                      bool* job_failed) {
     std::FILE* out = opt.out;
     if (out) std::fprintf(out, "\nvariant '%s'\n", cfg.variant.c_str());
     std::string skip;
@@ -432,8 +432,10 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
     } catch (const std::exception& e) {
         const std::string phase = session ? session->current_phase() : "setup";
         // Data parallel: the other ranks are waiting for this one in a collective; they cannot
-        // go on. The caller prints this and ends the job.
-        if (opt.world && opt.world->distributed())
+        // go on. Rank 0 records the failure (the report of what was measured is written before
+        // the caller ends the job); another rank's caller ends the job at once.
+        if (opt.world && opt.world->distributed() && opt.world->rank() == 0) *job_failed = true;
+        if (opt.world && opt.world->distributed() && opt.world->rank() != 0)
             throw std::runtime_error(
                 "rank " + std::to_string(opt.world->rank()) + " of " +
                 std::to_string(opt.world->size()) + ": variant '" + cfg.variant + "' failed " +
@@ -443,10 +445,13 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
         r.status = RunStatus::failed;
         r.failed_step = step;
         r.failed_phase = phase;
-        r.message = "variant '" + cfg.variant + "' failed " +
-                    (step < 0 ? std::string("during setup")
-                              : "at step " + std::to_string(step) + " in the " + phase + " phase") +
-                    ": " + e.what();
+        r.message =
+            std::string(*job_failed ? "rank 0 of " + std::to_string(opt.world->size()) + ": "
+                                    : "") +
+            "variant '" + cfg.variant + "' failed " +
+            (step < 0 ? std::string("during setup")
+                      : "at step " + std::to_string(step) + " in the " + phase + " phase") +
+            ": " + e.what();
     }
     // (Data parallel, interrupted: nothing more is printed before the report; see run_steps.)
     const bool quiet = r.status == RunStatus::interrupted && opt.world && opt.world->distributed();
@@ -469,7 +474,7 @@ ExperimentResult run_experiment(const ExperimentSpec& spec, const RunnerOptions&
     for (const RunConfig& cfg : spec.variants) {
         // A signal that arrived between two variants' steps (on any rank: all stop together).
         double sig = stop_signal();
-        if (world && !ex.interrupted)
+        if (world && !ex.interrupted && ex.job_failure.empty())
             world->allreduce_max(&sig, 1, cfg.dist.timeout_s, "the stop flag between variants");
         if (!ex.interrupted && sig > 0) {
             ex.stop_signal = static_cast<int>(sig);
@@ -484,8 +489,19 @@ ExperimentResult run_experiment(const ExperimentSpec& spec, const RunnerOptions&
             ex.runs.push_back(std::move(r));
             continue;
         }
+        if (!ex.job_failure.empty()) {  // data parallel: the job ends after this report
+            RunResult r;
+            r.config = cfg;
+            r.status = RunStatus::skipped;
+            r.message =
+                "not run: the data-parallel job ended after a failure (" + ex.job_failure + ")";
+            ex.runs.push_back(std::move(r));
+            continue;
+        }
         const bool inject = options.inject_variant.empty() || options.inject_variant == cfg.variant;
-        ex.runs.push_back(run_variant(cfg, options, inject, &ex.stop_signal));
+        bool job_failed = false;
+        ex.runs.push_back(run_variant(cfg, options, inject, &ex.stop_signal, &job_failed));
+        if (job_failed) ex.job_failure = ex.runs.back().message;
         ex.interrupted = ex.stop_signal != 0;
     }
     return ex;

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "dist/world.h"
 #include "harness/memory.h"
 #include "harness/profile.h"
 #include "harness/spec.h"
-#include "dist/world.h"
 #include "harness/timing.h"
 #include "model/gpt.h"
 
@@ -34,7 +34,6 @@ struct StepRecord {
     double comm_bytes = 0;    // bytes this rank sent for them (ring algorithm)
     int stop_signal = 0;      // a stop signal seen by any rank (agreed, so all ranks stop)
 };
-
 
 // One step's timeline for trace.json (only profile.trace_steps measured steps are kept).
 struct TraceStep {
@@ -67,11 +66,11 @@ struct DataParallelRun {
     // dist.simulate_link_gbps / simulate_latency_us: a SIMULATED slow link stretched the
     // collectives to what it would take (0 = the real transport only).
     double simulated_link_gbps = 0, simulated_latency_us = 0;
-    double bytes_per_step = 0;           // bytes each rank sends per step (median)
-    double achieved_busbw_gbps = 0;      // bytes_per_step / median busy time, in GB/s
+    double bytes_per_step = 0;               // bytes each rank sends per step (median)
+    double achieved_busbw_gbps = 0;          // bytes_per_step / median busy time, in GB/s
     std::optional<double> probe_busbw_gbps;  // a measured all-reduce of the same transport
-    std::string probe_source;            // "measured now (...)" / "cache (...)"
-    std::vector<RankSummary> ranks;      // every rank, in rank order
+    std::string probe_source;                // "measured now (...)" / "cache (...)"
+    std::vector<RankSummary> ranks;          // every rank, in rank order
 };
 
 enum class RunStatus { ok, failed, interrupted, skipped };
@@ -111,6 +110,10 @@ struct ExperimentResult {
     std::optional<double> loss_tolerance;  // compare.loss_tolerance; nullopt: derived
     std::vector<RunResult> runs;           // in spec order (skipped/unrun variants included)
     bool interrupted = false;
+    // Data parallel: a variant failed on rank 0 (its own error, or a timeout waiting for a rank
+    // that died or hangs). The other ranks cannot go on, so the experiment stops there; the
+    // caller writes the report of what was measured, then ends the job. Empty: no such failure.
+    std::string job_failure;
     int stop_signal = 0;      // the signal that interrupted it (0: none)
     std::string started_utc;  // ISO 8601
 };
@@ -136,9 +139,10 @@ struct RunnerOptions {
     // also covers writing the report).
     bool handle_sigint = true;  // (the name predates the other signals)
     // Data parallel: the job's world (dist/world.h); null or one rank = one process. With
-    // several ranks every rank runs every variant in lockstep, rank 0's result holds what every
-    // rank measured (RunResult::dist), and a variant that throws on a rank is rethrown (the
-    // caller ends the job: the other ranks cannot go on without it).
+    // several ranks every rank runs every variant in lockstep and rank 0's result holds what
+    // every rank measured (RunResult::dist). A variant that throws on rank 0 is recorded and
+    // ends the experiment (ExperimentResult::job_failure); on another rank it is rethrown: the
+    // caller ends the job (the others cannot go on without that rank).
     World* world = nullptr;
 };
 

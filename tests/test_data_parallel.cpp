@@ -236,6 +236,15 @@ TEST(DataParallel, AHangingRankMakesTheOthersTimeOutAndEndTheJob) {
     EXPECT_LT(s, 60.0) << r.output;  // dist.timeout_s is 5
     EXPECT_CONTAINS(r.output, "did not complete within 5 s");
     EXPECT_CONTAINS(r.output, "rank 0 of 2");
+    // Rank 0 wrote the report of what was measured before it ended the job.
+    std::string results;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir.file("out")))
+        if (e.path().filename() == "results.json") results = e.path().string();
+    ASSERT_FALSE(results.empty()) << r.output;
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(results));
+    EXPECT_EQ(j["variants"][0]["status"], "failed");
+    EXPECT_GE(j["variants"][0]["steps"].size(), 3u);
+    EXPECT_CONTAINS(j["variants"][0]["message"].get<std::string>(), "did not complete");
 }
 
 TEST(DataParallel, ARankThatThrowsEndsTheJobNamingRankVariantAndStep) {
@@ -259,12 +268,12 @@ TEST(DataParallel, CtrlCOnMpirunWritesTheReportOfWhatWasMeasured) {
     TempDir dir("mt_dp");
     const std::string f = write_experiment(dir, "c.yaml", 100000);
     const std::string log = dir.file("log");
-    const std::string script = mpirun(2, false) + "--mca odls_base_sigkill_timeout 3 '" +
-                               MT_BINARY + "' run '" + f + "' --out-dir '" + dir.file("out") +
-                               "' > '" + log + "' 2>&1 & pid=$!; " +
-                               "for i in $(seq 600); do grep -q 'ms/step' '" + log +
-                               "' && break; sleep 0.1; done; sleep 1; kill -INT $pid; " +
-                               "(sleep 120; kill -9 $pid) > /dev/null 2>&1 & w=$!; wait $pid; echo rc=$?; kill $w";
+    const std::string script =
+        mpirun(2, false) + "--mca odls_base_sigkill_timeout 3 '" + MT_BINARY + "' run '" + f +
+        "' --out-dir '" + dir.file("out") + "' > '" + log + "' 2>&1 & pid=$!; " +
+        "for i in $(seq 600); do grep -q 'ms/step' '" + log +
+        "' && break; sleep 0.1; done; sleep 1; kill -INT $pid; " +
+        "(sleep 120; kill -9 $pid) > /dev/null 2>&1 & w=$!; wait $pid; echo rc=$?; kill $w";
     const std::string sh = dir.file("ctrl-c.sh");
     std::ofstream(sh) << script << "\n";
     const CliResult r = run_shell("bash '" + sh + "'");
