@@ -23,18 +23,11 @@ bool have_mpi() {
     return std::string(MT_MPIEXEC).size() > 0;
 }
 
-// mpirun with the flags a container needs: root allowed, 2 ranks on 2 cores, no binding, no
-// single-copy (ptrace-based CMA is often forbidden in containers).
+// mpirun with the environment of mpi_test_env() (tests/test_util.h), without binding.
 // `timeout` bounds every launch (a hang fails the test, never CI); the Ctrl-C test signals mpirun
 // itself, so it launches without it.
 std::string mpirun(int np, bool bounded = true) {
-    // LSAN_OPTIONS: under the asan build, Open MPI's own allocations at exit are not leaks of
-    // ours (tests/lsan-mpi.supp).
-    return "LSAN_OPTIONS=suppressions=" MT_SOURCE_DIR
-           "/tests/lsan-mpi.supp "
-           "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-           "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 " +
-           std::string(bounded ? "timeout 300 " : "") + "'" + std::string(MT_MPIEXEC) + "' -np " +
+    return mpi_test_env() + (bounded ? "timeout 300 '" : "'") + std::string(MT_MPIEXEC) + "' -np " +
            std::to_string(np) + " --bind-to none ";
 }
 

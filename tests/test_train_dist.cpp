@@ -34,13 +34,10 @@ bool have_mpi() {
 #define REQUIRE_MPI() \
     if (!have_mpi()) GTEST_SKIP() << "this build has no MPI (install libopenmpi-dev)"
 
-// mpirun with the flags a container needs (as tests/test_data_parallel.cpp): root allowed, 2
-// ranks on 2 cores, no binding, no single-copy.
+// mpirun with the environment of mpi_test_env() (tests/test_util.h), without binding.
 std::string mpirun(int np) {
-    return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-           "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
-           "timeout 300 '" +
-           std::string(MT_MPIEXEC) + "' -np " + std::to_string(np) + " --bind-to none ";
+    return mpi_test_env() + "timeout 300 '" + std::string(MT_MPIEXEC) + "' -np " +
+           std::to_string(np) + " --bind-to none ";
 }
 
 // The tiny config of tests/test_train_cli.cpp at `batch` rows per rank: L2 C64, T16, a 10%

@@ -67,4 +67,21 @@ inline CliResult run_microtrain(const std::string& args, const std::string& cwd 
     return run_shell(cmd);
 }
 
+// The environment an mpirun under test needs (tests/test_data_parallel.cpp,
+// tests/test_train_dist.cpp): root allowed (CI runs as root), oversubscription (2 ranks on 2
+// cores), no single-copy transfers (ptrace-based CMA is often forbidden in containers); and,
+// for the asan build, Open MPI's own allocations that live until exit are suppressed
+// (tests/lsan-mpi.supp), which needs its plugins kept loaded (disable_dlclose) so that
+// LeakSanitizer can name the module a leak comes from.
+inline std::string mpi_test_env() {
+    // fast_unwind_on_malloc=0: Open MPI is built without frame pointers, so the fast unwinder
+    // stops inside it and a suppression could not see which library allocated.
+    return "ASAN_OPTIONS=${ASAN_OPTIONS}:fast_unwind_on_malloc=0 "
+           "LSAN_OPTIONS=suppressions=" MT_SOURCE_DIR
+           "/tests/lsan-mpi.supp "
+           "OMPI_MCA_mca_base_component_disable_dlclose=1 "
+           "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+           "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 ";
+}
+
 }  // namespace mt
