@@ -351,6 +351,15 @@ struct DataLoader::Impl {
         }
     }
 
+    // Data parallel: this loader's slice of the global batch (DataLoaderOptions::rank/world).
+    void take_rank(const DataLoaderOptions& o) {
+        if (o.world < 1 || o.rank < 0 || o.rank >= o.world)
+            throw DataError("data config: rank " + std::to_string(o.rank) + " of a world of " +
+                            std::to_string(o.world));
+        rank = o.rank;
+        world = o.world;
+    }
+
     // Narrows the loader to its part of the windows (DataSplit) and its first batch.
     void select_split(const DataLoaderOptions& o) {
         Impl& m = *this;
@@ -411,11 +420,7 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
         bad("preprocess_us must be >= 0, got " + std::to_string(c.preprocess_us));
     if (vocab_size < 1) bad("vocab_size must be >= 1, got " + std::to_string(vocab_size));
 
-    if (options.world < 1 || options.rank < 0 || options.rank >= options.world)
-        bad("rank " + std::to_string(options.rank) + " of a world of " +
-            std::to_string(options.world));
-    m.rank = options.rank;
-    m.world = options.world;
+    m.take_rank(options);
     // Sizes are those of the global batch (world * B rows): every rank sees the same stream.
     const uint64_t B = static_cast<uint64_t>(c.batch_size) * options.world, T = c.seq_len;
     const uint64_t need = B * T + 1;  // B windows of T+1 tokens overlapping by one
@@ -468,13 +473,13 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
     }
     if (m.n < need) {
         const std::string name = c.source == DataSource::synthetic ? "synthetic" : c.path;
-        data_error(name, "has " + std::to_string(m.n) + " tokens, but one batch needs " +
-                             std::to_string(need) + " (batch_size " + std::to_string(B) +
-                             (options.world > 1 ? " over " + std::to_string(options.world) +
-                                                      " ranks"
-                                                : std::string()) +
-                             " x seq_len " + std::to_string(T) +
-                             " + 1); use a longer file or a smaller batch_size / seq_len");
+        data_error(name,
+                   "has " + std::to_string(m.n) + " tokens, but one batch needs " +
+                       std::to_string(need) + " (batch_size " + std::to_string(B) +
+                       (options.world > 1 ? " over " + std::to_string(options.world) + " ranks"
+                                          : std::string()) +
+                       " x seq_len " + std::to_string(T) +
+                       " + 1); use a longer file or a smaller batch_size / seq_len");
     }
     m.windows = (m.n - 1) / T;
     if (m.windows > UINT32_MAX)
