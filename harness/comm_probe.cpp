@@ -33,15 +33,6 @@ nlohmann::json read_cache() {
     }
 }
 
-std::string utc_now() {
-    std::time_t t = std::time(nullptr);
-    std::tm tm{};
-    gmtime_r(&t, &tm);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
-}
-
 }  // namespace
 
 CommProbe all_reduce_probe(TrainingSession& session, World& world, double timeout_s, bool force) {
@@ -80,7 +71,7 @@ CommProbe all_reduce_probe(TrainingSession& session, World& world, double timeou
             std::filesystem::create_directories(peaks_cache_dir());
             nlohmann::json c = read_cache();
             if (!c.contains(key) || c[key].value("busbw_gbps", 0.0) < p.busbw_gbps)
-                c[key] = {{"busbw_gbps", p.busbw_gbps}, {"measured_utc", utc_now()}};
+                c[key] = {{"busbw_gbps", p.busbw_gbps}, {"measured_utc", utc_now_iso()}};
             write_file_atomic(cache_path(), c.dump(2) + "\n");
         } catch (const std::exception& e) {
             std::fprintf(stderr, "microtrain: note: could not update the probe cache %s: %s\n",

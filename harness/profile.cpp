@@ -101,15 +101,6 @@ double best_of(const std::vector<double>& v) {
     return compute_stats(v).min;
 }
 
-std::string utc_now() {
-    std::time_t t = std::time(nullptr);
-    std::tm tm{};
-    gmtime_r(&t, &tm);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
-}
-
 // Times runs of `work` with backend events, after one untimed warm-up run: at least
 // kMinReps, then more until kBudgetMs of timed work or kMaxReps (a machine shared with other
 // work needs several chances to show its peak). Returns the best ms; *reps_out = runs timed.
@@ -186,7 +177,7 @@ MachinePeaks remember_cpu_peaks(const std::string& name, const MachinePeaks& p, 
                               {"bytes_per_s", p.bytes_per_s},
                               {"flops_probe", p.flops_source},
                               {"bytes_probe", p.bytes_source},
-                              {"measured_utc", utc_now()}};
+                              {"measured_utc", utc_now_iso()}};
         write_file_atomic(cache_file(), j.dump(2) + "\n");
         *note = " (now cached in " + cache_file() + ")";
     } catch (const std::exception& e) {

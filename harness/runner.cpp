@@ -22,15 +22,6 @@
 namespace mt {
 namespace {
 
-std::string utc_now_iso() {
-    std::time_t t = std::time(nullptr);
-    std::tm tm{};
-    gmtime_r(&t, &tm);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
-}
-
 std::string join(const std::vector<std::string>& v, const std::string& sep) {
     std::string s;
     for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];

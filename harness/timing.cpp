@@ -1,6 +1,8 @@
 // PhaseTimer and step statistics (see timing.h).
 #include "harness/timing.h"
 
+#include <ctime>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -147,6 +149,15 @@ SeriesStats compute_stats(std::vector<double> v) {
         s.std = std::sqrt(ss / static_cast<double>(v.size() - 1));
     }
     return s;
+}
+
+std::string utc_now_iso() {
+    std::time_t t = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
 }
 
 }  // namespace mt

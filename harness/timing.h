@@ -127,6 +127,9 @@ class PhaseTimer {
     std::vector<PhaseInterval> intervals_;
 };
 
+// The current UTC time as ISO 8601 ("2026-12-03T18:18:19Z"), for results and caches.
+std::string utc_now_iso();
+
 // ---- statistics -------------------------------------------------------------------------------
 
 // Percentile `p` in [0, 100] of sorted values with linear interpolation between closest ranks
