@@ -1,10 +1,9 @@
 // PhaseTimer and step statistics (see timing.h).
 #include "harness/timing.h"
 
-#include <ctime>
-
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <numeric>
 #include <stdexcept>
 
