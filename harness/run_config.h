@@ -88,6 +88,9 @@ struct RunConfig {
     KernelChoice kernels;
     ProfileConfig profile;
     DistConfig dist;
+    // model.lora, model.quantize_frozen, optim.freeze: which parameters train, how the frozen
+    // ones are stored.
+    TrainableOptions trainable;
     // The dotted keys this variant changed relative to the base, with their new values as text
     // (e.g. {"run.precision", "bf16"}). Empty for the baseline.
     std::map<std::string, std::string> changed;

@@ -207,7 +207,9 @@ std::string format_double(double x) {
     return std::string(buf, r.ptr);
 }
 
-enum class Kind { integer, uint64, number, boolean, choice, string, pair };
+// list: a YAML list of names ([wte, h.0]); mapping: a YAML mapping the key's own check reads
+// (model.lora: {rank: 8, alpha: 16}).
+enum class Kind { integer, uint64, number, boolean, choice, string, pair, list, mapping };
 
 struct Value {
     int64_t i = 0;
@@ -216,6 +218,8 @@ struct Value {
     bool b = false;
     std::string s;
     std::array<double, 2> pair{};
+    std::vector<std::string> list;
+    YAML::Node node;   // Kind::mapping: the mapping as written
     std::string text;  // the scalar as written (integers: kept for out-of-range messages)
 };
 
@@ -287,6 +291,10 @@ std::string expected_text(const KeyDef& k) {
             return "a string";
         case Kind::pair:
             return "a list of two numbers like [0.9, 0.95]";
+        case Kind::list:
+            return "a list of names like [wte, h.0]";
+        case Kind::mapping:
+            return "a mapping like { key: value, ... }";
     }
     return "?";
 }
@@ -560,6 +568,81 @@ void add_kernel_and_profile_keys(std::vector<KeyDef>& t) {
 }
 
 // dist.* (data parallel over MPI / NCCL): buckets, overlap, ZeRO stage, a simulated link.
+// What trains and how the frozen part is stored: model.lora, model.quantize_frozen,
+// optim.freeze (TrainableOptions, model/gpt.h). Names in optim.freeze are checked against the
+// model's parameter table when the config resolves (they depend on n_layer).
+std::string lora_text(const LoraConfig& l) {
+    std::string t;
+    for (LoraTarget x : l.targets) t += (t.empty() ? "" : ", ") + std::string(enum_name(x));
+    return "{rank: " + std::to_string(l.rank) + ", alpha: " + format_float(l.alpha) +
+           ", targets: [" + t + "]}";
+}
+// Reads model.lora's mapping into `out`; returns "" or what is wrong and how to fix it.
+std::string parse_lora(const YAML::Node& node, LoraConfig& out) {
+    LoraConfig l;
+    const std::string fix = "write e.g. {rank: 8, alpha: 16, targets: [attn.c_attn, mlp.c_fc]}";
+    for (auto it = node.begin(); it != node.end(); ++it) {
+        const std::string k = it->first.IsScalar() ? it->first.Scalar() : "?";
+        const YAML::Node v = it->second;
+        int64_t i = 0;
+        double d = 0;
+        if (k == "rank") {
+            if (!v.IsScalar() || !parse_int(v.Scalar(), i) || i < 0 || i > GPTConfig::kMaxEmbd)
+                return "expected rank an integer from 0 (no adapters) to " +
+                       std::to_string(GPTConfig::kMaxEmbd) + ", got " + got_text(v) +
+                       "; typical ranks are 4 to 64";
+            l.rank = static_cast<int>(i);
+        } else if (k == "alpha") {
+            if (!v.IsScalar() || !parse_number(v.Scalar(), d) || !(d > 0) || d > 1e6)
+                return "expected alpha a number in (0, 1e6], got " + got_text(v) +
+                       "; the update is scaled by alpha/rank, alpha = 2 x rank is common";
+            l.alpha = static_cast<float>(d);
+        } else if (k == "targets") {
+            if (!v.IsSequence() || v.size() == 0)
+                return "expected targets a non-empty list of " +
+                       join(enum_names<LoraTarget>(), ", ") + ", got " + got_text(v);
+            l.targets.clear();
+            for (size_t j = 0; j < v.size(); ++j) {
+                const YAML::Node e = v[j];
+                const auto t = e.IsScalar() ? parse_enum<LoraTarget>(e.Scalar()) : std::nullopt;
+                if (!t)
+                    return "expected targets among " + join(enum_names<LoraTarget>(), ", ") +
+                           ", got " + got_text(e) + " (element " + std::to_string(j + 1) + ")";
+                if (std::find(l.targets.begin(), l.targets.end(), *t) != l.targets.end())
+                    return "target '" + e.Scalar() + "' is listed twice; list each once";
+                l.targets.push_back(*t);
+            }
+        } else {
+            return "unknown key '" + k + "' in model.lora; its keys are rank, alpha, targets (" +
+                   fix + ")";
+        }
+    }
+    out = l;
+    return "";
+}
+
+void add_trainable_keys(std::vector<KeyDef>& t) {
+    {
+        KeyDef k{"model.lora", Kind::mapping, {}, nullptr, nullptr, nullptr};
+        k.check = [](const Value& v) {
+            LoraConfig l;
+            return parse_lora(v.node, l);
+        };
+        k.set = [](RunConfig& c, const Value& v) { parse_lora(v.node, c.trainable.lora); };
+        k.get = [](const RunConfig& c) { return lora_text(c.trainable.lora); };
+        t.push_back(std::move(k));
+    }
+    t.push_back(enum_key<QuantizeFrozen>(
+        "model.quantize_frozen",
+        [](RunConfig& c) -> QuantizeFrozen& { return c.trainable.quantize_frozen; }));
+    {
+        KeyDef k{"optim.freeze", Kind::list, {}, nullptr, nullptr, nullptr};
+        k.set = [](RunConfig& c, const Value& v) { c.trainable.freeze = v.list; };
+        k.get = [](const RunConfig& c) { return "[" + join(c.trainable.freeze, ", ") + "]"; };
+        t.push_back(std::move(k));
+    }
+}
+
 void add_dist_keys(std::vector<KeyDef>& t) {
     t.push_back(float_key(
         "dist.bucket_mb", [](double x) { return x > 0 && x <= 65536; }, "a number in (0, 65536]",
@@ -595,6 +678,7 @@ const std::vector<KeyDef>& knob_table() {
         add_run_keys(t);
         add_kernel_and_profile_keys(t);
         add_dist_keys(t);
+        add_trainable_keys(t);
         return t;
     }();
     return table;
@@ -659,7 +743,21 @@ Value parse_value(const KeyDef& def, const YAML::Node& node, const std::string& 
              "expected " + expected + ", got " + got_text(node) + "; " +
                  (extra.empty() ? "write " + expected : extra));
     };
-    if (def.kind == Kind::pair) {
+    if (def.kind == Kind::list) {
+        if (!node.IsSequence()) bad("write a list, e.g. [wte, h.0], or [] for none");
+        for (size_t i = 0; i < node.size(); ++i) {
+            const YAML::Node e = node[i];
+            if (!e.IsScalar() || e.Scalar().empty())
+                fail(where, def.key, context,
+                     "expected a name for element " + std::to_string(i + 1) + ", got " +
+                         got_text(e) + "; write a list of names, e.g. [wte, h.0]");
+            reject_nul(e.Scalar(), where, def.key, context);
+            v.list.push_back(e.Scalar());
+        }
+    } else if (def.kind == Kind::mapping) {
+        if (!node.IsMap()) bad();
+        v.node = node;
+    } else if (def.kind == Kind::pair) {
         if (!node.IsSequence() || node.size() != 2) bad("write two numbers, e.g. [0.9, 0.95]");
         for (size_t i = 0; i < 2; ++i)
             if (!node[i].IsScalar() || !parse_number(node[i].Scalar(), v.pair[i]))
@@ -712,6 +810,8 @@ Value parse_value(const KeyDef& def, const YAML::Node& node, const std::string& 
                 v.s = s;
                 break;
             case Kind::pair:
+            case Kind::list:
+            case Kind::mapping:
                 break;
         }
     }
@@ -1053,10 +1153,9 @@ ParsedFile parse_file(const std::string& path) {
     const YAML::Node root = load_yaml_root(pf, path);
     const std::string base_dir = fs::path(path).parent_path().string();
 
-    const std::vector<std::string> top = {"name",     "backend", "model",   "data",
-                                          "optim",    "run",     "kernels", "profile",
-                                          "dist",     "variants", "compare", "report",
-                                          "train"};
+    const std::vector<std::string> top = {"name",    "backend", "model",   "data", "optim",
+                                          "run",     "kernels", "profile", "dist", "variants",
+                                          "compare", "report",  "train"};
     std::set<std::string> seen;
     for (auto it = root.begin(); it != root.end(); ++it) {
         const std::string key = it->first.Scalar();
@@ -1204,6 +1303,7 @@ struct Resolver {
                          "model.preset"}),
                   std::string("expected a model this trainer can hold: ") + e.what());
         }
+        check_trainable(c);
         const int64_t positions = static_cast<int64_t>(c.data.batch_size) * c.data.seq_len;
         if (positions > std::numeric_limits<int>::max())
             error(blame({"data.batch_size", "data.seq_len"}),
@@ -1212,6 +1312,20 @@ struct Resolver {
                       std::to_string(c.data.batch_size) + " x " + std::to_string(c.data.seq_len) +
                       " = " + std::to_string(positions) +
                       " positions (the step indexes them with a 32-bit int); lower one of them");
+    }
+
+    // LoRA's rank against the model, optim.freeze's names against its parameter table, and
+    // int8 storage against what is frozen: the table's own checks, blamed on the key they name.
+    void check_trainable(const RunConfig& c) const {
+        try {
+            ParameterTable table(c.model, c.trainable);
+        } catch (const std::invalid_argument& e) {
+            const std::string what = e.what();
+            for (const std::string key : {"model.lora", "optim.freeze", "model.quantize_frozen"})
+                if (what.rfind(key, 0) == 0)
+                    error(key, what.rfind(key + ": ", 0) == 0 ? what.substr(key.size() + 2) : what);
+            throw;
+        }
     }
 
     void check(const RunConfig& c) const {

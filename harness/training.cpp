@@ -19,6 +19,7 @@ ModelOptions model_options(const RunConfig& cfg) {
     ModelOptions mo;
     mo.kernels = cfg.kernels;
     mo.recompute = cfg.run.recompute;
+    mo.trainable = cfg.trainable;
     return mo;
 }
 

@@ -152,16 +152,99 @@ void MatmulBackward::check() const {
     require_positive(name, N, "N");
     require_positive(name, C, "C");
     require_positive(name, OC, "OC");
-    require_buffer(name, dweight, "dweight");
     require_buffer(name, dout, "dout");
+    require_buffer(name, weight, "weight");
+    if (!dinp && !dweight && !dbias)
+        fail(name, "nothing to compute: dinp, dweight and dbias are all null");
+    if (dweight) require_buffer(name, inp, "inp (needed for dweight)");
+}
+// dinp = dout W (2 N C OC), dW = dout^T inp (2 N C OC), db = sum dout (N OC); only the products
+// asked for. Bytes: dout and W read, dinp read+written; inp read and dW read+written (fp32) for
+// the weight gradient; db read+written.
+OpRecord MatmulBackward::record(double e) const {
+    double flops = 0, bytes = e * d(N) * d(OC) + e * d(OC) * d(C);
+    if (dinp) flops += 2.0 * d(N) * d(C) * d(OC), bytes += 2.0 * e * d(N) * d(C);
+    if (dweight) flops += 2.0 * d(N) * d(C) * d(OC), bytes += e * d(N) * d(C) + 8.0 * d(OC) * d(C);
+    if (dbias) flops += d(N) * d(OC), bytes += 8.0 * d(OC);
+    return {name, flops, bytes};
+}
+
+// ---- int8 weights ----
+void MatmulInt8Forward::check() const {
+    require_positive(name, N, "N");
+    require_positive(name, C, "C");
+    require_positive(name, OC, "OC");
+    require_buffer(name, out, "out");
     require_buffer(name, inp, "inp");
     require_buffer(name, weight, "weight");
+    require_buffer(name, scale, "scale");
 }
-// dinp = dout W (2 N C OC), dW = dout^T inp (2 N C OC), db = sum dout (N OC).
-OpRecord MatmulBackward::record(double e) const {
-    return {name, 4.0 * d(N) * d(C) * d(OC) + d(N) * d(OC),
-            e * (d(N) * d(OC) + d(N) * d(C) + d(OC) * d(C) + 2.0 * d(N) * d(C)) +
-                4.0 * (2.0 * d(OC) * d(C) + 2.0 * d(OC))};
+// The fp32 matmul's flops plus the dequantisation (one multiply per weight element per row
+// tile is an implementation detail: not counted); the weight is read as 1 byte + a 4-byte scale
+// per row.
+OpRecord MatmulInt8Forward::record(double e) const {
+    return {name, 2.0 * d(N) * d(C) * d(OC) + d(N) * d(OC),
+            e * (d(N) * d(C) + d(N) * d(OC) + d(OC)) + d(OC) * d(C) + 4.0 * d(OC)};
+}
+void MatmulInt8Backward::check() const {
+    require_positive(name, N, "N");
+    require_positive(name, C, "C");
+    require_positive(name, OC, "OC");
+    require_buffer(name, dout, "dout");
+    require_buffer(name, weight, "weight");
+    require_buffer(name, scale, "scale");
+    if (!dinp && !dbias) fail(name, "nothing to compute: dinp and dbias are both null");
+}
+OpRecord MatmulInt8Backward::record(double e) const {
+    double flops = 0, bytes = e * d(N) * d(OC);
+    if (dinp)
+        flops += 2.0 * d(N) * d(C) * d(OC),
+            bytes += d(OC) * d(C) + 4.0 * d(OC) + 2.0 * e * d(N) * d(C);
+    if (dbias) flops += d(N) * d(OC), bytes += 8.0 * d(OC);
+    return {name, flops, bytes};
+}
+
+// ---- LoRA ----
+namespace {
+void require_lora_shape(std::string_view name, int N, int C, int OC, int R) {
+    require_positive(name, N, "N");
+    require_positive(name, C, "C");
+    require_positive(name, OC, "OC");
+    require_positive(name, R, "R");
+}
+}  // namespace
+void LoraForward::check() const {
+    require_lora_shape(name, N, C, OC, R);
+    require_buffer(name, out, "out");
+    require_buffer(name, u, "u");
+    require_buffer(name, inp, "inp");
+    require_buffer(name, A, "A");
+    require_buffer(name, B, "B");
+}
+// u = inp A^T (2NCR), scaled (NR), out += u B^T (2N R OC). Reads inp, A, B, out; writes u, out.
+OpRecord LoraForward::record(double e) const {
+    return {name, 2.0 * d(N) * d(R) * (d(C) + d(OC)) + d(N) * d(R),
+            e * (d(N) * d(C) + d(R) * d(C) + d(OC) * d(R) + 2.0 * d(N) * d(OC) + d(N) * d(R))};
+}
+void LoraBackward::check() const {
+    require_lora_shape(name, N, C, OC, R);
+    require_buffer(name, dA, "dA");
+    require_buffer(name, dB, "dB");
+    require_buffer(name, du, "du");
+    require_buffer(name, dout, "dout");
+    require_buffer(name, inp, "inp");
+    require_buffer(name, u, "u");
+    require_buffer(name, A, "A");
+    require_buffer(name, B, "B");
+}
+// dB (2N OC R), du (2N OC R + NR), dA (2NRC), dinp (2NRC when asked).
+OpRecord LoraBackward::record(double e) const {
+    double flops = 4.0 * d(N) * d(OC) * d(R) + d(N) * d(R) + 2.0 * d(N) * d(R) * d(C);
+    double bytes =
+        e * (d(N) * d(OC) + 2.0 * d(N) * d(R) + d(N) * d(C) + d(R) * d(C) + d(OC) * d(R)) +
+        8.0 * (d(R) * d(C) + d(OC) * d(R));
+    if (dinp) flops += 2.0 * d(N) * d(R) * d(C), bytes += 2.0 * e * d(N) * d(C);
+    return {name, flops, bytes};
 }
 
 // ---- attention ----

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 
@@ -186,7 +187,8 @@ struct MatmulForward {
     OpRecord record(double e) const;  // named "matmul_gelu_forward" with the GELU epilogue
 };
 // dinp (N,C) += dout @ weight;  dweight (OC,C) += dout^T @ inp;  dbias (OC) += sum_n dout.
-// dinp and dbias may be null (not needed).
+// Any of dinp, dweight, dbias may be null (not needed: a frozen weight has no gradient, so its
+// dW GEMM, a third of the layer's backward FLOPs, is not run); inp is needed only for dweight.
 struct MatmulBackward {
     static constexpr std::string_view name = "matmul_backward";
     void* dinp = nullptr;
@@ -196,6 +198,75 @@ struct MatmulBackward {
     const void* inp = nullptr;
     const void* weight = nullptr;
     int N = 0, C = 0, OC = 0;
+    void check() const;
+    OpRecord record(double e) const;
+};
+
+// ---- int8 weights (model.quantize_frozen: int8) ------------------------------------------------
+
+// A frozen Linear weight stored as int8 with one fp32 scale per output row (symmetric):
+// W[o,c] = scale[o] * q[o,c], q in [-127, 127] (kernels/quantize.h). The weight is read at a
+// quarter of the fp32 bytes and dequantised inside the matmul, never materialised.
+// out (N,OC) = inp (N,C) @ (scale * q) (OC,C)^T + bias (OC)   [bias may be null]
+struct MatmulInt8Forward {
+    static constexpr std::string_view name = "matmul_int8_forward";
+    void* out = nullptr;
+    const void* inp = nullptr;
+    const int8_t* weight = nullptr;  // q (OC,C)
+    const float* scale = nullptr;    // (OC)
+    const void* bias = nullptr;
+    int N = 0, C = 0, OC = 0;
+    void check() const;
+    OpRecord record(double e) const;
+};
+// dinp (N,C) += dout (N,OC) @ (scale * q) (OC,C);  dbias (OC) += sum_n dout.  The weight is
+// frozen: no dweight. dinp or dbias may be null (not needed), not both.
+struct MatmulInt8Backward {
+    static constexpr std::string_view name = "matmul_int8_backward";
+    void* dinp = nullptr;
+    float* dbias = nullptr;
+    const void* dout = nullptr;
+    const int8_t* weight = nullptr;  // q (OC,C)
+    const float* scale = nullptr;    // (OC)
+    int N = 0, C = 0, OC = 0;
+    void check() const;
+    OpRecord record(double e) const;
+};
+
+// ---- LoRA adapters (model.lora) ---------------------------------------------------------------
+
+// The low-rank update of a frozen Linear (Hu et al. 2021), added to the output of its matmul:
+//   u (N,R) = scale * inp (N,C) @ A (R,C)^T        kept for the backward (already scaled)
+//   out (N,OC) += u @ B (OC,R)^T                    scale = alpha / R
+// Two thin GEMMs through the rank-R bottleneck: 2NR(C + OC) flops against the base's 2NC OC.
+struct LoraForward {
+    static constexpr std::string_view name = "lora_forward";
+    void* out = nullptr;  // (N,OC), accumulated into
+    void* u = nullptr;    // (N,R), written
+    const void* inp = nullptr;
+    const void* A = nullptr;  // (R,C)
+    const void* B = nullptr;  // (OC,R)
+    int N = 0, C = 0, OC = 0, R = 0;
+    float scale = 1.0f;
+    void check() const;
+    OpRecord record(double e) const;
+};
+// With u = scale inp A^T from the forward and dout = dL/dout (N,OC):
+//   dB (OC,R) += dout^T u;   du (N,R) = scale * dout B   (scratch, overwritten)
+//   dA (R,C) += du^T inp;    dinp (N,C) += du A          (dinp may be null: not needed)
+struct LoraBackward {
+    static constexpr std::string_view name = "lora_backward";
+    void* dinp = nullptr;
+    float* dA = nullptr;
+    float* dB = nullptr;
+    void* du = nullptr;  // (N,R) scratch
+    const void* dout = nullptr;
+    const void* inp = nullptr;
+    const void* u = nullptr;
+    const void* A = nullptr;
+    const void* B = nullptr;
+    int N = 0, C = 0, OC = 0, R = 0;
+    float scale = 1.0f;
     void check() const;
     OpRecord record(double e) const;
 };
@@ -397,6 +468,10 @@ struct FillZero {
     X(fused_residual_layernorm_forward, FusedResidualLayerNormForward) \
     X(matmul_forward, MatmulForward)                                   \
     X(matmul_backward, MatmulBackward)                                 \
+    X(matmul_int8_forward, MatmulInt8Forward)                          \
+    X(matmul_int8_backward, MatmulInt8Backward)                        \
+    X(lora_forward, LoraForward)                                       \
+    X(lora_backward, LoraBackward)                                     \
     X(attention_forward, AttentionForward)                             \
     X(attention_backward, AttentionBackward)                           \
     X(gelu_forward, GeluForward)                                       \

@@ -20,12 +20,16 @@
 // live in a scratch region shared by every block and zeroed once per block.
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
+
+#include "kernels/quantize.h"
 
 namespace mt {
 
@@ -113,21 +117,39 @@ std::vector<std::string> gpt_preset_names() {
 
 // ---- parameter table ------------------------------------------------------------------------
 
-ParamRef ParameterTable::add(std::string name, std::vector<int64_t> shape, bool decay) {
+ParamRef ParameterTable::add(std::string name, std::vector<int64_t> shape, bool decay, bool lora) {
     size_t count = 1;
     for (auto d : shape) count *= static_cast<size_t>(d);
-    tensors_.push_back({std::move(name), std::move(shape), total_, count, decay});
+    ParameterInfo info{std::move(name), std::move(shape), total_, count, decay};
+    info.lora = lora;
+    tensors_.push_back(std::move(info));
     total_ += count;
-    return {tensors_.back().offset};
+    // Until place() lays the device out, a handle holds its tensor's index.
+    return {tensors_.size() - 1};
 }
 
-ParameterTable::ParameterTable(const GPTConfig& cfg) {
+bool LoraConfig::adapts(LoraTarget t) const {
+    return enabled() && std::find(targets.begin(), targets.end(), t) != targets.end();
+}
+
+ParameterTable::ParameterTable(const GPTConfig& cfg, const TrainableOptions& trainable) {
     cfg.validate();  // before any size is computed from the dimensions (they are bounded there)
     const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab_size(), maxT = cfg.max_seq_len;
-    // nanoGPT state_dict order. Decay on 2-D tensors (embeddings, Linear weights) only.
-    auto linear = [&](const std::string& name, int64_t out, int64_t in) {
-        return LinearParams{add(name + ".weight", {out, in}, true),
-                            add(name + ".bias", {out}, false)};
+    const LoraConfig& lora = trainable.lora;
+    if (lora.enabled() && (lora.rank > cfg.n_embd || !(lora.alpha > 0)))
+        throw std::invalid_argument(
+            "model.lora: expected rank <= model.n_embd (" + std::to_string(cfg.n_embd) +
+            ") and alpha > 0, got rank " + std::to_string(lora.rank) + ", alpha " +
+            std::to_string(lora.alpha) + "; a low-rank adapter needs rank well below n_embd");
+    // nanoGPT state_dict order. Decay on 2-D tensors (embeddings, Linear weights) only. A
+    // targeted Linear's adapters follow its bias (their names end in lora_A/B.weight).
+    auto linear = [&](const std::string& name, int64_t out, int64_t in, LoraTarget target) {
+        LinearParams p{add(name + ".weight", {out, in}, true), add(name + ".bias", {out}, false),
+                       std::nullopt};
+        if (lora.adapts(target))
+            p.lora = LoraParams{add(name + ".lora_A.weight", {lora.rank, in}, true, true),
+                                add(name + ".lora_B.weight", {out, lora.rank}, true, true)};
+        return p;
     };
     auto layernorm = [&](const std::string& name) {
         return LayerNormParams{add(name + ".weight", {C}, false), add(name + ".bias", {C}, false)};
@@ -139,13 +161,117 @@ ParameterTable::ParameterTable(const GPTConfig& cfg) {
         const std::string h = "transformer.h." + std::to_string(l) + ".";
         BlockParams& block = params_.h[static_cast<size_t>(l)];
         block.ln_1 = layernorm(h + "ln_1");
-        block.attn.c_attn = linear(h + "attn.c_attn", 3 * C, C);
-        block.attn.c_proj = linear(h + "attn.c_proj", C, C);
+        block.attn.c_attn = linear(h + "attn.c_attn", 3 * C, C, LoraTarget::attn_c_attn);
+        block.attn.c_proj = linear(h + "attn.c_proj", C, C, LoraTarget::attn_c_proj);
         block.ln_2 = layernorm(h + "ln_2");
-        block.mlp.c_fc = linear(h + "mlp.c_fc", 4 * C, C);
-        block.mlp.c_proj = linear(h + "mlp.c_proj", C, 4 * C);
+        block.mlp.c_fc = linear(h + "mlp.c_fc", 4 * C, C, LoraTarget::mlp_c_fc);
+        block.mlp.c_proj = linear(h + "mlp.c_proj", C, 4 * C, LoraTarget::mlp_c_proj);
     }
     params_.ln_f = layernorm("transformer.ln_f");
+    place(trainable);
+}
+
+namespace {
+bool is_linear_weight(const ParameterInfo& t) {
+    if (t.lora || t.shape.size() != 2) return false;
+    for (const char* s : {".c_attn.weight", ".c_proj.weight", ".c_fc.weight"}) {
+        const std::string suffix = s;
+        if (t.name.size() > suffix.size() &&
+            t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+            return true;
+    }
+    return false;
+}
+template <class F>
+void for_each_ref(GPTParams& p, F&& f) {
+    auto linear = [&](LinearParams& l) {
+        f(l.weight);
+        f(l.bias);
+        if (l.lora) {
+            f(l.lora->A);
+            f(l.lora->B);
+        }
+    };
+    auto layernorm = [&](LayerNormParams& l) {
+        f(l.weight);
+        f(l.bias);
+    };
+    f(p.wte);
+    f(p.wpe);
+    for (BlockParams& b : p.h) {
+        layernorm(b.ln_1);
+        linear(b.attn.c_attn);
+        linear(b.attn.c_proj);
+        layernorm(b.ln_2);
+        linear(b.mlp.c_fc);
+        linear(b.mlp.c_proj);
+    }
+    layernorm(p.ln_f);
+}
+}  // namespace
+
+std::vector<const ParameterInfo*> match_parameters(const ParameterTable& table,
+                                                   const std::string& entry) {
+    const std::string prefix = "transformer.";
+    const std::string full = entry.rfind(prefix, 0) == 0 ? entry : prefix + entry;
+    std::vector<const ParameterInfo*> out;
+    for (const auto& t : table.tensors())
+        if (!t.lora && (t.name == full || t.name.rfind(full + ".", 0) == 0)) out.push_back(&t);
+    return out;
+}
+
+// Marks what trains (LoRA: only the adapters; optim.freeze: all but the named), picks the
+// storage of the frozen Linear weights, and lays the device buffers out: trainable tensors
+// first, then the frozen fp32 ones; int8 weights in their own buffer.
+void ParameterTable::place(const TrainableOptions& opt) {
+    auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
+    if (opt.lora.enabled()) {
+        if (!opt.freeze.empty())
+            fail(
+                "optim.freeze: model.lora already freezes every base weight (only the adapters "
+                "train); remove optim.freeze or model.lora");
+        for (auto& t : tensors_) t.trainable = t.lora;
+    }
+    for (const std::string& entry : opt.freeze) {
+        const auto hits = match_parameters(*this, entry);
+        if (hits.empty())
+            fail("optim.freeze: '" + entry + "' names no parameter; expected a name or prefix " +
+                 "from the parameter table such as wte, wpe, h.0, h.0.attn, h.0.mlp.c_fc.weight, " +
+                 "ln_f (the model has h.0 .. h." + std::to_string(params_.h.size() - 1) + ")");
+        for (const ParameterInfo* t : hits) tensors_[t - tensors_.data()].trainable = false;
+    }
+    size_t trainable = 0;
+    for (const auto& t : tensors_) trainable += t.trainable ? t.count : 0;
+    if (trainable == 0) fail("optim.freeze freezes every parameter: nothing would train");
+    bool any_int8 = false;
+    for (auto& t : tensors_) {
+        t.storage =
+            !t.trainable && opt.quantize_frozen == QuantizeFrozen::int8 && is_linear_weight(t)
+                ? ParamStorage::int8
+                : ParamStorage::fp32;
+        any_int8 |= t.storage == ParamStorage::int8;
+    }
+    if (opt.quantize_frozen == QuantizeFrozen::int8 && !any_int8)
+        fail(
+            "model.quantize_frozen: int8 stores frozen Linear weights as int8, but no Linear "
+            "weight is frozen; freeze them with model.lora or optim.freeze (e.g. [h.0, h.1])");
+    trainable_count_ = device_count_ = int8_count_ = scale_count_ = 0;
+    for (auto& t : tensors_)
+        if (t.trainable) t.device_offset = std::exchange(device_count_, device_count_ + t.count);
+    trainable_count_ = device_count_;
+    for (auto& t : tensors_) {
+        if (t.trainable) continue;
+        if (t.storage == ParamStorage::fp32) {
+            t.device_offset = std::exchange(device_count_, device_count_ + t.count);
+        } else {
+            t.device_offset = std::exchange(int8_count_, int8_count_ + t.count);
+            t.scale_offset = std::exchange(scale_count_, scale_count_ + t.shape[0]);
+        }
+    }
+    for_each_ref(params_, [&](ParamRef& r) {
+        const ParameterInfo& t = tensors_[r.offset];
+        r = ParamRef{t.device_offset, t.trainable, t.storage == ParamStorage::int8, t.scale_offset};
+    });
 }
 
 const ParameterInfo* ParameterTable::find(const std::string& name) const {
@@ -169,12 +295,14 @@ struct GPT::Activations {
     struct Layer {
         size_t ln1, qkv, atty, attproj, residual2, ln2, fch, fch_gelu, fcproj, residual3;  // act
         size_t ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, att_saved;                          // f32
+        std::array<size_t, 4> lora_u{};  // act: u (N, rank) per LoraTarget it adapts
     };
     int B = 0, T = 0;
     size_t encoded = 0, lnf = 0, logits = 0;                             // act
     size_t lnf_mean = 0, lnf_rstd = 0, probs = 0, losses = 0, loss = 0;  // f32 (probs: unfused)
     size_t dresidual = 0, scratch = 0, scratch_elems = 0;                // grad
     size_t d_fch_gelu = 0, d_fch = 0, d_ln2 = 0, d_atty = 0, d_qkv = 0, d_ln1 = 0;  // grad
+    size_t d_lora_u = 0;  // grad: LoRA's du (N, rank), scratch of every adapter
     std::vector<Layer> layers;
     size_t act_elems = 0, f32_elems = 0, grad_elems = 0;
 
@@ -228,6 +356,10 @@ struct GPT::Activations {
             L.ln2_mean = f(N);
             L.ln2_rstd = f(N);
             L.att_saved = f(saved);
+            const LoraConfig& lora = opt.trainable.lora;
+            for (size_t t = 0; t < L.lora_u.size(); ++t)
+                if (lora.adapts(static_cast<LoraTarget>(t)))
+                    L.lora_u[t] = a(N * static_cast<size_t>(lora.rank));
         }
         lnf = a(N * C);
         logits = a(N * Vp);
@@ -245,6 +377,8 @@ struct GPT::Activations {
         d_atty = g(N * C);
         d_qkv = g(N * 3 * C);
         d_ln1 = g(N * C);
+        if (opt.trainable.lora.enabled())
+            d_lora_u = g(N * static_cast<size_t>(opt.trainable.lora.rank));
         scratch_elems = grad_elems - scratch;
     }
     size_t bytes(const Backend& backend) const {
@@ -255,15 +389,37 @@ struct GPT::Activations {
 // ---- GPT ------------------------------------------------------------------------------------
 
 GPT::GPT(Backend& backend, const GPTConfig& config, ModelOptions options)
-    : backend_(backend), config_(config), options_(options), table_(config), P_(table_.params()) {
+    : backend_(backend),
+      config_(config),
+      options_(options),
+      table_(config, options.trainable),
+      P_(table_.params()) {
     config_.validate();
-    const size_t n = table_.total_count();
+    const size_t n = table_.device_count();
     params_ = DeviceBuffer(backend_, n * sizeof(float), MemoryCategory::params);
     if (backend_.precision() == Precision::bf16)
         params_compute_ = DeviceBuffer(backend_, n * 2, MemoryCategory::params);
-    grads_ = DeviceBuffer(backend_, n * sizeof(float), MemoryCategory::grads);
+    grads_ =
+        DeviceBuffer(backend_, table_.trainable_count() * sizeof(float), MemoryCategory::grads);
+    int8_weights_ = DeviceBuffer(backend_, table_.int8_count(), MemoryCategory::params);
+    int8_scales_ =
+        DeviceBuffer(backend_, table_.scale_count() * sizeof(float), MemoryCategory::params);
     backend_.memset_zero(params_.get(), params_.bytes());
     backend_.memset_zero(grads_.get(), grads_.bytes());
+    if (int8_weights_.get()) backend_.memset_zero(int8_weights_.get(), int8_weights_.bytes());
+    if (int8_scales_.get()) backend_.memset_zero(int8_scales_.get(), int8_scales_.bytes());
+    // The lowest block with a trainable tensor: backward need not go below it when the
+    // embeddings are frozen too.
+    embeddings_train_ = P_.wte.trainable || P_.wpe.trainable;
+    lowest_trainable_layer_ = config_.n_layer;  // none: only ln_f trains
+    for (const auto& t : table_.tensors()) {
+        if (!t.trainable) continue;
+        const std::string h = "transformer.h.";
+        if (t.name.rfind(h, 0) == 0)
+            lowest_trainable_layer_ =
+                std::min(lowest_trainable_layer_, std::stoi(t.name.substr(h.size())));
+    }
+    if (embeddings_train_) lowest_trainable_layer_ = 0;
 }
 
 GPT::~GPT() = default;
@@ -304,6 +460,7 @@ void GPT::init_weights(uint64_t seed) {
     const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
     for (const auto& t : table_.tensors()) {
         float* p = host.data() + t.offset;
+        if (t.lora) continue;  // below, from their own stream: the base is the same with LoRA
         if (ends_with(t.name, "ln_1.weight") || ends_with(t.name, "ln_2.weight") ||
             ends_with(t.name, "ln_f.weight")) {
             std::fill(p, p + t.count, 1.0f);
@@ -320,26 +477,93 @@ void GPT::init_weights(uint64_t seed) {
             for (size_t i = 0; i < count; ++i) p[i] = std * normal.next();
         }
     }
+    // LoRA as peft initialises it: A ~ kaiming_uniform(a = sqrt(5)), i.e. U(-1/sqrt(in),
+    // 1/sqrt(in)), B = 0, so the adapted model starts equal to the base.
+    std::mt19937_64 lora_rng(seed ^ 0x4c6f5241'64617074ull);  // "LoRAdapt"
+    for (const auto& t : table_.tensors()) {
+        if (!t.lora || !ends_with(t.name, "lora_A.weight")) continue;
+        const double bound = 1.0 / std::sqrt(static_cast<double>(t.shape[1]));
+        float* p = host.data() + t.offset;
+        for (size_t i = 0; i < t.count; ++i) {
+            const double u = static_cast<double>(lora_rng() >> 11) * 0x1.0p-53;  // [0, 1)
+            p[i] = static_cast<float>((2.0 * u - 1.0) * bound);
+        }
+    }
     set_params(host);
 }
 
+// Host layout -> device layout: the fp32 tensors to their device offsets, the int8 ones
+// quantised per row (symmetric, kernels/quantize.h).
 void GPT::set_params(const std::vector<float>& host) {
     if (host.size() != table_.total_count())
         throw std::invalid_argument("set_params: expected " + std::to_string(table_.total_count()) +
                                     " floats, got " + std::to_string(host.size()));
-    backend_.copy_to_device(params_.get(), host.data(), params_.bytes());
-    params_dirty_ = true;
+    if (table_.layouts_equal()) {
+        backend_.copy_to_device(params_.get(), host.data(), params_.bytes());
+    } else {
+        std::vector<float> dev(table_.device_count());
+        std::vector<int8_t> q(table_.int8_count());
+        std::vector<float> scales(table_.scale_count());
+        for (const auto& t : table_.tensors()) {
+            const float* src = host.data() + t.offset;
+            if (t.storage == ParamStorage::fp32)
+                std::copy(src, src + t.count,
+                          dev.begin() + static_cast<ptrdiff_t>(t.device_offset));
+            else
+                quantize_int8_per_row(src, static_cast<int>(t.shape[0]),
+                                      static_cast<int>(t.shape[1]), q.data() + t.device_offset,
+                                      scales.data() + t.scale_offset);
+        }
+        backend_.copy_to_device(params_.get(), dev.data(), params_.bytes());
+        if (!q.empty()) {
+            backend_.copy_to_device(int8_weights_.get(), q.data(), q.size());
+            backend_.copy_to_device(int8_scales_.get(), scales.data(), scales.size() * 4);
+        }
+    }
+    cast_count_ = table_.device_count();
 }
 
 std::vector<float> GPT::get_params() {
     std::vector<float> host(table_.total_count());
-    backend_.copy_to_host(host.data(), params_.get(), params_.bytes());
+    if (table_.layouts_equal()) {
+        backend_.copy_to_host(host.data(), params_.get(), params_.bytes());
+        return host;
+    }
+    std::vector<float> dev(table_.device_count());
+    std::vector<int8_t> q(table_.int8_count());
+    std::vector<float> scales(table_.scale_count());
+    backend_.copy_to_host(dev.data(), params_.get(), params_.bytes());
+    if (!q.empty()) {
+        backend_.copy_to_host(q.data(), int8_weights_.get(), q.size());
+        backend_.copy_to_host(scales.data(), int8_scales_.get(), scales.size() * 4);
+    }
+    for (const auto& t : table_.tensors()) {
+        float* dst = host.data() + t.offset;
+        if (t.storage == ParamStorage::fp32) {
+            const float* src = dev.data() + t.device_offset;
+            std::copy(src, src + t.count, dst);
+            continue;
+        }
+        const size_t cols = static_cast<size_t>(t.shape[1]);
+        for (size_t i = 0; i < t.count; ++i)
+            dst[i] = dequantize_int8(q[t.device_offset + i], scales[t.scale_offset + i / cols]);
+    }
     return host;
 }
 
 std::vector<float> GPT::get_grads() {
-    std::vector<float> host(table_.total_count());
-    backend_.copy_to_host(host.data(), grads_.get(), grads_.bytes());
+    std::vector<float> host(table_.total_count(), 0.0f);
+    if (table_.layouts_equal()) {
+        backend_.copy_to_host(host.data(), grads_.get(), grads_.bytes());
+        return host;
+    }
+    std::vector<float> dev(table_.trainable_count());
+    backend_.copy_to_host(dev.data(), grads_.get(), grads_.bytes());
+    for (const auto& t : table_.tensors())
+        if (t.trainable)
+            std::copy(dev.begin() + static_cast<ptrdiff_t>(t.device_offset),
+                      dev.begin() + static_cast<ptrdiff_t>(t.device_offset + t.count),
+                      host.begin() + static_cast<ptrdiff_t>(t.offset));
     return host;
 }
 
@@ -389,7 +613,17 @@ const void* GPT::w(ParamRef p) const {
 }
 
 float* GPT::g(ParamRef p) {
-    return grads_.as<float>() + p.offset;
+    return p.trainable ? grads_.as<float>() + p.offset : nullptr;
+}
+
+const int8_t* GPT::wq(ParamRef p) const {
+    return int8_weights_.as<int8_t>() + p.offset;
+}
+const float* GPT::wscale(ParamRef p) const {
+    return int8_scales_.as<float>() + p.scale_offset;
+}
+void* GPT::lora_u(int l, LoraTarget target) const {
+    return act(acts_->layers[static_cast<size_t>(l)].lora_u[static_cast<size_t>(target)]);
 }
 
 void* GPT::act(size_t offset) const {
@@ -431,22 +665,81 @@ void GPT::layernorm_backward(void* dinp, const void* dout, const void* inp,
                                        .N = N,
                                        .C = config_.n_embd});
 }
-// out (N,OC) = inp (N,C) W^T + b with p's weight (OC,C) and bias (OC).
-void GPT::linear(void* out, const void* inp, const LinearParams& p, int N, int C, int OC) {
-    backend_.run(op::MatmulForward{.out = out,
-                                   .inp = inp,
-                                   .weight = w(p.weight),
-                                   .bias = w(p.bias),
-                                   .N = N,
-                                   .C = C,
-                                   .OC = OC});
+// out (N,OC) = inp (N,C) W^T + b with p's weight (OC,C) and bias (OC); with LoRA also
+// + scale (inp A^T) B^T, keeping u = inp A^T (N,rank) for the backward. An int8 weight is
+// dequantised inside the matmul.
+void GPT::linear(void* out, const void* inp, const LinearParams& p, int N, int C, int OC,
+                 void* lora_u) {
+    if (p.weight.int8)
+        backend_.run(op::MatmulInt8Forward{.out = out,
+                                           .inp = inp,
+                                           .weight = wq(p.weight),
+                                           .scale = wscale(p.weight),
+                                           .bias = w(p.bias),
+                                           .N = N,
+                                           .C = C,
+                                           .OC = OC});
+    else
+        backend_.run(op::MatmulForward{.out = out,
+                                       .inp = inp,
+                                       .weight = w(p.weight),
+                                       .bias = w(p.bias),
+                                       .N = N,
+                                       .C = C,
+                                       .OC = OC});
+    if (p.lora)
+        backend_.run(op::LoraForward{.out = out,
+                                     .u = lora_u,
+                                     .inp = inp,
+                                     .A = w(p.lora->A),
+                                     .B = w(p.lora->B),
+                                     .N = N,
+                                     .C = C,
+                                     .OC = OC,
+                                     .R = options_.trainable.lora.rank,
+                                     .scale = options_.trainable.lora.scale()});
 }
-// dinp (N,C) += dout W; p's weight and bias gradients += dout^T inp, sum_n dout.
+// dinp (N,C) += dout W (+ the adapter's du A); the trainable ones of p's weight and bias
+// gradients += dout^T inp, sum_n dout; with LoRA dA, dB from u. A frozen weight's dW GEMM is
+// not run (MatmulBackward with no dweight). dinp null: the input gradient is not needed.
 void GPT::linear_backward(void* dinp, const void* dout, const void* inp, const LinearParams& p,
-                          int N, int C, int OC) {
+                          int N, int C, int OC, const void* lora_u) {
+    linear_base_backward(dinp, dout, inp, p, N, C, OC);
+    if (!p.lora) return;
+    backend_.run(op::LoraBackward{.dinp = dinp,
+                                  .dA = g(p.lora->A),
+                                  .dB = g(p.lora->B),
+                                  .du = grad(acts_->d_lora_u),
+                                  .dout = dout,
+                                  .inp = inp,
+                                  .u = lora_u,
+                                  .A = w(p.lora->A),
+                                  .B = w(p.lora->B),
+                                  .N = N,
+                                  .C = C,
+                                  .OC = OC,
+                                  .R = options_.trainable.lora.rank,
+                                  .scale = options_.trainable.lora.scale()});
+}
+void GPT::linear_base_backward(void* dinp, const void* dout, const void* inp, const LinearParams& p,
+                               int N, int C, int OC) {
+    float* dweight = g(p.weight);
+    float* dbias = g(p.bias);
+    if (!dinp && !dweight && !dbias) return;  // nothing below needs it
+    if (p.weight.int8) {
+        backend_.run(op::MatmulInt8Backward{.dinp = dinp,
+                                            .dbias = dbias,
+                                            .dout = dout,
+                                            .weight = wq(p.weight),
+                                            .scale = wscale(p.weight),
+                                            .N = N,
+                                            .C = C,
+                                            .OC = OC});
+        return;
+    }
     backend_.run(op::MatmulBackward{.dinp = dinp,
-                                    .dweight = g(p.weight),
-                                    .dbias = g(p.bias),
+                                    .dweight = dweight,
+                                    .dbias = dbias,
                                     .dout = dout,
                                     .inp = inp,
                                     .weight = w(p.weight),
@@ -470,10 +763,12 @@ void GPT::forward(const int* inputs, const int* targets, int B, int T, float gra
     backward_ready_ = targets != nullptr;
     grad_scale_ = grad_scale;
 
-    if (params_compute_.get() && params_dirty_)
+    // bf16: refresh the compute copy of what changed (after set_params everything, after an
+    // optimizer step the trainable prefix; a frozen base is cast once).
+    if (params_compute_.get() && cast_count_ > 0)
         backend_.run(op::CastParams{
-            .dst = params_compute_.get(), .src = params_.as<float>(), .n = table_.total_count()});
-    params_dirty_ = false;
+            .dst = params_compute_.get(), .src = params_.as<float>(), .n = cast_count_});
+    cast_count_ = 0;
 
     backend_.run(op::EncoderForward{.out = act(acts_->encoded),
                                     .inp = inputs,
@@ -500,7 +795,7 @@ void GPT::forward_attention(int l) {
     // ln_1 of block l>0 was already produced by the previous block's fused residual+LN.
     if (!fused_ln || l == 0)
         layernorm(act(L.ln1), f32(L.ln1_mean), f32(L.ln1_rstd), residual, p.ln_1, N);
-    linear(act(L.qkv), act(L.ln1), p.attn.c_attn, N, C, 3 * C);
+    linear(act(L.qkv), act(L.ln1), p.attn.c_attn, N, C, 3 * C, lora_u(l, LoraTarget::attn_c_attn));
     backend_.run(op::AttentionForward{.impl = options_.kernels.attention,
                                       .out = act(L.atty),
                                       .saved = f32(L.att_saved),
@@ -509,7 +804,7 @@ void GPT::forward_attention(int l) {
                                       .T = T,
                                       .C = C,
                                       .NH = NH});
-    linear(act(L.attproj), act(L.atty), p.attn.c_proj, N, C, C);
+    linear(act(L.attproj), act(L.atty), p.attn.c_proj, N, C, C, lora_u(l, LoraTarget::attn_c_proj));
     if (fused_ln) {
         backend_.run(op::FusedResidualLayerNormForward{.residual = act(L.residual2),
                                                        .out = act(L.ln2),
@@ -538,7 +833,9 @@ void GPT::forward_mlp(int l) {
     const BlockParams& p = P_.h[l];
     const int C = config_.n_embd, N = last_B_ * last_T_;
     const size_t NC = static_cast<size_t>(N) * C;
-    if (options_.kernels.fuse_gelu) {
+    // The GELU epilogue needs the whole pre-activation from one matmul: not with an adapter
+    // adding to it, nor with an int8 weight.
+    if (options_.kernels.fuse_gelu && !p.mlp.c_fc.lora && !p.mlp.c_fc.weight.int8) {
         // c_fc with the GELU in its epilogue: fch keeps the pre-activation for the backward.
         backend_.run(op::MatmulForward{.out = act(L.fch_gelu),
                                        .inp = act(L.ln2),
@@ -550,10 +847,11 @@ void GPT::forward_mlp(int l) {
                                        .epilogue = MatmulEpilogue::gelu,
                                        .pre_act = act(L.fch)});
     } else {
-        linear(act(L.fch), act(L.ln2), p.mlp.c_fc, N, C, 4 * C);
+        linear(act(L.fch), act(L.ln2), p.mlp.c_fc, N, C, 4 * C, lora_u(l, LoraTarget::mlp_c_fc));
         backend_.run(op::GeluForward{.out = act(L.fch_gelu), .inp = act(L.fch), .n = NC * 4});
     }
-    linear(act(L.fcproj), act(L.fch_gelu), p.mlp.c_proj, N, 4 * C, C);
+    linear(act(L.fcproj), act(L.fch_gelu), p.mlp.c_proj, N, 4 * C, C,
+           lora_u(l, LoraTarget::mlp_c_proj));
     if (options_.kernels.layernorm != LayerNormImpl::fused_residual) {
         backend_.run(op::ResidualForward{
             .out = act(L.residual3), .inp1 = act(L.residual2), .inp2 = act(L.fcproj), .n = NC});
@@ -634,21 +932,35 @@ void GPT::zero_grad() {
 
 // ---- backward -------------------------------------------------------------------------------
 
-std::vector<GPT::GradientRange> GPT::gradient_ready_order() const {
-    // The table holds wte, wpe, the blocks in order, then ln_f (ParameterTable's constructor).
-    const auto& t = table_.tensors();
-    auto span_of = [&](size_t first, size_t last) {  // tensors [first, last]
-        return GradientRange{static_cast<size_t>(t[first].offset),
-                             static_cast<size_t>(t[last].offset + t[last].count - t[first].offset)};
-    };
-    const size_t per_block = (t.size() - 4) / static_cast<size_t>(config_.n_layer);
-    std::vector<GradientRange> order;
-    order.push_back(span_of(t.size() - 2, t.size() - 1));  // ln_f
-    for (int l = config_.n_layer - 1; l >= 0; --l) {
-        const size_t first = 2 + static_cast<size_t>(l) * per_block;
-        order.push_back(span_of(first, first + per_block - 1));
+// One range of the gradient buffer per stage of backward, in the order it finishes them:
+// [0] ln_f, [1 + (L-1-l)] block l, [L+1] wte and wpe. A stage's trainable tensors are adjacent
+// in the device layout (trainable tensors keep table order), so each is one range; a frozen
+// stage's is empty.
+std::vector<GPT::GradientRange> GPT::stage_ranges() const {
+    const int L = config_.n_layer;
+    std::vector<GradientRange> stages(static_cast<size_t>(L) + 2);
+    std::vector<size_t> end(stages.size(), 0);
+    const std::string h = "transformer.h.";
+    for (const auto& t : table_.tensors()) {
+        if (!t.trainable) continue;
+        size_t stage = static_cast<size_t>(L) + 1;  // wte, wpe
+        if (t.name.rfind("transformer.ln_f.", 0) == 0)
+            stage = 0;
+        else if (t.name.rfind(h, 0) == 0)
+            stage = static_cast<size_t>(L - std::stoi(t.name.substr(h.size())));
+        GradientRange& r = stages[stage];
+        if (r.count == 0) r.offset = t.device_offset;
+        r.offset = std::min(r.offset, t.device_offset);
+        end[stage] = std::max(end[stage], t.device_offset + t.count);
+        r.count = end[stage] - r.offset;
     }
-    order.push_back(span_of(0, 1));  // wte, wpe
+    return stages;
+}
+
+std::vector<GPT::GradientRange> GPT::gradient_ready_order() const {
+    std::vector<GradientRange> order;
+    for (const GradientRange& r : stage_ranges())
+        if (r.count > 0) order.push_back(r);
     return order;
 }
 
@@ -657,25 +969,27 @@ void GPT::backward() {
         throw std::logic_error(
             "GPT::backward: needs a forward pass with targets first (one backward per forward)");
     const std::vector<GradientRange> ready =
-        gradient_ready_ ? gradient_ready_order() : std::vector<GradientRange>{};
+        gradient_ready_ ? stage_ranges() : std::vector<GradientRange>{};
     backward_head();
     if (gradient_ready_) gradients_ready(ready[0]);
     const Activations& A = *acts_;
     const size_t e = backend_.compute_elem_bytes();
-    for (int l = config_.n_layer - 1; l >= 0; --l) {
+    // Frozen blocks below the lowest trainable one (with frozen embeddings) are not visited.
+    for (int l = config_.n_layer - 1; l >= lowest_trainable_layer_; --l) {
         backend_.run(op::FillZero{
             .dst = grad(A.scratch), .bytes = A.scratch_elems * e, .what = "zero_activation_grads"});
         backward_mlp(l);
         backward_attention(l);
         if (gradient_ready_) gradients_ready(ready[static_cast<size_t>(config_.n_layer - l)]);
     }
-    backend_.run(op::EncoderBackward{.dwte = g(P_.wte),
-                                     .dwpe = g(P_.wpe),
-                                     .dout = grad(A.dresidual),
-                                     .inp = inputs_,
-                                     .B = last_B_,
-                                     .T = last_T_,
-                                     .C = config_.n_embd});
+    if (embeddings_train_)
+        backend_.run(op::EncoderBackward{.dwte = g(P_.wte),
+                                         .dwpe = g(P_.wpe),
+                                         .dout = grad(A.dresidual),
+                                         .inp = inputs_,
+                                         .B = last_B_,
+                                         .T = last_T_,
+                                         .C = config_.n_embd});
     if (gradient_ready_) gradients_ready(ready.back());
     // The logits buffer now holds dlogits; a second backward without a forward would be wrong.
     backward_ready_ = false;
@@ -725,12 +1039,13 @@ void GPT::backward_mlp(int l) {
     if (options_.recompute != Recompute::none)
         backend_.run(op::GeluForward{.out = act(L.fch_gelu), .inp = act(L.fch), .n = NC * 4});
     linear_backward(grad(A.d_fch_gelu), grad(A.dresidual), act(L.fch_gelu), p.mlp.c_proj, N, 4 * C,
-                    C);
+                    C, lora_u(l, LoraTarget::mlp_c_proj));
     backend_.run(op::GeluBackward{
         .dinp = grad(A.d_fch), .inp = act(L.fch), .dout = grad(A.d_fch_gelu), .n = NC * 4});
     if (options_.recompute == Recompute::layernorm_gelu)
         layernorm(act(L.ln2), f32(L.ln2_mean), f32(L.ln2_rstd), act(L.residual2), p.ln_2, N);
-    linear_backward(grad(A.d_ln2), grad(A.d_fch), act(L.ln2), p.mlp.c_fc, N, C, 4 * C);
+    linear_backward(grad(A.d_ln2), grad(A.d_fch), act(L.ln2), p.mlp.c_fc, N, C, 4 * C,
+                    lora_u(l, LoraTarget::mlp_c_fc));
     layernorm_backward(grad(A.dresidual), grad(A.d_ln2), act(L.residual2), p.ln_2, f32(L.ln2_mean),
                        f32(L.ln2_rstd), N);
 }
@@ -742,7 +1057,8 @@ void GPT::backward_attention(int l) {
     const BlockParams& p = P_.h[l];
     const int B = last_B_, T = last_T_, C = config_.n_embd, NH = config_.n_head, N = B * T;
     const void* residual = l == 0 ? act(A.encoded) : act(A.layers[l - 1].residual3);
-    linear_backward(grad(A.d_atty), grad(A.dresidual), act(L.atty), p.attn.c_proj, N, C, C);
+    linear_backward(grad(A.d_atty), grad(A.dresidual), act(L.atty), p.attn.c_proj, N, C, C,
+                    lora_u(l, LoraTarget::attn_c_proj));
     backend_.run(op::AttentionBackward{.impl = options_.kernels.attention,
                                        .dqkv = grad(A.d_qkv),
                                        .dout = grad(A.d_atty),
@@ -755,36 +1071,56 @@ void GPT::backward_attention(int l) {
                                        .NH = NH});
     if (options_.recompute == Recompute::layernorm_gelu)
         layernorm(act(L.ln1), f32(L.ln1_mean), f32(L.ln1_rstd), residual, p.ln_1, N);
-    linear_backward(grad(A.d_ln1), grad(A.d_qkv), act(L.ln1), p.attn.c_attn, N, C, 3 * C);
-    layernorm_backward(grad(A.dresidual), grad(A.d_ln1), residual, p.ln_1, f32(L.ln1_mean),
-                       f32(L.ln1_rstd), N);
+    // The lowest block that trains, with frozen embeddings below it: nothing needs the
+    // gradient of its input, so ln_1's backward (and c_attn's input gradient) runs only for
+    // ln_1's own parameters.
+    const bool below_needed = embeddings_train_ || l > lowest_trainable_layer_;
+    const bool ln1_needed = below_needed || p.ln_1.weight.trainable || p.ln_1.bias.trainable;
+    linear_backward(ln1_needed ? grad(A.d_ln1) : nullptr, grad(A.d_qkv), act(L.ln1), p.attn.c_attn,
+                    N, C, 3 * C, lora_u(l, LoraTarget::attn_c_attn));
+    if (ln1_needed)
+        layernorm_backward(grad(A.dresidual), grad(A.d_ln1), residual, p.ln_1, f32(L.ln1_mean),
+                           f32(L.ln1_rstd), N);
 }
 
 // ---- analytic costs -------------------------------------------------------------------------
 
 double GPT::training_flops_per_step(int B, int T) const {
-    // Model FLOPs (not hardware FLOPs): 6 flops per parameter per token for the matmuls
-    // (2 forward + 4 backward), counting the LM head at the real vocab size and excluding the
-    // position embedding (a lookup), plus the attention score/value products:
-    // 12 * L * C * T per token (PaLM appendix B; nanoGPT's estimate_mfu). Causal masking is not
-    // discounted, as in those references, so MFU figures compare with theirs.
+    // Model FLOPs (not hardware FLOPs): per parameter of a matmul and per token, 2 forward, 2
+    // for the input gradient and 2 for the weight gradient (6 in all, as nanoGPT's
+    // estimate_mfu), counting the LM head at the real vocab size and excluding the position
+    // embedding (a lookup), plus the attention score/value products: 12 * L * C * T per token
+    // (PaLM appendix B). Causal masking is not discounted, as in those references, so MFU figures
+    // compare with theirs. A frozen weight's gradient is not computed (4 instead of 6); a LoRA
+    // adapter (x A^T, u B^T) is a matmul like any other.
     const double C = config_.n_embd, L = config_.n_layer;
-    const double matmul_params =
-        static_cast<double>(table_.total_count()) - static_cast<double>(config_.max_seq_len) * C -
-        static_cast<double>(config_.padded_vocab_size() - config_.vocab_size) * C;
-    const double per_token = 6.0 * matmul_params + 12.0 * L * C * T;
+    double matmul = 0, frozen = 0;
+    for (const auto& t : table_.tensors()) {
+        if (t.name == "transformer.wpe.weight" || t.shape.size() != 2) continue;
+        double n = static_cast<double>(t.count);
+        if (t.name == "transformer.wte.weight")
+            n -= static_cast<double>(config_.padded_vocab_size() - config_.vocab_size) * C;
+        matmul += n;
+        if (!t.trainable) frozen += n;
+    }
+    // Biases and LayerNorm parameters (1-D) are counted like nanoGPT does: as matmul params.
+    double vectors = 0;
+    for (const auto& t : table_.tensors())
+        if (t.shape.size() == 1) vectors += static_cast<double>(t.count);
+    const double per_token = 6.0 * (matmul + vectors) - 2.0 * frozen + 12.0 * L * C * T;
     return per_token * B * T;
 }
 
 MemoryEstimate GPT::estimate_memory(const GPTConfig& config, const ModelOptions& options, int B,
                                     int T, const Backend& backend) {
     MemoryEstimate m;
-    ParameterTable table(config);  // validates the config
+    ParameterTable table(config, options.trainable);  // validates the config and the options
     check_batch_shape(config, B, T);
-    const size_t n = table.total_count();
-    m.params = n * 4 + (backend.precision() == Precision::bf16 ? n * 2 : 0);
-    m.grads = n * 4;
-    m.optimizer = n * 8 + 8;
+    const size_t n = table.device_count(), trainable = table.trainable_count();
+    m.params = n * 4 + (backend.precision() == Precision::bf16 ? n * 2 : 0) + table.int8_count() +
+               table.scale_count() * 4;
+    m.grads = trainable * 4;
+    m.optimizer = trainable * 8 + 8;
     Activations plan;
     plan.plan(config, options, B, T);
     m.activations = plan.bytes(backend);

@@ -32,9 +32,13 @@ AdamW::AdamW(GPT& model, const AdamWConfig& config, AdamWPartition partition)
     if (!(config_.eps > 0)) bad("eps must be > 0");
     if (!(config_.weight_decay >= 0)) bad("weight_decay must be >= 0");
     if (!(config_.grad_clip >= 0)) bad("grad_clip must be >= 0 (0 disables clipping)");
+    // Only the trainable tensors: the prefix [0, trainable_count) of the device buffers, where
+    // gradients, m and v live (frozen tensors have neither).
     for (const auto& t : model.parameter_table().tensors())
-        slices_.push_back({t.offset, t.count, t.decay});
-    const size_t n = model.parameter_table().total_count();
+        if (t.trainable) slices_.push_back({t.device_offset, t.count, t.decay});
+    std::sort(slices_.begin(), slices_.end(),
+              [](const TensorSlice& a, const TensorSlice& b) { return a.offset < b.offset; });
+    const size_t n = model.trainable_count();
     state_count_ = n;
     if (sharded()) {
         state_count_ = 0;
@@ -71,7 +75,7 @@ float AdamW::current_lr() const {
 void AdamW::step() {
     if (sharded())
         throw std::logic_error("AdamW::step: a sharded optimizer steps with step_with_clip_scale");
-    const size_t n = model_.parameter_table().total_count();
+    const size_t n = model_.trainable_count();
     float* norm_sq = scratch_.as<float>();
     float* clip = scratch_.as<float>() + 1;
     const float* grad_scale = nullptr;
@@ -105,7 +109,7 @@ void AdamW::update(const float* grad_scale) {
                                      .m = m_.as<float>(),
                                      .v = v_.as<float>(),
                                      .tensors = slices_,
-                                     .total = model_.parameter_table().total_count(),
+                                     .total = model_.trainable_count(),
                                      .hp = hp,
                                      .grad_scale = grad_scale});
     } else {

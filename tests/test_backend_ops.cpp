@@ -31,6 +31,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "kernels/quantize.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace mt {
@@ -517,6 +518,194 @@ CPU_CASE(MatmulBackward, MatmulBackwardWeightOnly) {
     const F64 fd = fd_grad([&](const F64& v) { return matmul_ref(f64(x), v, {}, N, C, OC); },
                            f64(w), f64(dout));
     EXPECT_TRUE(dw.matches(fd, kGradTol, "dweight"));
+}
+
+CPU_CASE(MatmulBackward, MatmulBackwardInputOnlyForAFrozenWeight) {
+    const int N = 6, C = 13, OC = 7;  // dweight null (frozen), inp null: only dinp and dbias
+    const Vec x = randn(size_t(N) * C, 345), w = randn(size_t(OC) * C, 346), b = randn(OC, 347);
+    const Vec dout = randn(size_t(N) * OC, 348);
+    Grad dx(randn(x.size(), 349)), db(randn(OC, 350));
+    cpu().run(op::MatmulBackward{.dinp = dx.data(),
+                                 .dbias = db.data(),
+                                 .dout = dout.data(),
+                                 .weight = w.data(),
+                                 .N = N,
+                                 .C = C,
+                                 .OC = OC});
+    const F64 X = f64(x), W = f64(w), Bi = f64(b), D = f64(dout);
+    EXPECT_TRUE(
+        dx.matches(fd_grad([&](const F64& v) { return matmul_ref(v, W, Bi, N, C, OC); }, X, D),
+                   kGradTol, "dinp"));
+    EXPECT_TRUE(
+        db.matches(fd_grad([&](const F64& v) { return matmul_ref(X, W, v, N, C, OC); }, Bi, D),
+                   kGradTol, "dbias"));
+}
+
+// ---- int8 weights ----
+
+// A weight quantised per row (kernels/quantize.h) and its exact dequantised value in double,
+// which the references multiply by: the kernels must equal the matmul with W = scale * q.
+struct Int8Weight {
+    std::vector<int8_t> q;
+    Vec scale;
+    F64 dequantised;
+};
+Int8Weight int8_weight(int OC, int C, uint32_t seed) {
+    const Vec w = randn(size_t(OC) * C, seed, 0.3f);
+    Int8Weight r{std::vector<int8_t>(w.size()), Vec(OC), F64(w.size())};
+    quantize_int8_per_row(w.data(), OC, C, r.q.data(), r.scale.data());
+    for (size_t i = 0; i < w.size(); ++i)
+        r.dequantised[i] = double(r.q[i]) * double(r.scale[i / size_t(C)]);
+    return r;
+}
+
+TEST(Quantize, Int8PerRowRoundTripsWithinHalfAStep) {
+    const int OC = 5, C = 33;
+    Vec w = randn(size_t(OC) * C, 360);
+    for (int c = 0; c < C; ++c) w[size_t(4) * C + c] = 0.0f;  // an all-zero row: scale 0
+    std::vector<int8_t> q(w.size());
+    Vec scale(OC);
+    quantize_int8_per_row(w.data(), OC, C, q.data(), scale.data());
+    EXPECT_EQ(scale[4], 0.0f);
+    for (int o = 0; o < OC; ++o) {
+        float maxabs = 0;
+        for (int c = 0; c < C; ++c) maxabs = std::max(maxabs, std::fabs(w[size_t(o) * C + c]));
+        EXPECT_FLOAT_EQ(scale[o], maxabs / 127.0f) << "row " << o;
+        for (int c = 0; c < C; ++c) {
+            const size_t i = size_t(o) * C + c;
+            EXPECT_LE(std::abs(int(q[i])), 127);
+            EXPECT_LE(std::fabs(dequantize_int8(q[i], scale[o]) - w[i]), 0.5f * scale[o] * 1.0001f)
+                << "row " << o << " col " << c;
+        }
+    }
+}
+
+// C = 300 and OC = 70 cross the CPU kernel's dequantisation tiles (256 columns, 64 rows).
+CPU_CASE(MatmulInt8Forward, MatmulInt8ForwardEqualsTheDequantisedMatmul) {
+    const int N = 5, C = 300, OC = 70;
+    const Int8Weight w = int8_weight(OC, C, 361);
+    const Vec x = randn(size_t(N) * C, 362), b = randn(OC, 363);
+    Vec out(size_t(N) * OC), out_nobias(out.size());
+    cpu().run(op::MatmulInt8Forward{.out = out.data(),
+                                    .inp = x.data(),
+                                    .weight = w.q.data(),
+                                    .scale = w.scale.data(),
+                                    .bias = b.data(),
+                                    .N = N,
+                                    .C = C,
+                                    .OC = OC});
+    cpu().run(op::MatmulInt8Forward{.out = out_nobias.data(),
+                                    .inp = x.data(),
+                                    .weight = w.q.data(),
+                                    .scale = w.scale.data(),
+                                    .N = N,
+                                    .C = C,
+                                    .OC = OC});
+    // 300-term sums: the fp32 tolerance scaled for the longer sum (300 * 2^-24 relative).
+    const Tol tol{2e-5, 2e-5};
+    EXPECT_TRUE(close64(out, matmul_ref(f64(x), w.dequantised, f64(b), N, C, OC), tol, "out"));
+    EXPECT_TRUE(
+        close64(out_nobias, matmul_ref(f64(x), w.dequantised, {}, N, C, OC), tol, "out (no bias)"));
+}
+
+CPU_CASE(MatmulInt8Backward, MatmulInt8BackwardMatchesFiniteDifferences) {
+    const int N = 4, C = 270, OC = 67;
+    const Int8Weight w = int8_weight(OC, C, 364);
+    const Vec x = randn(size_t(N) * C, 365), b = randn(OC, 366), dout = randn(size_t(N) * OC, 367);
+    Grad dx(randn(x.size(), 368)), db(randn(OC, 369));
+    cpu().run(op::MatmulInt8Backward{.dinp = dx.data(),
+                                     .dbias = db.data(),
+                                     .dout = dout.data(),
+                                     .weight = w.q.data(),
+                                     .scale = w.scale.data(),
+                                     .N = N,
+                                     .C = C,
+                                     .OC = OC});
+    const F64 X = f64(x), Bi = f64(b), D = f64(dout);
+    const F64& W = w.dequantised;
+    EXPECT_TRUE(
+        dx.matches(fd_grad([&](const F64& v) { return matmul_ref(v, W, Bi, N, C, OC); }, X, D),
+                   kGradTol, "dinp"));
+    EXPECT_TRUE(
+        db.matches(fd_grad([&](const F64& v) { return matmul_ref(X, W, v, N, C, OC); }, Bi, D),
+                   kGradTol, "dbias"));
+}
+
+// ---- LoRA ----
+
+// The adapter's contribution scale (x A^T) B^T, (N,OC), and u = scale x A^T, (N,R), in double.
+F64 lora_u_ref(const F64& x, const F64& A, int N, int C, int R, double scale) {
+    F64 u = matmul_ref(x, A, {}, N, C, R);
+    for (auto& v : u) v *= scale;
+    return u;
+}
+F64 lora_ref(const F64& x, const F64& A, const F64& B, int N, int C, int OC, int R, double scale) {
+    return matmul_ref(lora_u_ref(x, A, N, C, R, scale), B, {}, N, R, OC);
+}
+
+CPU_CASE(LoraForward, LoraForwardAddsTheScaledLowRankProduct) {
+    const int N = 6, C = 13, OC = 11, R = 3;
+    const float scale = 16.0f / R;
+    const Vec x = randn(size_t(N) * C, 370), A = randn(size_t(R) * C, 371, 0.3f);
+    const Vec B = randn(size_t(OC) * R, 372, 0.3f), base = randn(size_t(N) * OC, 373);
+    Vec out = base, u(size_t(N) * R);
+    cpu().run(op::LoraForward{.out = out.data(),
+                              .u = u.data(),
+                              .inp = x.data(),
+                              .A = A.data(),
+                              .B = B.data(),
+                              .N = N,
+                              .C = C,
+                              .OC = OC,
+                              .R = R,
+                              .scale = scale});
+    F64 want = lora_ref(f64(x), f64(A), f64(B), N, C, OC, R, scale);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += base[i];  // accumulated into out
+    EXPECT_TRUE(close64(out, want, Tol{1e-5, 1e-5}, "out"));
+    EXPECT_TRUE(close64(u, lora_u_ref(f64(x), f64(A), N, C, R, scale), Tol{1e-5, 1e-5}, "u"));
+}
+
+CPU_CASE(LoraBackward, LoraBackwardMatchesFiniteDifferences) {
+    const int N = 5, C = 13, OC = 11, R = 4;
+    const float scale = 2.0f;
+    const Vec x = randn(size_t(N) * C, 380), A = randn(size_t(R) * C, 381, 0.3f);
+    const Vec B = randn(size_t(OC) * R, 382, 0.3f), dout = randn(size_t(N) * OC, 383);
+    Vec u(size_t(N) * R), out(size_t(N) * OC), du(u.size());
+    cpu().run(op::LoraForward{.out = out.data(),
+                              .u = u.data(),
+                              .inp = x.data(),
+                              .A = A.data(),
+                              .B = B.data(),
+                              .N = N,
+                              .C = C,
+                              .OC = OC,
+                              .R = R,
+                              .scale = scale});
+    Grad dx(randn(x.size(), 384)), dA(randn(A.size(), 385)), dB(randn(B.size(), 386));
+    cpu().run(op::LoraBackward{.dinp = dx.data(),
+                               .dA = dA.data(),
+                               .dB = dB.data(),
+                               .du = du.data(),
+                               .dout = dout.data(),
+                               .inp = x.data(),
+                               .u = u.data(),
+                               .A = A.data(),
+                               .B = B.data(),
+                               .N = N,
+                               .C = C,
+                               .OC = OC,
+                               .R = R,
+                               .scale = scale});
+    const F64 X = f64(x), FA = f64(A), FB = f64(B), D = f64(dout);
+    auto f = [&](const F64& xx, const F64& aa, const F64& bb) {
+        return lora_ref(xx, aa, bb, N, C, OC, R, scale);
+    };
+    EXPECT_TRUE(
+        dx.matches(fd_grad([&](const F64& v) { return f(v, FA, FB); }, X, D), kGradTol, "dinp"));
+    EXPECT_TRUE(
+        dA.matches(fd_grad([&](const F64& v) { return f(X, v, FB); }, FA, D), kGradTol, "dA"));
+    EXPECT_TRUE(
+        dB.matches(fd_grad([&](const F64& v) { return f(X, FA, v); }, FB, D), kGradTol, "dB"));
 }
 
 // ---- attention ----
@@ -1113,6 +1302,130 @@ BACKEND_CASE(MatmulBackward, MatmulBackwardWithNullDinpAndDbias) {
                                   .OC = OC};
     });
     EXPECT_TRUE(m.same(dw, "dweight", dweight_tol(m)));
+}
+
+BACKEND_CASE(MatmulBackward, MatmulBackwardInputOnlyForAFrozenWeight) {
+    const int N = 40, C = 32, OC = 128;
+    auto w = m.act(randn(size_t(OC) * C, 44, 0.2f)), dout = m.act(randn(size_t(N) * OC, 45));
+    auto dinp = m.act(randn(size_t(N) * C, 46));
+    auto db = m.f32(randn(OC, 47));
+    run_both(m, [&](Side s) {
+        return op::MatmulBackward{.dinp = at(dinp, s),
+                                  .dbias = f32_at(db, s),
+                                  .dout = at(dout, s),
+                                  .weight = at(w, s),
+                                  .N = N,
+                                  .C = C,
+                                  .OC = OC};
+    });
+    EXPECT_TRUE(m.same(dinp, "dinp"));
+    EXPECT_TRUE(m.same(db, "dbias", m.bf16() ? m.tol() : test::kFp32Tol));
+}
+
+// The int8 weight and its scales, uploaded bitwise to both sides.
+struct Int8Mirror {
+    DeviceBuffer cq, gq, cs, gs;
+    Int8Mirror(Mirror& m, int OC, int C, uint32_t seed) {
+        const Int8Weight w = int8_weight(OC, C, seed);
+        cq = DeviceBuffer(*m.cpu, w.q.size(), MemoryCategory::params);
+        gq = DeviceBuffer(*m.gpu, w.q.size(), MemoryCategory::params);
+        cs = DeviceBuffer(*m.cpu, w.scale.size() * 4, MemoryCategory::params);
+        gs = DeviceBuffer(*m.gpu, w.scale.size() * 4, MemoryCategory::params);
+        m.cpu->copy_to_device(cq.get(), w.q.data(), w.q.size());
+        m.gpu->copy_to_device(gq.get(), w.q.data(), w.q.size());
+        m.cpu->copy_to_device(cs.get(), w.scale.data(), w.scale.size() * 4);
+        m.gpu->copy_to_device(gs.get(), w.scale.data(), w.scale.size() * 4);
+    }
+    const int8_t* q(Side s) const { return (s == Side::cpu ? cq : gq).as<int8_t>(); }
+    const float* scale(Side s) const { return (s == Side::cpu ? cs : gs).as<float>(); }
+};
+
+// Shapes that are not multiples of the CUDA kernel's 64x64 tiles or its 32-wide k steps.
+BACKEND_CASE(MatmulInt8Forward, MatmulInt8Forward) {
+    const int N = 74, C = 100, OC = 130;
+    const Int8Mirror w(m, OC, C, 48);
+    auto inp = m.act(randn(size_t(N) * C, 49)), b = m.act(randn(OC, 50));
+    auto out = m.act_zeros(size_t(N) * OC);
+    run_both(m, [&](Side s) {
+        return op::MatmulInt8Forward{.out = at(out, s),
+                                     .inp = at(inp, s),
+                                     .weight = w.q(s),
+                                     .scale = w.scale(s),
+                                     .bias = at(b, s),
+                                     .N = N,
+                                     .C = C,
+                                     .OC = OC};
+    });
+    EXPECT_TRUE(m.same(out, "int8 matmul out"));
+}
+
+BACKEND_CASE(MatmulInt8Backward, MatmulInt8Backward) {
+    const int N = 74, C = 100, OC = 130;
+    const Int8Mirror w(m, OC, C, 51);
+    auto dout = m.act(randn(size_t(N) * OC, 52)), dinp = m.act(randn(size_t(N) * C, 53));
+    auto db = m.f32(randn(OC, 54));
+    run_both(m, [&](Side s) {
+        return op::MatmulInt8Backward{.dinp = at(dinp, s),
+                                      .dbias = f32_at(db, s),
+                                      .dout = at(dout, s),
+                                      .weight = w.q(s),
+                                      .scale = w.scale(s),
+                                      .N = N,
+                                      .C = C,
+                                      .OC = OC};
+    });
+    EXPECT_TRUE(m.same(dinp, "int8 matmul dinp"));
+    EXPECT_TRUE(m.same(db, "int8 matmul dbias", m.bf16() ? m.tol() : test::kFp32Tol));
+}
+
+// R = 4: bf16 leading dimensions of 8 bytes, below what cuBLASLt's kernels take.
+BACKEND_CASE(LoraForward, LoraForward) {
+    const int N = 40, C = 64, OC = 96, R = 4;
+    auto inp = m.act(randn(size_t(N) * C, 55)), A = m.act(randn(size_t(R) * C, 56, 0.2f));
+    auto B = m.act(randn(size_t(OC) * R, 57, 0.2f)), out = m.act(randn(size_t(N) * OC, 58));
+    auto u = m.act_zeros(size_t(N) * R);
+    run_both(m, [&](Side s) {
+        return op::LoraForward{.out = at(out, s),
+                               .u = at(u, s),
+                               .inp = at(inp, s),
+                               .A = at(A, s),
+                               .B = at(B, s),
+                               .N = N,
+                               .C = C,
+                               .OC = OC,
+                               .R = R,
+                               .scale = 2.0f};
+    });
+    EXPECT_TRUE(m.same(u, "lora u"));
+    EXPECT_TRUE(m.same(out, "lora out"));
+}
+
+BACKEND_CASE(LoraBackward, LoraBackward) {
+    const int N = 40, C = 64, OC = 96, R = 8;
+    auto inp = m.act(randn(size_t(N) * C, 59)), A = m.act(randn(size_t(R) * C, 60, 0.2f));
+    auto B = m.act(randn(size_t(OC) * R, 61, 0.2f)), u = m.act(randn(size_t(N) * R, 62));
+    auto dout = m.act(randn(size_t(N) * OC, 63)), dinp = m.act(randn(size_t(N) * C, 64));
+    auto du = m.act_zeros(size_t(N) * R);
+    auto dA = m.f32(randn(size_t(R) * C, 65)), dB = m.f32(randn(size_t(OC) * R, 66));
+    run_both(m, [&](Side s) {
+        return op::LoraBackward{.dinp = at(dinp, s),
+                                .dA = f32_at(dA, s),
+                                .dB = f32_at(dB, s),
+                                .du = at(du, s),
+                                .dout = at(dout, s),
+                                .inp = at(inp, s),
+                                .u = at(u, s),
+                                .A = at(A, s),
+                                .B = at(B, s),
+                                .N = N,
+                                .C = C,
+                                .OC = OC,
+                                .R = R,
+                                .scale = 0.5f};
+    });
+    EXPECT_TRUE(m.same(dinp, "lora dinp"));
+    EXPECT_TRUE(m.same(dA, "lora dA", dweight_tol(m)));
+    EXPECT_TRUE(m.same(dB, "lora dB", dweight_tol(m)));
 }
 
 // The bias at an odd element offset cannot go to cuBLASLt's epilogue: the fallback kernel must

@@ -273,6 +273,19 @@ class CpuBackend final : public Backend {
         cpu::matmul_backward(f(a.dinp), a.dweight, a.dbias, f(a.dout), f(a.inp), f(a.weight), a.N,
                              a.C, a.OC);
     }
+    void kernel(const op::MatmulInt8Forward& a) {
+        cpu::matmul_int8_forward(f(a.out), f(a.inp), a.weight, a.scale, f(a.bias), a.N, a.C, a.OC);
+    }
+    void kernel(const op::MatmulInt8Backward& a) {
+        cpu::matmul_int8_backward(f(a.dinp), a.dbias, f(a.dout), a.weight, a.scale, a.N, a.C, a.OC);
+    }
+    void kernel(const op::LoraForward& a) {
+        cpu::lora_forward(f(a.out), f(a.u), f(a.inp), f(a.A), f(a.B), a.N, a.C, a.OC, a.R, a.scale);
+    }
+    void kernel(const op::LoraBackward& a) {
+        cpu::lora_backward(f(a.dinp), a.dA, a.dB, f(a.du), f(a.dout), f(a.inp), f(a.u), f(a.A),
+                           f(a.B), a.N, a.C, a.OC, a.R, a.scale);
+    }
     void kernel(const op::AttentionForward& a) {
         if (a.impl == AttentionImpl::flash)
             cpu::attention_forward_flash(f(a.out), a.saved, f(a.qkv), a.B, a.T, a.C, a.NH);

@@ -52,6 +52,15 @@ void matmul_forward_gelu(float* out, float* pre_act, const float* inp, const flo
 // dbias (OC) += sum_n dout[n,:].  dinp and dbias may be null.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC);
+void matmul_int8_forward(float* out, const float* inp, const int8_t* weight, const float* scale,
+                         const float* bias, int N, int C, int OC);
+void matmul_int8_backward(float* dinp, float* dbias, const float* dout, const int8_t* weight,
+                          const float* scale, int N, int C, int OC);
+void lora_forward(float* out, float* u, const float* inp, const float* A, const float* B, int N,
+                  int C, int OC, int R, float scale);
+void lora_backward(float* dinp, float* dA, float* dB, float* du, const float* dout,
+                   const float* inp, const float* u, const float* A, const float* B, int N, int C,
+                   int OC, int R, float scale);
 
 // ---- attention.cpp --------------------------------------------------------------------------
 // Causal multi-head self-attention. qkv (B,T,3C) = [Q | K | V], head h owns channels

@@ -54,28 +54,125 @@ void matmul_forward_gelu(float* out, float* pre_act, const float* inp, const flo
     }
 }
 
-// Three accumulating products: dinp += dout W, dW += dout^T inp, db += column sums of dout.
+// dbias (OC) += column sums of dout (N,OC): each thread owns a block of columns and walks all
+// rows in order (deterministic, no partial buffers).
+static void bias_backward(float* dbias, const float* dout, int N, int OC) {
+    constexpr int kBlock = 64;
+    const int nblocks = (OC + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblocks; blk++) {
+        const int j0 = blk * kBlock, j1 = std::min(OC, j0 + kBlock);
+        float acc[kBlock] = {};
+        for (int n = 0; n < N; n++) {
+            const float* row = dout + static_cast<long long>(n) * OC;
+#pragma omp simd
+            for (int j = j0; j < j1; j++) acc[j - j0] += row[j];
+        }
+        for (int j = j0; j < j1; j++) dbias[j] += acc[j - j0];
+    }
+}
+
+// Up to three accumulating products: dinp += dout W, dW += dout^T inp, db += column sums of
+// dout; a null output is not computed (a frozen weight skips the dW GEMM).
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC) {
     if (dinp)  // dinp (N,C) += dout (N,OC) W (OC,C)
         gemm(N, C, OC, {dout, OC, false}, {weight, C, false}, dinp, C, /*accumulate=*/true);
-    // dweight (OC,C) += dout^T (OC,N) inp (N,C)
-    gemm(OC, C, N, {dout, OC, true}, {inp, C, false}, dweight, C, /*accumulate=*/true);
-    if (dbias) {
-        constexpr int kBlock = 64;
-        const int nblocks = (OC + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-        for (int blk = 0; blk < nblocks; blk++) {
-            const int j0 = blk * kBlock, j1 = std::min(OC, j0 + kBlock);
-            float acc[kBlock] = {};
-            for (int n = 0; n < N; n++) {
-                const float* row = dout + static_cast<long long>(n) * OC;
+    if (dweight)  // dweight (OC,C) += dout^T (OC,N) inp (N,C)
+        gemm(OC, C, N, {dout, OC, true}, {inp, C, false}, dweight, C, /*accumulate=*/true);
+    if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
+// ---- int8 weights -------------------------------------------------------------------------
+// The weight W = scale * q (OC,C) is dequantised one tile of kTileO x kTileC at a time into a
+// 64 KiB stack buffer (L2-resident) and multiplied from there by the same GEMM as the fp32
+// path. What it teaches: the weight crosses main memory at 1 byte per element instead of 4 and
+// is never materialised in fp32; the GEMM's arithmetic is unchanged. Tiles walk C in a fixed
+// order, so results do not depend on the thread count.
+namespace {
+constexpr int kTileO = 64, kTileC = 256;
+
+// tile (o1-o0, c1-c0), row-major with leading dimension kTileC = scale[o] * q[o, c0:c1].
+void dequantize_tile(float* tile, const int8_t* q, const float* scale, int C, int o0, int o1,
+                     int c0, int c1) {
+    for (int o = o0; o < o1; o++) {
+        const int8_t* qrow = q + static_cast<long long>(o) * C;
+        float* t = tile + static_cast<long long>(o - o0) * kTileC;
+        const float s = scale[o];
 #pragma omp simd
-                for (int j = j0; j < j1; j++) acc[j - j0] += row[j];
-            }
-            for (int j = j0; j < j1; j++) dbias[j] += acc[j - j0];
+        for (int c = c0; c < c1; c++) t[c - c0] = static_cast<float>(qrow[c]) * s;
+    }
+}
+}  // namespace
+
+// out (N,OC) = inp (N,C) (scale * q)^T + bias, one dequantised weight tile at a time.
+void matmul_int8_forward(float* out, const float* inp, const int8_t* weight, const float* scale,
+                         const float* bias, int N, int C, int OC) {
+    alignas(64) float tile[kTileO * kTileC];
+    for (int o0 = 0; o0 < OC; o0 += kTileO) {
+        const int o1 = std::min(OC, o0 + kTileO);
+        for (int c0 = 0; c0 < C; c0 += kTileC) {
+            const int c1 = std::min(C, c0 + kTileC);
+            dequantize_tile(tile, weight, scale, C, o0, o1, c0, c1);
+            // out[:, o0:o1] (+)= inp[:, c0:c1] tile^T
+            gemm(N, o1 - o0, c1 - c0, {inp + c0, C, false}, {tile, kTileC, true}, out + o0, OC,
+                 /*accumulate=*/c0 > 0);
         }
     }
+    if (!bias) return;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float* o = out + static_cast<long long>(n) * OC;
+#pragma omp simd
+        for (int j = 0; j < OC; j++) o[j] += bias[j];
+    }
+}
+
+// dinp (N,C) += dout (N,OC) (scale * q) (OC,C); dbias += column sums of dout. No dW: frozen.
+void matmul_int8_backward(float* dinp, float* dbias, const float* dout, const int8_t* weight,
+                          const float* scale, int N, int C, int OC) {
+    if (dinp) {
+        alignas(64) float tile[kTileO * kTileC];
+        for (int c0 = 0; c0 < C; c0 += kTileC) {
+            const int c1 = std::min(C, c0 + kTileC);
+            for (int o0 = 0; o0 < OC; o0 += kTileO) {
+                const int o1 = std::min(OC, o0 + kTileO);
+                dequantize_tile(tile, weight, scale, C, o0, o1, c0, c1);
+                // dinp[:, c0:c1] += dout[:, o0:o1] tile
+                gemm(N, c1 - c0, o1 - o0, {dout + o0, OC, false}, {tile, kTileC, false}, dinp + c0,
+                     C, /*accumulate=*/true);
+            }
+        }
+    }
+    if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
+// ---- LoRA ---------------------------------------------------------------------------------
+// Two thin GEMMs through the rank-R bottleneck: u = scale inp A^T (N,R), out += u B^T. The
+// (N,R) intermediate is tiny (R << C), so the adapter costs 2NR(C+OC) flops beside the base's
+// 2NC OC, and the merged W + scale B A is never formed.
+namespace {
+void scale_in_place(float* x, long long n, float s) {
+#pragma omp parallel for simd schedule(static)
+    for (long long i = 0; i < n; i++) x[i] *= s;
+}
+}  // namespace
+
+void lora_forward(float* out, float* u, const float* inp, const float* A, const float* B, int N,
+                  int C, int OC, int R, float scale) {
+    gemm(N, R, C, {inp, C, false}, {A, C, true}, u, R, /*accumulate=*/false);  // inp A^T
+    scale_in_place(u, static_cast<long long>(N) * R, scale);
+    gemm(N, OC, R, {u, R, false}, {B, R, true}, out, OC, /*accumulate=*/true);  // out += u B^T
+}
+
+void lora_backward(float* dinp, float* dA, float* dB, float* du, const float* dout,
+                   const float* inp, const float* u, const float* A, const float* B, int N, int C,
+                   int OC, int R, float scale) {
+    gemm(OC, R, N, {dout, OC, true}, {u, R, false}, dB, R, /*accumulate=*/true);    // dout^T u
+    gemm(N, R, OC, {dout, OC, false}, {B, R, false}, du, R, /*accumulate=*/false);  // dout B
+    scale_in_place(du, static_cast<long long>(N) * R, scale);
+    gemm(R, C, N, {du, R, true}, {inp, C, false}, dA, C, /*accumulate=*/true);  // du^T inp
+    if (dinp) gemm(N, C, R, {du, R, false}, {A, C, false}, dinp, C, /*accumulate=*/true);  // du A
 }
 
 }  // namespace mt::cpu

@@ -322,6 +322,22 @@ class CudaBackend final : public Backend {
         cuda::matmul_backward(ctx_, a.dinp, a.dweight, a.dbias, a.dout, a.inp, a.weight, a.N, a.C,
                               a.OC, stream());
     }
+    void kernel(const op::MatmulInt8Forward& a) {
+        cuda::matmul_int8_forward(dt(), a.out, a.inp, a.weight, a.scale, a.bias, a.N, a.C, a.OC,
+                                  stream());
+    }
+    void kernel(const op::MatmulInt8Backward& a) {
+        cuda::matmul_int8_backward(dt(), a.dinp, a.dbias, a.dout, a.weight, a.scale, a.N, a.C, a.OC,
+                                   stream());
+    }
+    void kernel(const op::LoraForward& a) {
+        cuda::lora_forward(ctx_, a.out, a.u, a.inp, a.A, a.B, a.N, a.C, a.OC, a.R, a.scale,
+                           stream());
+    }
+    void kernel(const op::LoraBackward& a) {
+        cuda::lora_backward(ctx_, a.dinp, a.dA, a.dB, a.du, a.dout, a.inp, a.u, a.A, a.B, a.N, a.C,
+                            a.OC, a.R, a.scale, stream());
+    }
 
     // -- attention --
     static size_t attention_workspace_needed(AttentionImpl impl, DType dt, int B, int T, int C,

@@ -40,4 +40,18 @@ void matmul_forward(BlasContext& ctx, void* out, const void* inp, const void* we
 void matmul_backward(BlasContext& ctx, void* dinp, float* dweight, float* dbias, const void* dout,
                      const void* inp, const void* weight, int N, int C, int OC, cudaStream_t s);
 
+// model.quantize_frozen: int8. W = scale * q (OC,C), dequantised inside a tiled kernel.
+void matmul_int8_forward(DType dt, void* out, const void* inp, const int8_t* weight,
+                         const float* scale, const void* bias, int N, int C, int OC,
+                         cudaStream_t s);
+void matmul_int8_backward(DType dt, void* dinp, float* dbias, const void* dout,
+                          const int8_t* weight, const float* scale, int N, int C, int OC,
+                          cudaStream_t s);
+// model.lora: u = scale inp A^T; out += u B^T (see op::LoraForward / LoraBackward).
+void lora_forward(BlasContext& ctx, void* out, void* u, const void* inp, const void* A,
+                  const void* B, int N, int C, int OC, int R, float scale, cudaStream_t s);
+void lora_backward(BlasContext& ctx, void* dinp, float* dA, float* dB, void* du, const void* dout,
+                   const void* inp, const void* u, const void* A, const void* B, int N, int C,
+                   int OC, int R, float scale, cudaStream_t s);
+
 }  // namespace mt::cuda
