@@ -110,7 +110,7 @@ struct EncoderForward {
     void check() const;
     OpRecord record(double e) const;
 };
-// dwte[inp[b,t]] += dout[b,t];  dwpe[t] += sum_b dout[b,t]
+// dwte[inp[b,t]] += dout[b,t];  dwpe[t] += sum_b dout[b,t]   (either may be null: frozen)
 struct EncoderBackward {
     static constexpr std::string_view name = "encoder_backward";
     float* dwte = nullptr;
@@ -137,7 +137,8 @@ struct LayerNormForward {
     void check() const;
     OpRecord record(double e) const;
 };
-// dinp (N,C) += ..., dweight (C) += ..., dbias (C) += ...   (from the saved mean/rstd)
+// dinp (N,C) += ..., dweight (C) += ..., dbias (C) += ...   (from the saved mean/rstd;
+// dweight or dbias may be null: a frozen parameter)
 struct LayerNormBackward {
     static constexpr std::string_view name = "layernorm_backward";
     void* dinp = nullptr;

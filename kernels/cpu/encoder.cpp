@@ -40,11 +40,14 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* in
             for (int t = 0; t < T; t++) {
                 const long long n = static_cast<long long>(b) * T + t;
                 const float* d = dout + n * C;
-                float* dw = dwte + static_cast<long long>(inp[n]) * C;
-                float* dp = dwpe + static_cast<long long>(t) * C;
-                for (int c = c0; c < c1; c++) {
-                    dw[c] += d[c];
-                    dp[c] += d[c];
+                // A null gradient is a frozen embedding.
+                if (dwte) {
+                    float* dw = dwte + static_cast<long long>(inp[n]) * C;
+                    for (int c = c0; c < c1; c++) dw[c] += d[c];
+                }
+                if (dwpe) {
+                    float* dp = dwpe + static_cast<long long>(t) * C;
+                    for (int c = c0; c < c1; c++) dp[c] += d[c];
                 }
             }
         }

@@ -75,9 +75,10 @@ void fused_residual_layernorm_forward(float* residual, float* out, float* mean, 
 // so that dinp may alias dout: each dinp element is written after its last read).
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int N, int C) {
-    // dw, db: reductions over rows, each thread owning a block of channels.
+    // dw, db: reductions over rows, each thread owning a block of channels. A null one is a
+    // frozen parameter (both null: no reduction).
     constexpr int kBlock = 64;
-    const int nblocks = (C + kBlock - 1) / kBlock;
+    const int nblocks = dw || db ? (C + kBlock - 1) / kBlock : 0;
 #pragma omp parallel for schedule(static)
     for (int blk = 0; blk < nblocks; blk++) {
         const int c0 = blk * kBlock, c1 = std::min(C, c0 + kBlock);
@@ -94,8 +95,8 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
             }
         }
         for (int c = c0; c < c1; c++) {
-            dw[c] += accw[c - c0];
-            db[c] += accb[c - c0];
+            if (dw) dw[c] += accw[c - c0];
+            if (db) db[c] += accb[c - c0];
         }
     }
     // dinp: per row, the two means of the chain rule, then the update.

@@ -151,7 +151,10 @@ void encoder_backward(DType dt, float* dwte, float* dwpe, const void* dout, cons
     const EncoderScratch w = carve(workspace, workspace_bytes);
     dispatch(dt, [&](auto tag) {
         using E = decltype(tag);
-        encoder_backward_wte<E>(dwte, static_cast<const E*>(dout), inp, size_t(B) * T, C, w, s);
+        // A null gradient is a frozen embedding: its part is not run.
+        if (dwte)
+            encoder_backward_wte<E>(dwte, static_cast<const E*>(dout), inp, size_t(B) * T, C, w, s);
+        if (!dwpe) return;
         encoder_backward_wpe_kernel<E><<<std::max(1u, ceil_div(size_t(T) * C, 256)), 256, 0, s>>>(
             dwpe, static_cast<const E*>(dout), B, T, C);
         CUDA_CHECK_LAUNCH("encoder_backward_wpe_kernel");

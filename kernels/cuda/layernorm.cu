@@ -126,8 +126,8 @@ __global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, c
             tw += pw[y][threadIdx.x];
             tb += pb[y][threadIdx.x];
         }
-        dweight[c] += tw;
-        dbias[c] += tb;
+        if (dweight) dweight[c] += tw;  // null: a frozen parameter
+        if (dbias) dbias[c] += tb;
     }
 }
 
@@ -165,6 +165,7 @@ void layernorm_backward(DType dt, void* dinp, float* dweight, float* dbias, cons
             static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp),
             static_cast<const T*>(weight), mean, rstd, N, C);
         CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
+        if (!dweight && !dbias) return;  // both frozen
         layernorm_backward_params_kernel<T>
             <<<ceil_div(C, 32), dim3(32, 32), 0, s>>>(dweight, dbias, static_cast<const T*>(dout),
                                                       static_cast<const T*>(inp), mean, rstd, N, C);
