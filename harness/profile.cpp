@@ -439,10 +439,18 @@ MatmulLayerLabels::MatmulLayerLabels(const GPTConfig& cfg, int B, int T) {
             op::MatmulForward{.N = int(N), .C = int(l.in), .OC = int(l.out)}.record(4).flops;
         entries_.push_back({"matmul_forward", fwd, "matmul_forward" + shape});
         entries_.push_back({"matmul_gelu_forward", fwd, "matmul_gelu_forward" + shape});
-        entries_.push_back(
-            {"matmul_backward",
-             op::MatmulBackward{.N = int(N), .C = int(l.in), .OC = int(l.out)}.record(4).flops,
-             "matmul_backward" + shape});
+        // The backward's flops depend on which products it runs (no dbias for the LM head; no
+        // dweight for a frozen weight): one entry per combination. The pointers only mark which.
+        static float mark;
+        for (int which = 1; which < 8; ++which) {
+            const op::MatmulBackward b{.dinp = which & 1 ? &mark : nullptr,
+                                       .dweight = which & 2 ? &mark : nullptr,
+                                       .dbias = which & 4 ? &mark : nullptr,
+                                       .N = int(N),
+                                       .C = int(l.in),
+                                       .OC = int(l.out)};
+            entries_.push_back({"matmul_backward", b.record(4).flops, "matmul_backward" + shape});
+        }
     }
 }
 
