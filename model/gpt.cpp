@@ -136,11 +136,14 @@ ParameterTable::ParameterTable(const GPTConfig& cfg, const TrainableOptions& tra
     cfg.validate();  // before any size is computed from the dimensions (they are bounded there)
     const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab_size(), maxT = cfg.max_seq_len;
     const LoraConfig& lora = trainable.lora;
-    if (lora.enabled() && (lora.rank > cfg.n_embd || !(lora.alpha > 0)))
-        throw std::invalid_argument(
-            "model.lora: expected rank <= model.n_embd (" + std::to_string(cfg.n_embd) +
-            ") and alpha > 0, got rank " + std::to_string(lora.rank) + ", alpha " +
-            std::to_string(lora.alpha) + "; a low-rank adapter needs rank well below n_embd");
+    if (lora.enabled() && lora.rank > cfg.n_embd)
+        throw std::invalid_argument("model.lora: expected rank <= model.n_embd (" +
+                                    std::to_string(cfg.n_embd) + "), got rank " +
+                                    std::to_string(lora.rank) +
+                                    "; a low-rank adapter needs a rank well below n_embd");
+    if (lora.enabled() && !(lora.alpha > 0))
+        throw std::invalid_argument("model.lora: expected alpha > 0; the update is scaled by "
+                                    "alpha/rank");
     // nanoGPT state_dict order. Decay on 2-D tensors (embeddings, Linear weights) only. A
     // targeted Linear's adapters follow its bias (their names end in lora_A/B.weight).
     auto linear = [&](const std::string& name, int64_t out, int64_t in, LoraTarget target) {
