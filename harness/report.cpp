@@ -1137,6 +1137,23 @@ std::string data_suggestion(const VariantResult& v, double data) {
     return t + ".";
 }
 
+// Fewer parameters to update (optimizer slow; memory high): LoRA or frozen layers when the
+// variant trains everything, int8 storage when something is frozen but kept in fp32. "" when
+// the variant already uses every one of them.
+std::string fewer_trainable_hint(const VariantResult& v) {
+    const bool lora = v.config_value("model.lora").rfind("{rank: 0,", 0) != 0 &&
+                      !v.config_value("model.lora").empty();
+    const bool freeze =
+        !v.config_value("optim.freeze").empty() && v.config_value("optim.freeze") != "[]";
+    if (!lora && !freeze)
+        return " If this is a fine-tune, update fewer parameters: `model.lora: {rank: 8, alpha: "
+               "16}` trains adapters only, `optim.freeze: [wte, wpe, h.0]` freezes layers (no "
+               "gradients, no AdamW state for them).";
+    if (v.config_value("model.quantize_frozen") != "int8")
+        return " The frozen weights can be stored as int8: `model.quantize_frozen: int8`.";
+    return "";
+}
+
 // The optimizer, host-overhead, memory-limit and jitter suggestions.
 void add_step_overhead_suggestions(std::vector<std::string>& out, const VariantResult& v,
                                    const Shares& s) {
@@ -1146,11 +1163,13 @@ void add_step_overhead_suggestions(std::vector<std::string>& out, const VariantR
         if (v.config_value("optim.impl") != "fused")
             out.push_back("optimizer-bound: the optimizer takes " + pct(opt) +
                           " of the step with `optim.impl: " + v.config_value("optim.impl") +
-                          "`; `optim.impl: fused` updates the flat buffer in one pass.");
+                          "`; `optim.impl: fused` updates the flat buffer in one pass." +
+                          fewer_trainable_hint(v));
         else
             out.push_back("the fused optimizer still takes " + pct(opt) +
                           " of the step: it costs a fixed time per step, so `run.grad_accum` "
-                          "(more samples per update) amortises it.");
+                          "(more samples per update) amortises it." +
+                          fewer_trainable_hint(v));
     }
     if (sync + std::max(0.0, other) >= 0.15)
         out.push_back("host waits and overhead take " + pct(sync + std::max(0.0, other)) +
@@ -1164,8 +1183,18 @@ void add_step_overhead_suggestions(std::vector<std::string>& out, const VariantR
             out.push_back("memory is near the limit (" + pct(frac) + " of " + mib(d.total_bytes) +
                           " MiB): `run.recompute: gelu` or `layernorm_gelu` trades FLOPs for "
                           "activations; a smaller `data.batch_size` with `run.grad_accum` keeps "
-                          "the samples per update.");
+                          "the samples per update." +
+                          fewer_trainable_hint(v));
     }
+    const MemoryRecord& m = v.memory;
+    const size_t state = category_bytes(m.tracked_peak, MemoryCategory::grads) +
+                         category_bytes(m.tracked_peak, MemoryCategory::optimizer);
+    const std::string fewer = fewer_trainable_hint(v);
+    if (m.tracked_peak_total > 0 && state * 2 >= m.tracked_peak_total && !fewer.empty())
+        out.push_back("gradients and AdamW state hold " + mib(state) + " of the " +
+                      mib(m.tracked_peak_total) + " MiB tracked (" +
+                      pct(static_cast<double>(state) / m.tracked_peak_total) +
+                      "): they scale with the parameters that train." + fewer);
     if (v.stats.jitter > kJitterWarnThreshold)
         out.push_back("high jitter (IQR/median " + pct(v.stats.jitter) +
                       "): more `run.warmup_steps`, fixed shapes, and check the data loader and "

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "harness/report.h"
@@ -318,6 +319,40 @@ TEST(Suggestions, FollowTheDominantPhase) {
     EXPECT_NE(all.find("data-bound"), std::string::npos) << all;
     EXPECT_NE(all.find("data.workers"), std::string::npos) << all;
     EXPECT_EQ(all.find("compute in the model dominates"), std::string::npos) << all;
+}
+
+// An optimizer-bound step whose gradients and AdamW state hold most of the memory: the report
+// suggests training fewer parameters (LoRA, freeze), then int8 storage once they are frozen.
+TEST(Suggestions, OptimizerBoundFullTrainingSuggestsLoraOrFreezeThenInt8) {
+    auto suggestions = [](const std::function<void(RunConfig&)>& set) {
+        ExperimentResult ex;
+        ex.name = "s";
+        ex.baseline = "b";
+        RunResult r = make_run("b", {10, 10, 10}, 5.0, 1 << 20);
+        for (auto& s : r.steps) {
+            s.times[Phase::optimizer] = 0.4 * s.times.wall_ms;
+            s.times[Phase::backward] = 0.25 * s.times.wall_ms;
+        }
+        r.memory.tracked_peak[static_cast<int>(MemoryCategory::optimizer)] = 600000;
+        r.memory.tracked_peak[static_cast<int>(MemoryCategory::activations)] = 0;
+        set(r.config);
+        ex.runs.push_back(r);
+        std::string all;
+        for (const auto& s : suggestions_for(to_results(ex).variants[0])) all += s + "\n";
+        return all;
+    };
+    const std::string full = suggestions([](RunConfig& c) { c.optim.impl = AdamWImpl::fused; });
+    EXPECT_NE(full.find("the fused optimizer still takes 40.0%"), std::string::npos) << full;
+    EXPECT_NE(full.find("`model.lora: {rank: 8, alpha: 16}` trains adapters only"),
+              std::string::npos)
+        << full;
+    EXPECT_NE(full.find("gradients and AdamW state hold"), std::string::npos) << full;
+    const std::string frozen = suggestions([](RunConfig& c) {
+        c.optim.impl = AdamWImpl::fused;
+        c.trainable.freeze = {"h.0"};
+    });
+    EXPECT_EQ(frozen.find("model.lora: {rank"), std::string::npos) << frozen;
+    EXPECT_NE(frozen.find("`model.quantize_frozen: int8`"), std::string::npos) << frozen;
 }
 
 TEST(ReportHtml, IsSelfContainedWithCharts) {

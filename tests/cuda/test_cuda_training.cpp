@@ -1,6 +1,7 @@
 // A whole GPT training step on the GPU against the CPU backend: same weights, same batch ->
 // same loss and gradients (fp32), and the loss over 10 AdamW steps tracks the CPU's (fp32 tight,
-// bf16 within 2%), for every kernel variant. Skips without a device.
+// bf16 within 2%), for every kernel variant and for LoRA / frozen / int8-frozen models (their
+// frozen tensors have no gradient on either side). Skips without a device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,8 +19,8 @@ struct Rig {
     std::unique_ptr<AdamW> opt;
     DeviceBuffer in, tg;
     int B, T;
-    Rig(BackendKind kind, Precision precision, KernelChoice k, const GPTConfig& cfg,
-        const std::vector<float>& params, const std::vector<int>& inputs,
+    Rig(BackendKind kind, Precision precision, KernelChoice k, const TrainableOptions& trainable,
+        const GPTConfig& cfg, const std::vector<float>& params, const std::vector<int>& inputs,
         const std::vector<int>& targets, int B_, int T_)
         : B(B_), T(T_) {
         BackendOptions bo;
@@ -28,6 +29,7 @@ struct Rig {
         backend = create_backend(kind, bo);
         ModelOptions mo;
         mo.kernels = k;
+        mo.trainable = trainable;
         model = std::make_unique<GPT>(*backend, cfg, mo);
         model->set_params(params);
         model->allocate_activations(B, T);
@@ -54,12 +56,27 @@ struct Case {
     const char* name;
     Precision precision;
     KernelChoice kernels;
+    TrainableOptions trainable = {};
 };
 
 class CudaTraining : public ::testing::TestWithParam<Case> {
   protected:
     void SetUp() override { MT_SKIP_WITHOUT_CUDA(); }
 };
+
+TrainableOptions lora(bool int8) {
+    TrainableOptions t;
+    t.lora.rank = 4;
+    t.lora.alpha = 8.0f;
+    t.quantize_frozen = int8 ? QuantizeFrozen::int8 : QuantizeFrozen::none;
+    return t;
+}
+TrainableOptions freeze(std::vector<std::string> names, bool int8) {
+    TrainableOptions t;
+    t.freeze = std::move(names);
+    t.quantize_frozen = int8 ? QuantizeFrozen::int8 : QuantizeFrozen::none;
+    return t;
+}
 
 KernelChoice kc(AttentionImpl a, ClassifierImpl c, LayerNormImpl l, bool gelu) {
     KernelChoice k;
@@ -82,7 +99,19 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16_naive", Precision::bf16,
              kc(AttentionImpl::naive, ClassifierImpl::fused, LayerNormImpl::separate, false)},
         Case{"bf16_flash", Precision::bf16,
-             kc(AttentionImpl::flash, ClassifierImpl::fused, LayerNormImpl::fused_residual, true)}),
+             kc(AttentionImpl::flash, ClassifierImpl::fused, LayerNormImpl::fused_residual, true)},
+        Case{"fp32_lora", Precision::fp32,
+             kc(AttentionImpl::naive, ClassifierImpl::fused, LayerNormImpl::separate, true),
+             lora(false)},
+        Case{"bf16_lora_int8", Precision::bf16,
+             kc(AttentionImpl::flash, ClassifierImpl::fused, LayerNormImpl::fused_residual, true),
+             lora(true)},
+        Case{"fp32_freeze_lower_int8", Precision::fp32,
+             kc(AttentionImpl::naive, ClassifierImpl::fused, LayerNormImpl::separate, false),
+             freeze({"wte", "wpe", "h.0"}, true)},
+        Case{"fp32_freeze_some", Precision::fp32,
+             kc(AttentionImpl::flash, ClassifierImpl::unfused, LayerNormImpl::separate, false),
+             freeze({"h.1.attn", "ln_f.weight", "wpe"}, false)}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 GPTConfig small_config() {
@@ -103,16 +132,25 @@ TEST_P(CudaTraining, StepAndTenStepLossMatchCpu) {
     std::vector<float> params;
     {
         auto cpu = create_backend(BackendKind::cpu);
-        GPT init(*cpu, cfg);
+        ModelOptions mo;
+        mo.trainable = c.trainable;
+        GPT init(*cpu, cfg, mo);
         init.init_weights(1337);
         params = init.get_params();
+        // LoRA's B starts at zero, which would make dA zero on both sides: perturb it.
+        const auto noise = test::randn(params.size(), 9, 0.02f);
+        for (const auto& t : init.parameter_table().tensors())
+            if (t.lora)
+                for (size_t i = 0; i < t.count; ++i) params[t.offset + i] += noise[t.offset + i];
     }
     const auto tokens = test::randint(size_t(B) * T + 1, cfg.vocab_size, 5);
     std::vector<int> inputs(tokens.begin(), tokens.end() - 1),
         targets(tokens.begin() + 1, tokens.end());
     KernelChoice cpu_k = c.kernels;
-    Rig cpu(BackendKind::cpu, Precision::fp32, cpu_k, cfg, params, inputs, targets, B, T);
-    Rig gpu(BackendKind::cuda, c.precision, c.kernels, cfg, params, inputs, targets, B, T);
+    Rig cpu(BackendKind::cpu, Precision::fp32, cpu_k, c.trainable, cfg, params, inputs, targets, B,
+            T);
+    Rig gpu(BackendKind::cuda, c.precision, c.kernels, c.trainable, cfg, params, inputs, targets, B,
+            T);
     const bool bf16 = c.precision == Precision::bf16;
 
     // One forward + backward: loss and every parameter gradient.
@@ -129,8 +167,10 @@ TEST_P(CudaTraining, StepAndTenStepLossMatchCpu) {
     }
 
     // Ten optimizer steps from the same start: the loss curves stay together.
-    Rig cpu2(BackendKind::cpu, Precision::fp32, cpu_k, cfg, params, inputs, targets, B, T);
-    Rig gpu2(BackendKind::cuda, c.precision, c.kernels, cfg, params, inputs, targets, B, T);
+    Rig cpu2(BackendKind::cpu, Precision::fp32, cpu_k, c.trainable, cfg, params, inputs, targets, B,
+             T);
+    Rig gpu2(BackendKind::cuda, c.precision, c.kernels, c.trainable, cfg, params, inputs, targets,
+             B, T);
     float first = 0, last_c = 0, last_g = 0;
     for (int s = 0; s < 10; ++s) {
         last_c = cpu2.step(true);
