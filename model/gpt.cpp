@@ -142,8 +142,9 @@ ParameterTable::ParameterTable(const GPTConfig& cfg, const TrainableOptions& tra
                                     std::to_string(lora.rank) +
                                     "; a low-rank adapter needs a rank well below n_embd");
     if (lora.enabled() && !(lora.alpha > 0))
-        throw std::invalid_argument("model.lora: expected alpha > 0; the update is scaled by "
-                                    "alpha/rank");
+        throw std::invalid_argument(
+            "model.lora: expected alpha > 0; the update is scaled by "
+            "alpha/rank");
     // nanoGPT state_dict order. Decay on 2-D tensors (embeddings, Linear weights) only. A
     // targeted Linear's adapters follow its bias (their names end in lora_A/B.weight).
     auto linear = [&](const std::string& name, int64_t out, int64_t in, LoraTarget target) {
@@ -1093,24 +1094,27 @@ double GPT::training_flops_per_step(int B, int T) const {
     // for the input gradient and 2 for the weight gradient (6 in all, as nanoGPT's
     // estimate_mfu), counting the LM head at the real vocab size and excluding the position
     // embedding (a lookup), plus the attention score/value products: 12 * L * C * T per token
-    // (PaLM appendix B). Causal masking is not discounted, as in those references, so MFU figures
-    // compare with theirs. A frozen weight's gradient is not computed (4 instead of 6); a LoRA
-    // adapter (x A^T, u B^T) is a matmul like any other.
+    // (PaLM appendix B: 4 forward, 8 backward). Causal masking is not discounted, as in those
+    // references, so MFU figures compare with theirs. Biases and LayerNorm parameters count as
+    // matmul parameters, as nanoGPT's count does. What backward does not run is not counted: a
+    // frozen tensor's gradient (4 instead of 6), and the whole backward (2 instead of 6, 4CT
+    // attention instead of 12CT) of the blocks below the lowest one that trains when the
+    // embeddings are frozen (GPT::backward does not visit them). A LoRA adapter (x A^T, u B^T)
+    // is a matmul like any other.
     const double C = config_.n_embd, L = config_.n_layer;
-    double matmul = 0, frozen = 0;
+    const std::string h = "transformer.h.";
+    double per_token = 0;
     for (const auto& t : table_.tensors()) {
-        if (t.name == "transformer.wpe.weight" || t.shape.size() != 2) continue;
+        if (t.name == "transformer.wpe.weight") continue;
         double n = static_cast<double>(t.count);
         if (t.name == "transformer.wte.weight")
             n -= static_cast<double>(config_.padded_vocab_size() - config_.vocab_size) * C;
-        matmul += n;
-        if (!t.trainable) frozen += n;
+        const bool skipped =
+            t.name.rfind(h, 0) == 0 && std::stoi(t.name.substr(h.size())) < lowest_trainable_layer_;
+        per_token += n * (skipped ? 2.0 : t.trainable ? 6.0 : 4.0);
     }
-    // Biases and LayerNorm parameters (1-D) are counted like nanoGPT does: as matmul params.
-    double vectors = 0;
-    for (const auto& t : table_.tensors())
-        if (t.shape.size() == 1) vectors += static_cast<double>(t.count);
-    const double per_token = 6.0 * (matmul + vectors) - 2.0 * frozen + 12.0 * L * C * T;
+    const double visited = L - lowest_trainable_layer_;
+    per_token += 12.0 * visited * C * T + 4.0 * (L - visited) * C * T;
     return per_token * B * T;
 }
 

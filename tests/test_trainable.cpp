@@ -195,6 +195,26 @@ TEST(Freeze, TrainingChangesOnlyTheTrainableParameters) {
     }
 }
 
+// A frozen tensor's weight gradient is not computed (4 flops per parameter and token instead of
+// 6); blocks below the lowest that trains are not visited by backward at all (2, and 4CT of the
+// 12CT attention).
+TEST(Freeze, TrainingFlopsCountOnlyWhatBackwardRuns) {
+    const GPTConfig cfg = *gpt_preset("tiny");
+    auto backend = create_backend(BackendKind::cpu);
+    GPT full(*backend, cfg), frozen(*backend, cfg, freezing({"wte", "wpe", "h.0"}));
+    const ParameterTable& t = full.parameter_table();
+    const double C = cfg.n_embd, T = 16;
+    double h0 = 0;
+    for (const auto& p : t.tensors())
+        if (p.name.rfind("transformer.h.0.", 0) == 0) h0 += double(p.count);
+    const double wte = double(t.at("transformer.wte.weight").count) -
+                       double(cfg.padded_vocab_size() - cfg.vocab_size) * C;
+    // wte: 6 -> 4 (its LM-head gradient), block 0: 6 -> 2 and 12CT -> 4CT of attention.
+    const double saved_per_token = 2.0 * wte + 4.0 * h0 + 8.0 * C * T;
+    EXPECT_DOUBLE_EQ(full.training_flops_per_step(2, 16) - frozen.training_flops_per_step(2, 16),
+                     saved_per_token * 2 * 16);
+}
+
 // ---- LoRA -----------------------------------------------------------------------------------
 
 TEST(Lora, AdaptersFollowTheirLinearWithPeftShapesAndInit) {
