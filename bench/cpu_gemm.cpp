@@ -13,6 +13,10 @@
 // gives the median ms, GFLOP/s (2 M N K per call) and the spread (min..max), and the ratio
 // packed / Eigen of the medians (< 1 = packed faster).
 //
+// Then the int8 weight (model.quantize_frozen: int8): the forward and dinp GEMMs of each linear
+// layer with the weight as an int8 operand (gemm_int8: dequantised while gemm_packed packs it)
+// beside the same GEMM on the fp32 weight, alternating; ratio int8 / fp32 of the medians.
+//
 // The compute roof: before the GEMMs, an FMA probe runs 12 independent chains of AVX-512 FMAs
 // per thread on registers only (no memory traffic at all: the most any fp32 kernel can issue on
 // these cores), best of 3; the step line gives each GEMM's rate as a share of it.
@@ -28,8 +32,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/gemm.h"
 #include "io/atomic_file.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/quantize.h"
 #include "model/gpt.h"
 
 namespace {
@@ -91,6 +96,53 @@ __attribute__((target("avx512f"))) double fma_peak_gflops() {
         if (sink != 0) best = std::max(best, flops / s * 1e-9);
     }
     return best;
+}
+
+// The int8-weight table: for each forward / dinp shape (B is the weight), gemm_packed on the
+// fp32 weight against gemm_int8 on its per-row int8 quantisation.
+void time_int8_weights(const std::vector<Shape>& shapes, int reps) {
+    std::printf("\nint8 weight (dequantised while packed) vs fp32 weight, both gemm_packed:\n");
+    std::printf("%-18s %6s %6s %6s | %9s %15s | %9s %15s | %6s\n", "gemm", "M", "N", "K", "fp32 ms",
+                "spread ms", "int8 ms", "spread ms", "ratio");
+    std::mt19937 rng(99);
+    std::uniform_real_distribution<float> uni(-1.f, 1.f);
+    for (const Shape& s : shapes) {
+        if (s.name.find(" dW") != std::string::npos || s.name.rfind("lm_head", 0) == 0 ||
+            s.name.rfind("square", 0) == 0)
+            continue;  // the weight is B only in fwd and dinp; the LM head (wte) stays fp32
+        std::vector<float> a(static_cast<size_t>(s.M) * s.K), w(static_cast<size_t>(s.K) * s.N);
+        for (float& x : a) x = uni(rng);
+        for (float& x : w) x = uni(rng);
+        // The stored weight is (OC,C): rows = N for fwd (transposed), K for dinp.
+        const int rows = s.b_transposed ? s.N : s.K, cols = s.b_transposed ? s.K : s.N;
+        std::vector<int8_t> q(w.size());
+        std::vector<float> scale(rows), c(static_cast<size_t>(s.M) * s.N, 0.f);
+        mt::quantize_int8_per_row(w.data(), rows, cols, q.data(), scale.data());
+        const GemmOperand A{a.data(), s.lda, s.a_transposed}, W{w.data(), s.ldb, s.b_transposed};
+        const mt::cpu::GemmInt8Operand Q{q.data(), scale.data(), s.ldb, s.b_transposed};
+        auto time_one = [&](bool int8) {
+            const auto t0 = Clock::now();
+            if (int8)
+                mt::cpu::gemm_int8(s.M, s.N, s.K, A, Q, c.data(), s.N, s.accumulate);
+            else
+                mt::cpu::gemm_packed(s.M, s.N, s.K, A, W, c.data(), s.N, s.accumulate);
+            return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        };
+        time_one(true), time_one(false);
+        Series f32, i8;
+        for (int r = 0; r < reps; ++r) {
+            if (r % 2 == 0) {
+                f32.ms.push_back(time_one(false));
+                i8.ms.push_back(time_one(true));
+            } else {
+                i8.ms.push_back(time_one(true));
+                f32.ms.push_back(time_one(false));
+            }
+        }
+        std::printf("%-18s %6d %6d %6d | %9.2f %6.2f..%-7.2f | %9.2f %6.2f..%-7.2f | %6.3f\n",
+                    s.name.c_str(), s.M, s.N, s.K, f32.median(), f32.min(), f32.max(), i8.median(),
+                    i8.min(), i8.max(), i8.median() / f32.median());
+    }
 }
 
 }  // namespace
@@ -206,6 +258,7 @@ int main(int argc, char** argv) {
         100 * step_flops / total_packed * 1e-6 / fma_peak, total_eigen,
         step_flops / total_eigen * 1e-6, 100 * step_flops / total_eigen * 1e-6 / fma_peak,
         total_packed / total_eigen);
+    time_int8_weights(shapes, reps);
     if (!json_path.empty()) {
         nlohmann::json out = {{"preset", preset},
                               {"B", B},

@@ -262,6 +262,50 @@ void pack_b_panel(float* dst, GemmOperand B, int j0, int nr, int p0, int kc) {
     }
 }
 
+// 16 int8 values from p (n < 16: the first n, the rest 0) as 16 fp32 lanes times `scale`.
+inline __m512 load16_i8_scaled(const int8_t* p, int n, __m512 scale) {
+    __m128i bytes;
+    if (n >= 16) {
+        bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    } else {
+        alignas(16) int8_t tail[16] = {};
+        std::copy(p, p + std::max(n, 0), tail);
+        bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
+    }
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), scale);
+}
+
+// pack_b_panel for an int8 B: the same panel layout, each value converted to fp32 and scaled
+// as it is packed, so the micro-kernel runs unchanged on the dequantised panel.
+void pack_b_panel(float* dst, GemmInt8Operand B, int j0, int nr, int p0, int kc) {
+    if (!B.transposed) {  // S (K,N): the 32 values for one k are contiguous, scale[k]
+        for (int k = 0; k < kc; k++) {
+            const int8_t* src = B.q + (p0 + k) * B.ld + j0;
+            const __m512 s = _mm512_set1_ps(B.scale[p0 + k]);
+            _mm512_store_ps(dst + k * kNR, load16_i8_scaled(src, std::min(nr, 16), s));
+            _mm512_store_ps(dst + k * kNR + 16, load16_i8_scaled(src + 16, nr - 16, s));
+        }
+        return;
+    }
+    // S (N,K), a weight (OC,C): row j of S is column j of B, scaled by scale[j]; 16 k per
+    // transpose as in the fp32 packing.
+    for (int h = 0; h < 2; h++) {
+        const int cols = std::clamp(nr - 16 * h, 0, 16);
+        for (int k0 = 0; k0 < kc; k0 += 16) {
+            const int kk = std::min(16, kc - k0);
+            __m512 r[16];
+            for (int j = 0; j < 16; j++) {
+                const long row = j0 + 16 * h + j;
+                r[j] = j < cols ? load16_i8_scaled(B.q + row * B.ld + p0 + k0, kk,
+                                                   _mm512_set1_ps(B.scale[row]))
+                                : _mm512_setzero_ps();
+            }
+            transpose16x16(r);
+            for (int t = 0; t < kk; t++) _mm512_store_ps(dst + (k0 + t) * kNR + 16 * h, r[t]);
+        }
+    }
+}
+
 // The register tile: C[0..mr) x [0..nr) (+)= Ap (12 x kc) Bp (kc x 32).
 // 24 accumulators + 2 B vectors + 1 broadcast = 27 of the 32 zmm registers; per k, 2 loads and
 // 12 broadcast-FMA pairs keep both FMA pipes busy (the 24 independent chains hide the 4-cycle
@@ -324,8 +368,12 @@ bool gemm_packed_available() {
     return true;
 }
 
-void gemm_packed(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
-                 bool accumulate) {
+namespace {
+// The packed GEMM for a B operand of type BOp (fp32 GemmOperand, or GemmInt8Operand whose
+// panels are dequantised as they are packed).
+template <class BOp>
+void gemm_packed_impl(int M, int N, int K, GemmOperand A, BOp B, float* C, long ldc,
+                      bool accumulate) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         if (!accumulate) zero_rows(C, ldc, M, N);
@@ -379,8 +427,47 @@ void gemm_packed(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, lo
         }
     }
 }
+}  // namespace
+
+void gemm_packed(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
+                 bool accumulate) {
+    gemm_packed_impl(M, N, K, A, B, C, ldc, accumulate);
+}
 
 #endif  // __AVX512F__
+
+// ---- int8 B ---------------------------------------------------------------------------------
+
+#if defined(__AVX512F__) && !defined(EIGEN_USE_BLAS)
+void gemm_int8(int M, int N, int K, GemmOperand A, GemmInt8Operand B, float* C, long ldc,
+               bool accumulate) {
+    gemm_packed_impl(M, N, K, A, B, C, ldc, accumulate);
+}
+#else
+// Without the packed GEMM: B dequantised into a 64 KiB stack tile of kTileK x kTileN at a time
+// (L2-resident), each tile multiplied by gemm_eigen; tiles walk K in a fixed order.
+void gemm_int8(int M, int N, int K, GemmOperand A, GemmInt8Operand B, float* C, long ldc,
+               bool accumulate) {
+    constexpr int kTileK = 256, kTileN = 64;
+    alignas(64) float tile[kTileK * kTileN];
+    if (K <= 0) return gemm_eigen(M, N, K, A, {nullptr, 0, false}, C, ldc, accumulate);
+    for (int j0 = 0; j0 < N; j0 += kTileN) {
+        const int nj = std::min(kTileN, N - j0);
+        for (int p0 = 0; p0 < K; p0 += kTileK) {
+            const int pk = std::min(kTileK, K - p0);
+            for (int k = 0; k < pk; k++)  // tile[k][j] = B[p0+k, j0+j]
+                for (int j = 0; j < nj; j++) {
+                    const long r = B.transposed ? j0 + j : p0 + k,
+                               c = B.transposed ? p0 + k : j0 + j;
+                    tile[k * kTileN + j] = static_cast<float>(B.q[r * B.ld + c]) * B.scale[r];
+                }
+            const GemmOperand a_part{A.transposed ? A.data + p0 * A.ld : A.data + p0, A.ld,
+                                     A.transposed};
+            gemm_eigen(M, nj, pk, a_part, {tile, kTileN, false}, C + j0, ldc, accumulate || p0 > 0);
+        }
+    }
+}
+#endif
 
 // ---- the dispatch -------------------------------------------------------------------------------
 // The packed kernel wherever it is compiled, unless the build asked for a BLAS (MT_USE_BLAS ->

@@ -9,6 +9,8 @@
 // chunks that depend only on K, and threads split only M and N).
 #pragma once
 
+#include <cstdint>
+
 namespace mt::cpu {
 
 // One GEMM operand: a row-major buffer with leading dimension `ld` (elements between rows),
@@ -21,12 +23,29 @@ struct GemmOperand {
     bool transposed;
 };
 
+// An int8 operand with one fp32 scale per stored row (model.quantize_frozen: int8, symmetric
+// per output channel): the stored matrix S (rows, ld) has S[r,c] = scale[r] * q[r*ld + c].
+// As B: logical B (K,N) = S (transposed = false: scale per k) or S^T (transposed = true, a
+// PyTorch weight (OC,C) read as W^T: scale per column j).
+struct GemmInt8Operand {
+    const int8_t* q;
+    const float* scale;
+    long ld;
+    bool transposed;
+};
+
 // C (M,N), row-major with leading dimension ldc:  C = A B  (accumulate = false)  or  C += A B.
 // Uses gemm_packed where it is compiled, else gemm_eigen.
 void gemm(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc, bool accumulate);
 
 void gemm_eigen(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
                 bool accumulate);
+
+// C (+)= A B with an int8 B, dequantised where B is read: gemm_packed converts int8 to fp32 and
+// applies the scales while packing B's panels (the weight crosses memory at 1 byte per element
+// and the micro-kernel is the fp32 one); the Eigen fallback dequantises B tile by tile.
+void gemm_int8(int M, int N, int K, GemmOperand A, GemmInt8Operand B, float* C, long ldc,
+               bool accumulate);
 
 // False where the build does not target AVX-512F; gemm_packed then throws std::logic_error.
 bool gemm_packed_available();

@@ -84,41 +84,15 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 }
 
 // ---- int8 weights -------------------------------------------------------------------------
-// The weight W = scale * q (OC,C) is dequantised one tile of kTileO x kTileC at a time into a
-// 64 KiB stack buffer (L2-resident) and multiplied from there by the same GEMM as the fp32
-// path. What it teaches: the weight crosses main memory at 1 byte per element instead of 4 and
-// is never materialised in fp32; the GEMM's arithmetic is unchanged. Tiles walk C in a fixed
-// order, so results do not depend on the thread count.
-namespace {
-constexpr int kTileO = 64, kTileC = 256;
+// The same GEMMs as the fp32 path with the weight as an int8 operand (gemm.h GemmInt8Operand):
+// the packed GEMM converts and scales the weight while packing its panels, so what it teaches
+// is that the weight crosses main memory at 1 byte per element instead of 4, is never
+// materialised in fp32, and the register micro-kernel is unchanged.
 
-// tile (o1-o0, c1-c0), row-major with leading dimension kTileC = scale[o] * q[o, c0:c1].
-void dequantize_tile(float* tile, const int8_t* q, const float* scale, int C, int o0, int o1,
-                     int c0, int c1) {
-    for (int o = o0; o < o1; o++) {
-        const int8_t* qrow = q + static_cast<long long>(o) * C;
-        float* t = tile + static_cast<long long>(o - o0) * kTileC;
-        const float s = scale[o];
-#pragma omp simd
-        for (int c = c0; c < c1; c++) t[c - c0] = static_cast<float>(qrow[c]) * s;
-    }
-}
-}  // namespace
-
-// out (N,OC) = inp (N,C) (scale * q)^T + bias, one dequantised weight tile at a time.
+// out (N,OC) = inp (N,C) (scale * q)^T + bias
 void matmul_int8_forward(float* out, const float* inp, const int8_t* weight, const float* scale,
                          const float* bias, int N, int C, int OC) {
-    alignas(64) float tile[kTileO * kTileC];
-    for (int o0 = 0; o0 < OC; o0 += kTileO) {
-        const int o1 = std::min(OC, o0 + kTileO);
-        for (int c0 = 0; c0 < C; c0 += kTileC) {
-            const int c1 = std::min(C, c0 + kTileC);
-            dequantize_tile(tile, weight, scale, C, o0, o1, c0, c1);
-            // out[:, o0:o1] (+)= inp[:, c0:c1] tile^T
-            gemm(N, o1 - o0, c1 - c0, {inp + c0, C, false}, {tile, kTileC, true}, out + o0, OC,
-                 /*accumulate=*/c0 > 0);
-        }
-    }
+    gemm_int8(N, OC, C, {inp, C, false}, {weight, scale, C, true}, out, OC, /*accumulate=*/false);
     if (!bias) return;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -131,19 +105,9 @@ void matmul_int8_forward(float* out, const float* inp, const int8_t* weight, con
 // dinp (N,C) += dout (N,OC) (scale * q) (OC,C); dbias += column sums of dout. No dW: frozen.
 void matmul_int8_backward(float* dinp, float* dbias, const float* dout, const int8_t* weight,
                           const float* scale, int N, int C, int OC) {
-    if (dinp) {
-        alignas(64) float tile[kTileO * kTileC];
-        for (int c0 = 0; c0 < C; c0 += kTileC) {
-            const int c1 = std::min(C, c0 + kTileC);
-            for (int o0 = 0; o0 < OC; o0 += kTileO) {
-                const int o1 = std::min(OC, o0 + kTileO);
-                dequantize_tile(tile, weight, scale, C, o0, o1, c0, c1);
-                // dinp[:, c0:c1] += dout[:, o0:o1] tile
-                gemm(N, c1 - c0, o1 - o0, {dout + o0, OC, false}, {tile, kTileC, false}, dinp + c0,
-                     C, /*accumulate=*/true);
-            }
-        }
-    }
+    if (dinp)
+        gemm_int8(N, C, OC, {dout, OC, false}, {weight, scale, C, false}, dinp, C,
+                  /*accumulate=*/true);
     if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
