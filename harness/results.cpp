@@ -174,6 +174,9 @@ void fill_config(VariantResult& v, const RunResult& r) {
     // The global batch: every rank trains B * A samples of its own per optimizer step.
     const long long W = r.dist ? r.dist->world_size : 1;
     v.batch = {B, T, A, W * B * A, W * B * T * A};
+    // Shape jitter: the mean tokens the measured steps really trained (seq_len is their maximum).
+    if (c.data.seq_len_jitter > 0 && !r.steps.empty())
+        v.batch.tokens_per_step = std::llround(measured_work(r).tokens_per_step);
     v.warmup_steps = c.run.warmup_steps;
     v.measure_steps = c.run.measure_steps;
     v.profiled = c.profile.kernels;

@@ -57,7 +57,8 @@ struct SeriesSummary {
 struct BatchShape {
     int batch_size = 0, seq_len = 0, grad_accum = 0;  // per rank
     // Of one optimizer step over every rank (the global batch): world_size * B * grad_accum
-    // samples, times T tokens. world_size is 1 without data parallelism.
+    // samples, times T tokens. world_size is 1 without data parallelism. With
+    // data.seq_len_jitter, tokens_per_step is the mean over the measured steps (rounded).
     long long samples_per_step = 0, tokens_per_step = 0;
 };
 

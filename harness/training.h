@@ -124,7 +124,7 @@ class TrainingSession {
     double flops_per_step() const;
 
   private:
-    void micro_step(int m);
+    int micro_step(int m);
     double read_back_loss();
     void optimizer_step_data_parallel(StepRecord& rec);
     void enter(Phase p);
