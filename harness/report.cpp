@@ -385,6 +385,11 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
             std::string(fatter ? ", " + mem_cost : ", memory unchanged") + ")";
     }
     if (!r.loss_ok) v += " (loss not comparable)";
+    // Shape jitter shortens the variant's batches, so its steps are shorter by construction: the
+    // work-normalised comparison is tokens/s.
+    if (!r.jitter_cause.empty() && b.tokens_per_s > 0)
+        v += "; its batches are shorter (" + r.jitter_cause + "): per token it runs at " +
+             f("%.2f", r.tokens_per_s / b.tokens_per_s) + "x the baseline's tokens/s";
     if (r.status == RunStatus::interrupted) v += " [interrupted: partial measurement]";
     if (r.knobs_changed > 1)
         v += "; changes " + std::to_string(r.knobs_changed) + " knobs: not attributable";

@@ -200,6 +200,9 @@ VariantResult to_variant_result(const RunResult& r) {
     v.stats = step_statistics(st);
     v.flops = {r.flops_per_step, st.achieved_flops_per_s, r.peak_flops, r.peak_flops_source,
                st.mfu};
+    // Shape jitter: the FLOPs the measured steps really did, per step (their mean).
+    if (r.config.data.seq_len_jitter > 0 && st.measured > 0)
+        v.flops.per_step = measured_work(r).model_flops_per_step;
     v.roofline = {r.peaks.flops_per_s,  r.peaks.bytes_per_s,  r.peaks.ridge(),
                   r.peaks.flops_source, r.peaks.bytes_source, r.peaks.from_cache};
     v.loss.first = r.steps.empty() ? std::nullopt : finite(r.steps.front().loss);

@@ -74,7 +74,7 @@ struct StepStatistics {
 };
 
 struct FlopsRecord {
-    double per_step = 0;  // analytic model FLOPs of one optimizer step
+    double per_step = 0;  // analytic model FLOPs of one optimizer step (jitter: measured mean)
     double achieved_per_s = 0;
     std::optional<double> peak_per_s;  // nullopt: unknown device, MFU n/a
     std::string peak_source;           // where the peak comes from, in words

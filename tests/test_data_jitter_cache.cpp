@@ -510,8 +510,12 @@ TEST(ShapeJitter, TheReportNamesTheKnobAsTheCauseOfTheSpread) {
     sug.clear();
     for (const std::string& s : suggestions_for(res.variants[2])) sug += s + "\n";
     EXPECT_EQ(sug.find("seq_len_jitter"), std::string::npos) << sug;
-    // The batch shape reports the mean real tokens per measured step.
+    // The batch shape reports the mean real tokens per measured step, and the verdict compares
+    // per token: the jittered variant's steps are shorter because its batches are.
     EXPECT_LT(res.variants[1].batch.tokens_per_step, 4 * 64);
+    EXPECT_CONTAINS(cmp.rows[1].verdict, "its batches are shorter (data.seq_len_jitter=0.5)");
+    EXPECT_CONTAINS(cmp.rows[1].verdict, "x the baseline's tokens/s");
+    EXPECT_EQ(cmp.rows[2].verdict.find("tokens/s"), std::string::npos) << cmp.rows[2].verdict;
 }
 
 // ---- the experiment file --------------------------------------------------------------------
