@@ -289,6 +289,21 @@ class SampleCache {
     size_t bytes_ = 0;
 };
 
+// The loader's own checks of the values it is given (the spec checks them first, with file
+// positions; a loader built in code gets these).
+void check_loader_config(const DataConfig& c, int vocab_size) {
+    auto bad = [](const std::string& what) { throw DataError("data config: " + what); };
+    if (c.batch_size < 1) bad("batch_size must be >= 1, got " + std::to_string(c.batch_size));
+    if (c.seq_len < 1) bad("seq_len must be >= 1, got " + std::to_string(c.seq_len));
+    if (c.workers < 0) bad("workers must be >= 0, got " + std::to_string(c.workers));
+    if (c.prefetch < 1) bad("prefetch must be >= 1, got " + std::to_string(c.prefetch));
+    if (c.preprocess_us < 0)
+        bad("preprocess_us must be >= 0, got " + std::to_string(c.preprocess_us));
+    if (!(c.seq_len_jitter >= 0 && c.seq_len_jitter <= 1))
+        bad("seq_len_jitter must be in [0, 1], got " + std::to_string(c.seq_len_jitter));
+    if (vocab_size < 1) bad("vocab_size must be >= 1, got " + std::to_string(vocab_size));
+}
+
 const char* source_name(DataSource s) {
     switch (s) {
         case DataSource::synthetic:
@@ -531,14 +546,7 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
     m.backend = backend;
     const DataConfig& c = config;
     auto bad = [](const std::string& what) { throw DataError("data config: " + what); };
-    if (c.batch_size < 1) bad("batch_size must be >= 1, got " + std::to_string(c.batch_size));
-    if (c.seq_len < 1) bad("seq_len must be >= 1, got " + std::to_string(c.seq_len));
-    if (c.workers < 0) bad("workers must be >= 0, got " + std::to_string(c.workers));
-    if (c.prefetch < 1) bad("prefetch must be >= 1, got " + std::to_string(c.prefetch));
-    if (c.preprocess_us < 0)
-        bad("preprocess_us must be >= 0, got " + std::to_string(c.preprocess_us));
-    jittered_seq_len(c.seq_len, c.seq_len_jitter, seed, 0);  // checks seq_len_jitter
-    if (vocab_size < 1) bad("vocab_size must be >= 1, got " + std::to_string(vocab_size));
+    check_loader_config(c, vocab_size);
 
     m.take_rank(options);
     // Sizes are those of the global batch (world * B rows): every rank sees the same stream.
