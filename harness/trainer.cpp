@@ -619,6 +619,9 @@ void Trainer::build_session() {
                       (cfg_.backend == BackendChoice::auto_ && cuda_available());
     std::unique_ptr<Backend> backend =
         create_training_backend(cfg_, cuda ? BackendKind::cuda : BackendKind::cpu);
+    // The session checks the memory estimate too, but the loader (its sample cache) allocates
+    // first: refuse a run that cannot fit before either does.
+    check_memory_fits(cfg_, *backend);
     DataLoaderOptions lo;
     // In global batches: the same number on every rank, each rank reading its rows of them.
     lo.first_batch = resume_ ? resume_->data_position : 0;
