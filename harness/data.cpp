@@ -13,6 +13,25 @@
 // that part's window count and window ids offset to the part's first window. Starting at batch k
 // (DataLoaderOptions::first_batch, a resumed run) is the same as having consumed k batches.
 //
+// Shape jitter (data.seq_len_jitter j > 0). Batch i is L_i = jittered_seq_len(T, j, seed, i)
+// tokens long: each of its rows is the first L_i + 1 tokens of its window (inputs the first L_i,
+// targets the next L_i). The windows stay cut at multiples of T, so the epochs, the split and the
+// cache are those of T; only the tokens a batch reads shrink. A row-major (B, L_i) batch fills the
+// front of a slot sized for (B, T).
+//
+// Sample cache (data.cache). The key of a sample is its window id within the loader's part
+// (0 .. W-1): every source, synthetic included, is cut into W windows (a synthetic stream has a
+// nominal length, so it has epochs too), and epoch e visits each window once. The cache is one
+// host allocation (under the `data` memory category) of W prepared windows of T + 1 int32 tokens
+// plus one state byte each, reserved when the loader is built; a window's pages become resident
+// when it is first prepared. So the first epoch prepares every window (read + preprocess_us) and
+// every later epoch copies them: the data phase drops after the first epoch. A window's state is
+// empty -> filling (one thread claims it and prepares it) -> ready (release store; readers
+// acquire); a thread that needs a window another is filling waits for it, so each window is
+// prepared exactly once, whatever the number of workers. Under data parallel every rank caches
+// the windows its rows visit (over epochs: all of them). The cache holds windows, not batches, so
+// a jittered batch takes the prefix it needs of the cached window.
+//
 // Threads (workers > 0). A ring of P = prefetch slots; batch i lives in slot i % P. A worker may
 // claim batch i only once batch i-P has been released by the consumer (i < released + P), so a
 // slot is written by exactly one worker while nobody reads it. next() releases the batch it
@@ -29,6 +48,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -192,6 +212,98 @@ size_t first_invalid_utf8(const std::vector<uint16_t>& bytes) {
     return std::string::npos;
 }
 
+// The nominal length of the synthetic stream for batches of `need` tokens: 64 batches, at least
+// 2^20 tokens (the stream itself is readable at any position).
+uint64_t synthetic_nominal_tokens(uint64_t need) {
+    return std::max<uint64_t>(uint64_t{1} << 20, 64 * need);
+}
+
+// The validation part's window count for val_fraction f of `windows` (0 when f is 0).
+uint64_t val_windows(float f, uint64_t windows) {
+    if (!(f > 0)) return 0;
+    return std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(f) * windows));
+}
+
+// The sample cache (data.cache; see the top of this file): W prepared windows of T + 1 int32
+// tokens, then W state bytes, in one host allocation. Thread-safe: any thread may ask for any
+// window.
+class SampleCache {
+  public:
+    static size_t bytes_for(uint64_t windows, int T) {
+        return static_cast<size_t>(windows) * ((static_cast<size_t>(T) + 1) * sizeof(int) + 1);
+    }
+
+    SampleCache(uint64_t windows, int T, Backend* backend) : window_(static_cast<size_t>(T) + 1) {
+        const size_t bytes = bytes_for(windows, T);
+        // Not pinned and not touched: the pages become resident as windows are first prepared.
+        if (backend) {
+            host_ = HostBuffer(*backend, bytes, /*pinned=*/false);
+            base_ = host_.as<char>();
+        } else {
+            plain_.reset(new char[bytes]);
+            base_ = plain_.get();
+        }
+        states_ = reinterpret_cast<std::atomic<uint8_t>*>(base_ + windows * window_ * sizeof(int));
+        for (uint64_t w = 0; w < windows; ++w) new (&states_[w]) std::atomic<uint8_t>(kEmpty);
+        bytes_ = bytes;
+    }
+    SampleCache(const SampleCache&) = delete;
+    SampleCache& operator=(const SampleCache&) = delete;
+
+    size_t bytes() const { return bytes_; }
+
+    // The T + 1 prepared tokens of window w. The first caller prepares them with
+    // prepare(out) -> bool (false: stopped before finishing; the window stays empty); a caller
+    // arriving while another prepares it waits. Returns null when `stop` is raised meanwhile.
+    template <class Prepare>
+    const int* get(uint64_t w, Prepare&& prepare, const std::atomic<bool>& stop) {
+        std::atomic<uint8_t>& state = states_[w];
+        int* sample = reinterpret_cast<int*>(base_) + w * window_;
+        for (;;) {
+            uint8_t s = state.load(std::memory_order_acquire);
+            if (s == kReady) return sample;
+            if (s == kEmpty && state.compare_exchange_strong(s, kFilling, std::memory_order_acq_rel,
+                                                             std::memory_order_acquire)) {
+                bool done = false;
+                try {
+                    done = prepare(sample);
+                } catch (...) {
+                    state.store(kEmpty, std::memory_order_release);
+                    throw;
+                }
+                state.store(done ? kReady : kEmpty, std::memory_order_release);
+                return done ? sample : nullptr;
+            }
+            if (stop.load(std::memory_order_relaxed)) return nullptr;
+            std::this_thread::yield();  // another thread is preparing window w
+        }
+    }
+
+  private:
+    static constexpr uint8_t kEmpty = 0, kFilling = 1, kReady = 2;
+    size_t window_;  // ints per window: T + 1
+    HostBuffer host_;
+    std::unique_ptr<char[]> plain_;
+    char* base_ = nullptr;
+    std::atomic<uint8_t>* states_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// The loader's own checks of the values it is given (the spec checks them first, with file
+// positions; a loader built in code gets these).
+void check_loader_config(const DataConfig& c, int vocab_size) {
+    auto bad = [](const std::string& what) { throw DataError("data config: " + what); };
+    if (c.batch_size < 1) bad("batch_size must be >= 1, got " + std::to_string(c.batch_size));
+    if (c.seq_len < 1) bad("seq_len must be >= 1, got " + std::to_string(c.seq_len));
+    if (c.workers < 0) bad("workers must be >= 0, got " + std::to_string(c.workers));
+    if (c.prefetch < 1) bad("prefetch must be >= 1, got " + std::to_string(c.prefetch));
+    if (c.preprocess_us < 0)
+        bad("preprocess_us must be >= 0, got " + std::to_string(c.preprocess_us));
+    if (!(c.seq_len_jitter >= 0 && c.seq_len_jitter <= 1))
+        bad("seq_len_jitter must be in [0, 1], got " + std::to_string(c.seq_len_jitter));
+    if (vocab_size < 1) bad("vocab_size must be >= 1, got " + std::to_string(vocab_size));
+}
+
 const char* source_name(DataSource s) {
     switch (s) {
         case DataSource::synthetic:
@@ -279,6 +391,9 @@ struct DataLoader::Impl {
     std::exception_ptr error;
     std::vector<std::thread> threads;
 
+    std::unique_ptr<SampleCache> cache;  // data.cache
+    std::atomic<uint64_t> prepared{0};   // samples read + preprocessed (samples_prepared())
+
     // Tokens [start, start + count) of the stream into out.
     void read_tokens(uint64_t start, int count, int* out) const {
         if (synthetic) return synthetic->read(start, count, out);
@@ -298,12 +413,36 @@ struct DataLoader::Impl {
         return p;
     }
 
-    // Builds batch i into (inputs, targets): B rows of T tokens, targets shifted by one.
+    // The length of batch i (seq_len unless data.seq_len_jitter).
+    int batch_len(uint64_t i) const {
+        return jittered_seq_len(cfg.seq_len, cfg.seq_len_jitter, seed, i);
+    }
+
+    // Prepares the first `count` tokens of window w (of this loader's part) into out: the read
+    // plus the SIMULATED per-sample preprocessing. False when stopped meanwhile.
+    bool prepare(uint64_t w, int count, int* out) {
+        read_tokens((window_base + w) * static_cast<uint64_t>(cfg.seq_len), count, out);
+        spin_for_us(cfg.preprocess_us, stop);
+        prepared.fetch_add(1, std::memory_order_relaxed);
+        return !stop.load(std::memory_order_relaxed);
+    }
+
+    // Window w's first L + 1 prepared tokens: from the cache (which prepares all T + 1 on first
+    // use), or prepared now into `scratch`. Null when stopped.
+    const int* sample(uint64_t w, int L, int* scratch) {
+        if (cache)
+            return cache->get(
+                w, [&](int* out) { return prepare(w, cfg.seq_len + 1, out); }, stop);
+        return prepare(w, L + 1, scratch) ? scratch : nullptr;
+    }
+
+    // Builds batch i into (inputs, targets): B rows of L = batch_len(i) tokens, row-major (B, L),
+    // targets shifted by one.
     void fill(uint64_t i, int* inputs, int* targets) {
-        const int B = cfg.batch_size, T = cfg.seq_len;
+        const int B = cfg.batch_size, L = batch_len(i);
         std::shared_ptr<const std::vector<uint32_t>> p;
         uint64_t p_epoch = UINT64_MAX;
-        std::vector<int> window(static_cast<size_t>(T) + 1);
+        std::vector<int> scratch(cache ? 0 : static_cast<size_t>(L) + 1);
         for (int r = 0; r < B; ++r) {
             // Global row: batch i of the world is rows (i*world + rank)*B .. of the stream.
             const uint64_t g = (i * static_cast<uint64_t>(world) + static_cast<uint64_t>(rank)) *
@@ -311,15 +450,11 @@ struct DataLoader::Impl {
                                r;
             const uint64_t epoch = g / windows;
             if (epoch != p_epoch) p = perm(epoch), p_epoch = epoch;
-            const uint64_t start = (window_base + (*p)[g % windows]) * T;
-            // The window's T+1 tokens: inputs are the first T, targets the last T.
-            int* in = inputs + static_cast<size_t>(r) * T;
-            int* tg = targets + static_cast<size_t>(r) * T;
-            read_tokens(start, T + 1, window.data());
-            std::copy_n(window.data(), T, in);
-            std::copy_n(window.data() + 1, T, tg);
-            spin_for_us(cfg.preprocess_us, stop);  // SIMULATED per-sample preprocessing
-            if (stop.load(std::memory_order_relaxed)) return;
+            // The window's first L+1 tokens: inputs are the first L, targets the last L.
+            const int* window = sample((*p)[g % windows], L, scratch.data());
+            if (!window) return;  // stopped: nobody reads this batch
+            std::copy_n(window, L, inputs + static_cast<size_t>(r) * L);
+            std::copy_n(window + 1, L, targets + static_cast<size_t>(r) * L);
         }
     }
 
@@ -370,8 +505,7 @@ struct DataLoader::Impl {
         if (f > 0) {
             const std::string name =
                 m.cfg.source == DataSource::synthetic ? "synthetic" : m.cfg.path;
-            const uint64_t val =
-                std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(f) * m.windows));
+            const uint64_t val = val_windows(f, m.windows);
             if (val >= m.windows)
                 data_error(name,
                            "has " + std::to_string(m.windows) + " windows of seq_len " +
@@ -412,13 +546,7 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
     m.backend = backend;
     const DataConfig& c = config;
     auto bad = [](const std::string& what) { throw DataError("data config: " + what); };
-    if (c.batch_size < 1) bad("batch_size must be >= 1, got " + std::to_string(c.batch_size));
-    if (c.seq_len < 1) bad("seq_len must be >= 1, got " + std::to_string(c.seq_len));
-    if (c.workers < 0) bad("workers must be >= 0, got " + std::to_string(c.workers));
-    if (c.prefetch < 1) bad("prefetch must be >= 1, got " + std::to_string(c.prefetch));
-    if (c.preprocess_us < 0)
-        bad("preprocess_us must be >= 0, got " + std::to_string(c.preprocess_us));
-    if (vocab_size < 1) bad("vocab_size must be >= 1, got " + std::to_string(vocab_size));
+    check_loader_config(c, vocab_size);
 
     m.take_rank(options);
     // Sizes are those of the global batch (world * B rows): every rank sees the same stream.
@@ -429,7 +557,7 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
         case DataSource::synthetic:
             // A virtual stream (harness/synthetic.h: markov or uniform), computed per window.
             // Nominal length: 64 batches, at least 2^20 tokens.
-            m.n = std::max<uint64_t>(uint64_t{1} << 20, 64 * need);
+            m.n = synthetic_nominal_tokens(need);
             m.synthetic.emplace(c.synthetic, vocab_size, seed);
             break;
         case DataSource::tokens: {
@@ -486,6 +614,7 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
         data_error(c.path, "has " + std::to_string(m.windows) +
                                " windows of seq_len tokens, more than this loader indexes (2^32)");
     m.select_split(options);
+    if (c.cache) m.cache = std::make_unique<SampleCache>(m.windows, c.seq_len, backend);
 
     // Batch slots: one when loading synchronously, a ring of `prefetch` otherwise.
     const size_t nslots = c.workers == 0 ? 1 : static_cast<size_t>(c.prefetch);
@@ -531,7 +660,7 @@ const Batch& DataLoader::next() {
         if (m.error) std::rethrow_exception(m.error);
     }
     m.current.B = m.cfg.batch_size;
-    m.current.T = m.cfg.seq_len;
+    m.current.T = m.batch_len(i);
     m.current.inputs = slot->inputs;
     m.current.targets = slot->targets;
     m.current.index = i;
@@ -578,6 +707,60 @@ uint64_t DataLoader::position() const {
     return impl_->consumed;
 }
 
+uint64_t DataLoader::samples_prepared() const {
+    return impl_->prepared.load();
+}
+
+size_t DataLoader::cache_bytes() const {
+    return impl_->cache ? impl_->cache->bytes() : 0;
+}
+
+int jittered_seq_len(int seq_len, float jitter, uint64_t seed, uint64_t batch) {
+    if (seq_len < 1)
+        throw DataError("data config: seq_len must be >= 1, got " + std::to_string(seq_len));
+    if (!(jitter >= 0 && jitter <= 1))
+        throw DataError("data config: seq_len_jitter must be in [0, 1], got " +
+                        std::to_string(jitter));
+    if (jitter == 0) return seq_len;
+    // The shortest length: (1 - j) of seq_len, rounded up, at least one token.
+    const double lo_exact = std::ceil((1.0 - static_cast<double>(jitter)) * seq_len);
+    const int lo = std::clamp(static_cast<int>(lo_exact), 1, seq_len);
+    if (lo == seq_len) return seq_len;
+    // A generator of its own per batch (not a stream): batch i's length depends on (seed, i) only.
+    std::mt19937_64 rng(splitmix64(splitmix64(seed ^ 0x5E01E17ull) + batch));
+    return lo + static_cast<int>(uniform_below(rng, static_cast<uint64_t>(seq_len - lo) + 1));
+}
+
+size_t sample_cache_bytes(const DataConfig& c, int world) {
+    if (!c.cache || c.seq_len < 1 || c.batch_size < 1 || world < 1) return 0;
+    const uint64_t T = static_cast<uint64_t>(c.seq_len);
+    const uint64_t need =
+        static_cast<uint64_t>(c.batch_size) * static_cast<uint64_t>(world) * T + 1;
+    uint64_t n = 0;
+    try {
+        switch (c.source) {
+            case DataSource::synthetic:
+                n = synthetic_nominal_tokens(need);
+                break;
+            case DataSource::tokens:
+                n = token_file_count(c.path);
+                break;
+            case DataSource::text: {
+                std::error_code ec;
+                const auto size = fs::file_size(c.path, ec);  // one token per byte
+                n = ec ? 0 : static_cast<uint64_t>(size);
+                break;
+            }
+        }
+    } catch (const DataError&) {
+        return 0;
+    }
+    if (n < need) return 0;
+    const uint64_t windows = (n - 1) / T, val = val_windows(c.val_fraction, windows);
+    if (val >= windows) return 0;
+    return SampleCache::bytes_for(windows - val, c.seq_len);
+}
+
 std::string DataLoader::describe() const {
     const DataConfig& c = impl_->cfg;
     std::ostringstream os;
@@ -589,6 +772,10 @@ std::string DataLoader::describe() const {
     if (c.workers > 0) os << ", prefetch " << c.prefetch;
     if (c.pin_memory) os << ", pinned";
     if (c.preprocess_us > 0) os << ", preprocess " << c.preprocess_us << " us/sample (simulated)";
+    if (c.seq_len_jitter > 0) os << ", seq_len jitter " << c.seq_len_jitter;
+    if (impl_->cache)
+        os << ", cache " << impl_->windows << " samples ("
+           << static_cast<double>(impl_->cache->bytes()) / (1024.0 * 1024.0) << " MiB)";
     return os.str();
 }
 
@@ -615,6 +802,7 @@ void check_data_source(const DataConfig& config, int vocab_size) {
     probe.workers = 0;
     probe.pin_memory = false;
     probe.preprocess_us = 0;
+    probe.cache = false;
     DataLoader loader(probe, vocab_size, /*seed=*/0);
 }
 

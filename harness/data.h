@@ -79,6 +79,19 @@ std::optional<std::string> not_a_regular_file(const std::string& path);
 // runs it so a bad data file fails before an experiment starts, not in its first step.
 void check_data_source(const DataConfig& config, int vocab_size);
 
+// The length of batch `batch` under shape jitter (data.seq_len_jitter j): seq_len when j is 0,
+// otherwise drawn uniformly from [max(1, ceil((1 - j) * seq_len)), seq_len] by a generator seeded
+// from (seed, batch) alone, so a resumed run and every data-parallel rank (all of which count the
+// same global batch index) agree on it. Throws DataError for j outside [0, 1] or seq_len < 1.
+int jittered_seq_len(int seq_len, float jitter, uint64_t seed, uint64_t batch);
+
+// The bytes of host memory a DataLoader over `config` reserves for its sample cache (data.cache):
+// one prepared window of seq_len + 1 int32 tokens, plus one state byte, per window of the
+// training part (the part a `run` / `train` loader reads; `world` ranks: the synthetic stream's
+// nominal length follows the global batch). 0 when config.cache is false, and when the source
+// cannot be examined (the loader then reports why).
+size_t sample_cache_bytes(const DataConfig& config, int world = 1);
+
 // Which windows a DataLoader draws from. With data.val_fraction f > 0 the last
 // max(1, floor(f * W)) of the W windows are the validation part and the rest the training part;
 // with f = 0 both are all windows. (data.val_path is a loader of its own over that file.)
@@ -97,7 +110,9 @@ struct DataLoaderOptions {
 
 // Produces batches in a deterministic order (by seed) for any number of workers: workers 0
 // loads synchronously inside next(); workers > 0 fill a ring of `prefetch` batches in background
-// threads. Either way batch i is the same. Epochs wrap.
+// threads. Either way batch i is the same. Epochs wrap. With data.seq_len_jitter > 0 batch i has
+// T = jittered_seq_len(...) <= seq_len (the first T + 1 tokens of each of its windows); with
+// data.cache every window's prepared tokens are kept after their first use.
 class DataLoader final : public BatchSource {
   public:
     // vocab_size: tokens must be < vocab_size (checked; DataError otherwise).
@@ -112,6 +127,10 @@ class DataLoader final : public BatchSource {
     size_t num_tokens() const;     // tokens in the source (synthetic: nominal size)
     uint64_t num_windows() const;  // windows of the part this loader reads
     uint64_t position() const;     // batches consumed so far, counting from batch 0
+    // Samples (windows) read and preprocessed so far, by every thread: with data.cache each
+    // window is prepared once, without it once per use. (Counts work, for tests and reports.)
+    uint64_t samples_prepared() const;
+    size_t cache_bytes() const;    // host bytes reserved for the sample cache (0 without)
     std::string describe() const;  // "synthetic, B4 T64, workers 0" etc.
 
   private:

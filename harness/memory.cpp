@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <string>
 
 namespace mt {
 
@@ -31,6 +33,15 @@ size_t physical_memory_bytes() {
     const long page = sysconf(_SC_PAGESIZE);
     if (pages <= 0 || page <= 0) return 0;
     return static_cast<size_t>(pages) * static_cast<size_t>(page);
+}
+
+size_t host_available_bytes() {
+    std::ifstream f("/proc/meminfo");
+    std::string key, unit;
+    size_t kb = 0;
+    while (f >> key >> kb >> unit)
+        if (key == "MemAvailable:") return kb * 1024;
+    return 0;
 }
 
 std::optional<Phase> MemorySummary::peak_phase() const {

@@ -27,6 +27,10 @@ size_t process_peak_rss_bytes();
 size_t process_current_rss_bytes();
 // Physical memory of the machine in bytes (sysconf); 0 if unknown.
 size_t physical_memory_bytes();
+// Host memory available to a new allocation: MemAvailable of /proc/meminfo; 0 if unknown. (The
+// CPU backend's device_memory_info() also applies a container's limit; this is for the host side
+// of a GPU run: the sample cache of data.cache.)
+size_t host_available_bytes();
 
 inline constexpr double kMiB = 1024.0 * 1024.0;
 inline double to_mib(double bytes) {

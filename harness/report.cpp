@@ -46,7 +46,7 @@ std::string steps_csv(const ExperimentResult& ex) {
     std::ostringstream o;
     o << "variant,step,warmup,wall_ms";
     for (Phase p : kAllPhases) o << "," << to_string(p) << "_ms";
-    o << ",other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes\n";
+    o << ",other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes,tokens\n";
     auto num = [](double x) {
         if (!std::isfinite(x)) return std::string(std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf"));
         char b[48];
@@ -66,7 +66,7 @@ std::string steps_csv(const ExperimentResult& ex) {
             for (Phase p : kAllPhases) o << "," << num(s.times[p]);
             o << "," << num(s.times.other_ms()) << "," << num(s.loss) << "," << num(s.grad_norm)
               << "," << f("%.6g", s.lr) << "," << num(s.comm_busy_ms) << ","
-              << f("%.0f", s.comm_bytes) << "\n";
+              << f("%.0f", s.comm_bytes) << "," << f("%.0f", s.tokens) << "\n";
         }
     }
     return o.str();
@@ -199,6 +199,8 @@ ComparisonRow row_from(const VariantResult& v) {
     r.p90_ms = step.p90;
     r.iqr_ms = step.iqr;
     r.jitter = step.iqr_over_median;
+    if (const std::string j = v.config_value("data.seq_len_jitter"); !j.empty() && j != "0")
+        r.jitter_cause = "data.seq_len_jitter=" + j;
     r.samples_per_s = v.stats.samples_per_s;
     r.tokens_per_s = v.stats.tokens_per_s;
     r.mfu = v.flops.mfu;
@@ -383,6 +385,11 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
             std::string(fatter ? ", " + mem_cost : ", memory unchanged") + ")";
     }
     if (!r.loss_ok) v += " (loss not comparable)";
+    // Shape jitter shortens the variant's batches, so its steps are shorter by construction: the
+    // work-normalised comparison is tokens/s.
+    if (!r.jitter_cause.empty() && b.tokens_per_s > 0)
+        v += "; its batches are shorter (" + r.jitter_cause + "): per token it runs at " +
+             f("%.2f", r.tokens_per_s / b.tokens_per_s) + "x the baseline's tokens/s";
     if (r.status == RunStatus::interrupted) v += " [interrupted: partial measurement]";
     if (r.knobs_changed > 1)
         v += "; changes " + std::to_string(r.knobs_changed) + " knobs: not attributable";
@@ -396,10 +403,30 @@ void judge(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol,
     judge_measured(r, b, tol);
 }
 
+// The notes on step-time spread. A variant whose own config varies its shapes
+// (data.seq_len_jitter) is named as the cause of its spread, measured against the baseline's;
+// any other high spread is blamed on the run (warm-up, machine load).
 void add_notes(Comparison& c) {
     bool jittery = false;
+    const ComparisonRow* base = nullptr;
+    for (const ComparisonRow& r : c.rows)
+        if (r.is_baseline && r.has_stats) base = &r;
     for (const ComparisonRow& r : c.rows) {
-        if (!r.has_stats || r.jitter <= kJitterWarnThreshold) continue;
+        if (!r.has_stats) continue;
+        if (!r.jitter_cause.empty()) {
+            c.notes.push_back(
+                "shape jitter: '" + r.name + "' sets " + r.jitter_cause +
+                " (each batch's length drawn between (1 - j) x data.seq_len and data.seq_len), "
+                "so its step times vary by design: step-time spread (IQR/median) " +
+                pct(r.jitter) +
+                (base && base != &r ? " against the baseline's " + pct(base->jitter) : "") + "; " +
+                (r.jitter > kJitterWarnThreshold
+                     ? "the cause of its jitter is variable shapes, not the machine; its "
+                       "tokens/s counts the tokens of the shorter batches"
+                     : "variable shapes did not raise it above " + pct(kJitterWarnThreshold)));
+            continue;
+        }
+        if (r.jitter <= kJitterWarnThreshold) continue;
         jittery = true;
         c.notes.push_back("warning: '" + r.name + "' step times jitter " + pct(r.jitter) +
                           " (IQR/median > " + pct(kJitterWarnThreshold) +
@@ -1131,6 +1158,9 @@ std::string data_suggestion(const VariantResult& v, double data) {
              "`data.prefetch`, or make per-sample preprocessing cheaper";
     if (v.backend == "cuda" && v.config_value("data.pin_memory") != "true")
         t += "; `data.pin_memory: true` makes the h2d copy asynchronous";
+    if (v.config_value("data.cache") == "false")
+        t += "; if the run sees its data more than once, `data.cache: true` prepares each sample "
+             "once (after the first epoch the data phase is a copy)";
     if (ival("data.preprocess_us") > 0)
         t += " (data.preprocess_us=" + v.config_value("data.preprocess_us") +
              " is simulated per-sample work)";
@@ -1195,7 +1225,14 @@ void add_step_overhead_suggestions(std::vector<std::string>& out, const VariantR
                       mib(m.tracked_peak_total) + " MiB tracked (" +
                       pct(static_cast<double>(state) / m.tracked_peak_total) +
                       "): they scale with the parameters that train." + fewer);
-    if (v.stats.jitter > kJitterWarnThreshold)
+    const std::string shape_jitter = v.config_value("data.seq_len_jitter");
+    if (v.stats.jitter > kJitterWarnThreshold && !shape_jitter.empty() && shape_jitter != "0")
+        out.push_back("high jitter (IQR/median " + pct(v.stats.jitter) +
+                      ") caused by variable shapes: `data.seq_len_jitter: " + shape_jitter +
+                      "` gives every batch its own length, and the step time follows it; fixed "
+                      "shapes (`data.seq_len_jitter: 0`), or lengths bucketed to a few values, "
+                      "make it steady.");
+    else if (v.stats.jitter > kJitterWarnThreshold)
         out.push_back("high jitter (IQR/median " + pct(v.stats.jitter) +
                       "): more `run.warmup_steps`, fixed shapes, and check the data loader and "
                       "host syncs; other programs on the machine add noise too.");

@@ -46,6 +46,9 @@ struct ComparisonRow {
     bool is_baseline = false;
     bool has_stats = false;  // at least one measured step
     double median_ms = 0, p90_ms = 0, iqr_ms = 0, jitter = 0;
+    // A knob of the variant that varies its step times by design ("data.seq_len_jitter=0.5":
+    // every batch has its own length), named by the jitter notes as the cause; "" when none.
+    std::string jitter_cause;
     double samples_per_s = 0, tokens_per_s = 0;
     std::optional<double> mfu;
     double tracked_peak = 0;  // bytes

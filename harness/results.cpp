@@ -174,6 +174,9 @@ void fill_config(VariantResult& v, const RunResult& r) {
     // The global batch: every rank trains B * A samples of its own per optimizer step.
     const long long W = r.dist ? r.dist->world_size : 1;
     v.batch = {B, T, A, W * B * A, W * B * T * A};
+    // Shape jitter: the mean tokens the measured steps really trained (seq_len is their maximum).
+    if (c.data.seq_len_jitter > 0 && !r.steps.empty())
+        v.batch.tokens_per_step = std::llround(measured_work(r).tokens_per_step);
     v.warmup_steps = c.run.warmup_steps;
     v.measure_steps = c.run.measure_steps;
     v.profiled = c.profile.kernels;
@@ -197,6 +200,9 @@ VariantResult to_variant_result(const RunResult& r) {
     v.stats = step_statistics(st);
     v.flops = {r.flops_per_step, st.achieved_flops_per_s, r.peak_flops, r.peak_flops_source,
                st.mfu};
+    // Shape jitter: the FLOPs the measured steps really did, per step (their mean).
+    if (r.config.data.seq_len_jitter > 0 && st.measured > 0)
+        v.flops.per_step = measured_work(r).model_flops_per_step;
     v.roofline = {r.peaks.flops_per_s,  r.peaks.bytes_per_s,  r.peaks.ridge(),
                   r.peaks.flops_source, r.peaks.bytes_source, r.peaks.from_cache};
     v.loss.first = r.steps.empty() ? std::nullopt : finite(r.steps.front().loss);

@@ -57,7 +57,8 @@ struct SeriesSummary {
 struct BatchShape {
     int batch_size = 0, seq_len = 0, grad_accum = 0;  // per rank
     // Of one optimizer step over every rank (the global batch): world_size * B * grad_accum
-    // samples, times T tokens. world_size is 1 without data parallelism.
+    // samples, times T tokens. world_size is 1 without data parallelism. With
+    // data.seq_len_jitter, tokens_per_step is the mean over the measured steps (rounded).
     long long samples_per_step = 0, tokens_per_step = 0;
 };
 
@@ -73,7 +74,7 @@ struct StepStatistics {
 };
 
 struct FlopsRecord {
-    double per_step = 0;  // analytic model FLOPs of one optimizer step
+    double per_step = 0;  // analytic model FLOPs of one optimizer step (jitter: measured mean)
     double achieved_per_s = 0;
     std::optional<double> peak_per_s;  // nullopt: unknown device, MFU n/a
     std::string peak_source;           // where the peak comes from, in words

@@ -45,6 +45,12 @@ struct DataConfig {
     // (the loader then trains on the rest), or a separate file of the same source kind.
     float val_fraction = 0.0f;
     std::string val_path;
+    // Shape jitter: batch i is seq_len_i tokens long, drawn (a pure function of run.seed and i)
+    // uniformly from [ceil((1 - j) * seq_len), seq_len]; 0 = every batch is seq_len long.
+    float seq_len_jitter = 0.0f;
+    // Sample cache: each window's prepared tokens (after preprocess_us) are kept in host memory
+    // after their first use, so a window visited again (the next epoch) is not prepared again.
+    bool cache = false;
 };
 
 struct RunSettings {

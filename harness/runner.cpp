@@ -498,6 +498,19 @@ ExperimentResult run_experiment(const ExperimentSpec& spec, const RunnerOptions&
     return ex;
 }
 
+MeasuredWork measured_work(const RunResult& r) {
+    MeasuredWork w;
+    int n = 0;
+    for (const StepRecord& s : r.steps) {
+        if (s.warmup) continue;
+        w.tokens_per_step += s.tokens;
+        w.model_flops_per_step += s.model_flops;
+        ++n;
+    }
+    if (n > 0) w.tokens_per_step /= n, w.model_flops_per_step /= n;
+    return w;
+}
+
 RunStats compute_run_stats(const RunResult& r) {
     RunStats st;
     std::vector<double> wall, other, loss;
@@ -524,6 +537,13 @@ RunStats compute_run_stats(const RunResult& r) {
         st.samples_per_s = samples / step_s;
         st.tokens_per_s = samples * r.config.data.seq_len / step_s;
         st.achieved_flops_per_s = r.flops_per_step / step_s;
+        if (r.config.data.seq_len_jitter > 0) {
+            // Jittered batches are shorter than data.seq_len: count the tokens and FLOPs the
+            // measured steps really trained (their mean per step) over the median step.
+            const MeasuredWork work = measured_work(r);
+            st.tokens_per_s = work.tokens_per_step / step_s;
+            st.achieved_flops_per_s = work.model_flops_per_step / step_s;
+        }
         if (r.peak_flops && *r.peak_flops > 0) st.mfu = st.achieved_flops_per_s / *r.peak_flops;
     }
     return st;

@@ -33,6 +33,11 @@ struct StepRecord {
     double comm_busy_ms = 0;  // time the link was busy with this step's collectives
     double comm_bytes = 0;    // bytes this rank sent for them (ring algorithm)
     int stop_signal = 0;      // a stop signal seen by any rank (agreed, so all ranks stop)
+    // What the step trained: tokens of the global batch (every rank's micro-batches) and this
+    // rank's analytic model FLOPs, at the batches' real lengths (data.seq_len_jitter shortens
+    // them; without it every step is world x B x T x grad_accum tokens).
+    double tokens = 0;
+    double model_flops = 0;
 };
 
 // One step's timeline for trace.json (only profile.trace_steps measured steps are kept).
@@ -158,11 +163,18 @@ struct RunStats {
     SeriesStats loss;
     int measured = 0;
     double samples_per_s = 0;  // B * grad_accum / median step
-    double tokens_per_s = 0;   // B * T * grad_accum / median step
+    double tokens_per_s = 0;   // B * T * grad_accum / median step (jitter: real tokens)
     double achieved_flops_per_s = 0;
     std::optional<double> mfu;
     double final_loss = 0;
 };
 RunStats compute_run_stats(const RunResult& r);
+
+// The mean over the measured steps of StepRecord::tokens and ::model_flops: what a step really
+// trained when data.seq_len_jitter shortens its batches.
+struct MeasuredWork {
+    double tokens_per_step = 0, model_flops_per_step = 0;
+};
+MeasuredWork measured_work(const RunResult& r);
 
 }  // namespace mt

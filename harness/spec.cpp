@@ -458,6 +458,11 @@ void add_data_keys(std::vector<KeyDef>& t) {
         k.get = [](const RunConfig& c) { return c.data.val_path; };
         t.push_back(std::move(k));
     }
+    t.push_back(float_key(
+        "data.seq_len_jitter", [](double x) { return x >= 0 && x <= 1; }, "a number in [0, 1]",
+        [](RunConfig& c) -> float& { return c.data.seq_len_jitter; },
+        "each batch's length is drawn from [(1 - j) * seq_len, seq_len] (0 = fixed length)"));
+    t.push_back(bool_key("data.cache", [](RunConfig& c) -> bool& { return c.data.cache; }));
 }
 
 // optim.*: AdamW and the LR schedule.

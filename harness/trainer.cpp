@@ -254,6 +254,10 @@ ValidationSet make_validation_set(const RunConfig& cfg, int n, const World& worl
     ValidationSet v;
     DataConfig dc = cfg.data;
     dc.workers = 0;
+    // The validation batches are held in memory, at full length: shape jitter and the sample
+    // cache are for the training batches.
+    dc.seq_len_jitter = 0;
+    dc.cache = false;
     DataLoaderOptions opt;
     opt.rank = world.rank();
     opt.world = world.size();
@@ -508,6 +512,7 @@ class Trainer {
     std::unique_ptr<CsvAppender> csv_;
     std::chrono::steady_clock::time_point t0_;
     int steps_here_ = 0;              // steps this process ran (for tokens/s and the ETA)
+    double tokens_here_ = 0;          // tokens those steps trained (global batch)
     std::optional<double> last_val_;  // the latest validation loss, for the progress line
 };
 
@@ -614,6 +619,9 @@ void Trainer::build_session() {
                       (cfg_.backend == BackendChoice::auto_ && cuda_available());
     std::unique_ptr<Backend> backend =
         create_training_backend(cfg_, cuda ? BackendKind::cuda : BackendKind::cpu);
+    // The session checks the memory estimate too, but the loader (its sample cache) allocates
+    // first: refuse a run that cannot fit before either does.
+    check_memory_fits(cfg_, *backend);
     DataLoaderOptions lo;
     // In global batches: the same number on every rank, each rank reading its rows of them.
     lo.first_batch = resume_ ? resume_->data_position : 0;
@@ -727,8 +735,8 @@ void Trainer::print_progress(int step, const StepRecord& r, const std::optional<
     ++steps_here_;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    const double tokens =
-        static_cast<double>(steps_here_) * global_batch() * cfg_.data.seq_len * cfg_.run.grad_accum;
+    tokens_here_ += r.tokens;  // the real lengths of the step's batches (data.seq_len_jitter)
+    const double tokens = tokens_here_;
     if (val) last_val_ = val;
     char val_text[32] = "-";
     if (last_val_) std::snprintf(val_text, sizeof val_text, "%.4f", *last_val_);

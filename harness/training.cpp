@@ -46,9 +46,14 @@ std::string fmt_bytes(double b) {
 }
 
 // What to shrink, for the categories that dominate the estimate.
-std::string shrink_advice(const RunConfig& cfg, const MemoryEstimate& e) {
+// `cache`: the sample cache's bytes where they count against this memory (the CPU), else 0.
+std::string shrink_advice(const RunConfig& cfg, const MemoryEstimate& e, size_t cache) {
     const size_t state = e.params + e.grads + e.optimizer;
     std::string a;
+    if (cache > 0 && cache >= e.activations && cache >= state)
+        return "set data.cache: false (the sample cache holds every window of the data's "
+               "training part: " +
+               fmt_bytes(static_cast<double>(cache)) + "), or use a shorter data file";
     if (e.activations + e.workspace + e.data >= state) {
         a = "lower data.batch_size (" + std::to_string(cfg.data.batch_size) +
             ") or data.seq_len (" + std::to_string(cfg.data.seq_len) +
@@ -132,17 +137,30 @@ void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* e
     MemoryEstimate e = GPT::estimate_memory(cfg.model, model_options(cfg), cfg.data.batch_size,
                                             cfg.data.seq_len, backend);
     // ZeRO-1 over the job's ranks: each holds about 1/N of the AdamW moments.
-    if (const World& w = World::current(); cfg.dist.zero == 1 && w.distributed())
+    const World& w = World::current();
+    if (cfg.dist.zero == 1 && w.distributed())
         e.optimizer =
             (e.optimizer + static_cast<size_t>(w.size()) - 1) / static_cast<size_t>(w.size());
+    // The sample cache (data.cache) is host memory under `data`: on the CPU it competes with
+    // everything else, on a GPU with the host's memory only.
+    const size_t cache = sample_cache_bytes(cfg.data, w.size());
+    e.data += cache;
     if (estimate) *estimate = e;
-    const DeviceMemoryInfo info = backend.device_memory_info();
-    if (!info.available || info.free_bytes == 0 || e.total() <= info.free_bytes) return;
     const bool cpu = backend.kind() == BackendKind::cpu;
     auto b = [](size_t x) { return fmt_bytes(static_cast<double>(x)); };
+    if (const size_t host = host_available_bytes(); !cpu && cache > 0 && host > 0 && cache > host)
+        throw ResourceError("does not fit in host memory: the sample cache (data.cache) of " +
+                            b(cache) + " exceeds the " + b(host) +
+                            " of host memory available (MemAvailable); refused before "
+                            "allocating anything. To fit: set data.cache: false, or use a "
+                            "shorter data file (the cache holds every window of its training "
+                            "part)");
+    const size_t device_need = cpu ? e.total() : e.total() - cache;
+    const DeviceMemoryInfo info = backend.device_memory_info();
+    if (!info.available || info.free_bytes == 0 || device_need <= info.free_bytes) return;
     throw ResourceError(
-        "does not fit in memory: an estimated " + b(e.total()) + " needed, " + b(info.free_bytes) +
-        " available " +
+        "does not fit in memory: an estimated " + b(device_need) + " needed, " +
+        b(info.free_bytes) + " available " +
         (cpu ? "on the CPU (MemAvailable within any container limit, of " + b(info.total_bytes) +
                    " RAM)"
              : "on " + backend.device_name() + " (free, of " + b(info.total_bytes) + ")") +
@@ -150,7 +168,10 @@ void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* e
         " T" + std::to_string(cfg.data.seq_len) + ": params " + b(e.params) + ", grads " +
         b(e.grads) + ", optimizer " + b(e.optimizer) + ", activations " + b(e.activations) +
         ", workspace " + b(e.workspace) + ", data " + b(e.data) +
-        "; refused before allocating anything. To fit: " + shrink_advice(cfg, e));
+        (cache == 0 ? std::string()
+                    : " (the sample cache " + b(cache) +
+                          (cpu ? ")" : ", host memory: not counted against the device)")) +
+        "; refused before allocating anything. To fit: " + shrink_advice(cfg, e, cpu ? cache : 0));
 }
 
 std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKind kind) {
@@ -228,16 +249,22 @@ void TrainingSession::leave(Phase p) {
 }
 
 // data -> h2d -> forward -> backward for micro-batch m of the step.
-void TrainingSession::micro_step(int m) {
-    const size_t n = static_cast<size_t>(B_) * T_;
+// Returns the micro-batch's length T (data.seq_len, or shorter under data.seq_len_jitter).
+int TrainingSession::micro_step(int m) {
     enter(Phase::data);
     const Batch& batch = batches_->next();
     leave(Phase::data);
-    if (batch.B != B_ || batch.T != T_)
+    // Under shape jitter a batch may be shorter than data.seq_len: the activations and the
+    // device buffers, planned for (B, seq_len), hold it (GPT::forward re-plans for its shape).
+    const bool jitter = cfg_.data.seq_len_jitter > 0;
+    if (batch.B != B_ || (jitter ? batch.T < 1 || batch.T > T_ : batch.T != T_))
         throw std::logic_error("TrainingSession: the batch source gave a (" +
                                std::to_string(batch.B) + ", " + std::to_string(batch.T) +
                                ") batch, the session was built for data.batch_size " +
-                               std::to_string(B_) + " and data.seq_len " + std::to_string(T_));
+                               std::to_string(B_) + " and data.seq_len " + std::to_string(T_) +
+                               (jitter ? " (or shorter, with data.seq_len_jitter)" : ""));
+    const int T = batch.T;
+    const size_t n = static_cast<size_t>(B_) * T;
 
     enter(Phase::h2d);
     backend_->copy_to_device(d_inputs_.get(), batch.inputs, n * sizeof(int));
@@ -247,7 +274,7 @@ void TrainingSession::micro_step(int m) {
     enter(Phase::forward);
     // grad_scale 1/(accum * world): the accumulated gradient, summed over the ranks, is the
     // gradient of the mean over every micro-step of every rank: the global batch.
-    model_.forward(d_inputs_.as<int>(), d_targets_.as<int>(), B_, T_,
+    model_.forward(d_inputs_.as<int>(), d_targets_.as<int>(), B_, T,
                    1.0f / (static_cast<float>(accum_) * static_cast<float>(world_size_)));
     if (accum_ > 1)
         backend_->run(op::LossMean{
@@ -262,6 +289,7 @@ void TrainingSession::micro_step(int m) {
     model_.backward();
     if (grad_sync_ && last) grad_sync_->end_backward();
     leave(Phase::backward);
+    return T;
 }
 
 // The step's loss: the mean over its micro-steps (one read-back either way).
@@ -278,7 +306,13 @@ StepRecord TrainingSession::step(int index, bool warmup, const GradientsReady& g
     rec.step = index;
     rec.warmup = warmup;
     timer_.begin_step();
-    for (int m = 0; m < accum_; ++m) micro_step(m);
+    for (int m = 0; m < accum_; ++m) {
+        const int T = micro_step(m);
+        // Every rank's micro-batch m has this length (it is a function of the global batch
+        // index), so the global batch holds world x B x T tokens of it.
+        rec.tokens += static_cast<double>(world_size_) * B_ * T;
+        rec.model_flops += model_.training_flops_per_step(B_, T);
+    }
     if (gradients_ready) gradients_ready(model_);
 
     rec.lr = optim_.current_lr();
@@ -294,8 +328,8 @@ StepRecord TrainingSession::step(int index, bool warmup, const GradientsReady& g
     rec.loss = read_back_loss();
     rec.grad_norm = cfg_.optim.grad_clip > 0 ? optim_.last_grad_norm() : 0.0;
     if (world_) {
-        // The global batch's mean loss (every rank's batch has B*T tokens), and a stop signal
-        // any rank saw, so that every rank stops after the same step.
+        // The global batch's mean loss (every rank's batch has the same B*T tokens), and a stop
+        // signal any rank saw, so that every rank stops after the same step.
         double loss = rec.loss, sig = stop_signal();
         world_->allreduce_sum(&loss, 1, cfg_.dist.timeout_s, "the sum of the step's losses");
         world_->allreduce_max(&sig, 1, cfg_.dist.timeout_s, "the stop flag of the step");

@@ -60,7 +60,8 @@ struct TrainingInputs {
     // model (e.g. load_checkpoint from a safetensors file) instead.
     std::function<void(GPT& model)> load_weights;
     // Batches: null = a DataLoader over cfg.data seeded with cfg.run.seed; otherwise this source,
-    // whose batches must be (cfg.data.batch_size, cfg.data.seq_len).
+    // whose batches must be (cfg.data.batch_size, cfg.data.seq_len) (T at most seq_len under
+    // data.seq_len_jitter).
     std::unique_ptr<BatchSource> batches;
     // Sample memory at every phase boundary (MemoryTracker). Off where nobody reads the summary
     // (train, step, the bench), because each sample reads /proc on the CPU.
@@ -120,11 +121,12 @@ class TrainingSession {
     // an all-reduce of the first min(grads, max_bytes) bytes of the gradient buffer over the real
     // transport (no simulated link), best of 3 after a warm-up. 0 on one rank.
     double probe_all_reduce_gbps(size_t max_bytes);
-    // Analytic model FLOPs of one step: forward + backward over all grad_accum micro-steps.
+    // Analytic model FLOPs of one step: forward + backward over all grad_accum micro-steps, at
+    // data.seq_len (under data.seq_len_jitter each step's StepRecord::model_flops has its own).
     double flops_per_step() const;
 
   private:
-    void micro_step(int m);
+    int micro_step(int m);
     double read_back_loss();
     void optimizer_step_data_parallel(StepRecord& rec);
     void enter(Phase p);

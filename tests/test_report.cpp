@@ -188,13 +188,13 @@ TEST(StepsCsv, IsConsistentWithResultsJson) {
     std::getline(in, header);
     EXPECT_EQ(header,
               "variant,step,warmup,wall_ms,data_ms,h2d_ms,forward_ms,backward_ms,comm_ms,"
-              "optimizer_ms,sync_ms,other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes");
+              "optimizer_ms,sync_ms,other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes,tokens");
     std::map<std::string, std::vector<std::vector<std::string>>> rows;
     for (std::string line; std::getline(in, line);) {
         std::vector<std::string> cells;
         std::stringstream ls(line);
         for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
-        ASSERT_EQ(cells.size(), 17u) << line;
+        ASSERT_EQ(cells.size(), 18u) << line;
         rows[cells[0]].push_back(cells);
     }
     for (const json& v : j["variants"]) {

@@ -325,11 +325,11 @@ TEST(ReportDistFiles, StepsCsvHasTheCommColumns) {
     std::string header, line;
     std::getline(in, header);
     EXPECT_NE(header.find(",backward_ms,comm_ms,optimizer_ms,"), std::string::npos) << header;
-    EXPECT_EQ(header.substr(header.size() - 24), ",comm_busy_ms,comm_bytes");
+    EXPECT_EQ(header.substr(header.size() - 31), ",comm_busy_ms,comm_bytes,tokens");
     std::string last;
     while (std::getline(in, line)) last = line;  // variant two's last step
     EXPECT_EQ(last.rfind("two,4,0,", 0), 0u) << last;
-    EXPECT_EQ(last.substr(last.size() - 17), ",4.500000,3000000") << last;
+    EXPECT_EQ(last.substr(last.size() - 19), ",4.500000,3000000,0") << last;
 }
 
 TEST(ReportDistFiles, TraceJsonHasOnePhasesTrackPerRank) {

@@ -79,7 +79,7 @@ const std::string kOptimKeys =
     "decay_steps, min_lr_ratio, freeze)";
 const std::string kDataKeys =
     " (data keys: source, synthetic, path, batch_size, seq_len, workers, prefetch, pin_memory, "
-    "preprocess_us, val_fraction, val_path)";
+    "preprocess_us, val_fraction, val_path, seq_len_jitter, cache)";
 
 }  // namespace
 

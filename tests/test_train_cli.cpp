@@ -203,8 +203,12 @@ TEST(TrainCli, ValPathFileIsTheValidationSplit) {
 TEST(TrainCli, ResumedRunIsBitwiseIdenticalToUninterruptedRun) {
     TempDir d;
     const std::string yaml = tiny_yaml(d, kSmallTrain);
-    // Loading in the step, and with two loader threads (the resumed loader starts mid-ring).
-    for (const std::string set : {"", " --set data.workers=2"}) {
+    // Loading in the step, and with two loader threads (the resumed loader starts mid-ring);
+    // and with shape jitter (batch i's length follows i) over a sample cache the resumed run
+    // starts empty.
+    for (const std::string set :
+         {"", " --set data.workers=2",
+          " --set data.seq_len_jitter=0.5 --set data.cache=true --set data.workers=2"}) {
         const std::string full = d.file("full" + std::to_string(set.size()));
         const std::string part = d.file("part" + std::to_string(set.size()));
         ASSERT_EQ(run_microtrain("train " + q(yaml) + set + " --out-dir " + q(full)).rc, 0);

@@ -97,7 +97,7 @@ stage configure 120 configure || true
 
 # ---- 3. build (Release, sm_$ARCH only) ----
 TESTS=(test_peak_flops test_backend_ops test_cuda_backend test_cuda_attention test_cuda_training
-       test_cuda_determinism test_nccl_collectives)
+       test_cuda_determinism test_nccl_collectives test_data_jitter_cache)
 export TESTS_STR="${TESTS[*]}"
 build() {
     # shellcheck disable=SC2086
