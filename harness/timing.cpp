@@ -158,7 +158,13 @@ std::vector<DeferredStepTimes> PhaseTimer::read_deferred() {
                                       ? *device_pool_[deferred_[i + 1].start_event]
                                       : *device_pool_[s.end_event];
         d.times.wall_ms = stop.elapsed_ms_since(start);
-        d.host_start = host_pool_[s.host_start_event].time();
+        // On the trace's timeline too: the window's first host start, then the device's offsets
+        // (the host, having run ahead, began the later steps long before the device did).
+        const StepMarks& first = deferred_.front();
+        const double offset_ms = start.elapsed_ms_since(*device_pool_[first.start_event]);
+        d.host_start = host_pool_[first.host_start_event].time() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double, std::milli>(offset_ms));
         out.push_back(std::move(d));
     }
     if (!out.empty()) {

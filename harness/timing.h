@@ -75,8 +75,10 @@ class HostEvent final : public TimingEvent {
 // The times of a step closed with PhaseTimer::end_step_deferred, read later by read_deferred.
 struct DeferredStepTimes {
     PhaseTimes times;
-    std::vector<PhaseInterval> intervals;              // for the trace
-    std::chrono::steady_clock::time_point host_start;  // when the host began the step
+    std::vector<PhaseInterval> intervals;  // for the trace
+    // Where the step starts on the trace's host timeline: the host start of the window's first
+    // step plus this step's device offset from it (the device's timeline, like wall_ms).
+    std::chrono::steady_clock::time_point host_start;
 };
 
 // Records the phases of one step. Usage per step:

@@ -135,8 +135,9 @@ class TrainingSession {
     // enqueued and drain() waits for nothing. Call drain() at latest when drain_due().
     struct CompletedStep {
         StepRecord record;
-        std::vector<PhaseInterval> intervals;                // the step's phases, for the trace
-        std::chrono::steady_clock::time_point host_start{};  // when the host began it
+        std::vector<PhaseInterval> intervals;  // the step's phases, for the trace
+        // When the host began it (none: its place on the device's timeline, PhaseTimer).
+        std::chrono::steady_clock::time_point host_start{};
     };
     void enqueue_step(int index, bool warmup);
     std::vector<CompletedStep> drain();
