@@ -1217,7 +1217,8 @@ void add_step_overhead_suggestions(std::vector<std::string>& out, const VariantR
     if (sync + std::max(0.0, other) >= 0.15)
         out.push_back("host waits and overhead take " + pct(sync + std::max(0.0, other)) +
                       " of the step (sync " + pct(sync) + ", other " + pct(other) +
-                      "): fewer synchronisations (read the loss less often), fewer and larger "
+                      "): fewer synchronisations (read the loss less often: `run.host_sync: step` "
+                      "reads it once per step, `none` keeps it on the device), fewer and larger "
                       "launches (bigger batch, fused kernels).");
     const DeviceMemoryRecord& d = v.memory.device;
     if (d.available && d.total_bytes > 0) {
