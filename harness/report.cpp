@@ -695,6 +695,66 @@ std::string phase_moves_text(const VariantResult& v, const VariantResult& base) 
     return s;
 }
 
+// run.host_sync: how often the variant's step made the host wait for the device, and how long.
+std::string host_syncs_text(const VariantResult& v) {
+    const std::string mode = v.config_value("run.host_sync");
+    return "- host syncs: " + f("%.0f", v.stats.host_syncs.median) +
+           " per step (median), the host waited " + f("%.2f", v.stats.host_wait_ms.median) +
+           " ms in them" + (mode.empty() ? std::string() : " (`run.host_sync: " + mode + "`)") +
+           (v.backend == "cpu" ? "; CPU ops are synchronous, so a sync waits for nothing here"
+                               : std::string()) +
+           "\n";
+}
+
+// What one setting of run.host_sync does to the step, for the line below.
+std::string host_sync_cause(const std::string& mode) {
+    if (mode == "every_op")
+        return "`run.host_sync: every_op` synchronises after every kernel, as naive debug code "
+               "does: the device idles while the host wakes up and launches the next kernel, so "
+               "the cost lands inside forward, backward and optimizer rather than in sync";
+    if (mode == "loss_every_step")
+        return "`run.host_sync: loss_every_step` reads the loss after every micro-step's forward "
+               "(`loss.item()`): the host stalls in sync until the forward is done, and the "
+               "backward then starts from an idle device";
+    return "the step waits for the device more often than the baseline's";
+}
+
+// The sync line of "Bottleneck and next steps": when the variant synchronises more often than
+// the baseline, or its sync phase grew beyond the noise (the larger IQR, and 1% of the
+// baseline's step), it names the sync phase, the setting and where the cost landed.
+std::string host_sync_growth_text(const VariantResult& v, const VariantResult& base) {
+    if (!v.measured() || !base.measured()) return "";
+    const SeriesSummary& vs = v.stats.phases_ms[column(Phase::sync)];
+    const SeriesSummary& bs = base.stats.phases_ms[column(Phase::sync)];
+    const double grew = vs.mean - bs.mean;
+    const bool more_syncs = v.stats.host_syncs.median > base.stats.host_syncs.median;
+    const bool sync_grew =
+        grew > std::max({vs.iqr, bs.iqr, 0.01 * base.stats.step_ms.mean}) && grew > 0;
+    if (!more_syncs && !sync_grew) return "";
+    const Shares a = shares_of(base), b = shares_of(v);
+    auto moved = [&](Phase p) { return b.ms[column(p)] - a.ms[column(p)]; };
+    const double compute = moved(Phase::forward) + moved(Phase::backward) + moved(Phase::optimizer);
+    const std::string syncs = f("%.0f", base.stats.host_syncs.median) + " → " +
+                              f("%.0f", v.stats.host_syncs.median) + " per step";
+    const std::string phase = f("%.2f", bs.mean) + " to " + f("%.2f", vs.mean) + " ms per step";
+    const std::string waits = "host waits " + f("%.2f", base.stats.host_wait_ms.median) + " → " +
+                              f("%.2f", v.stats.host_wait_ms.median) + " ms";
+    std::string t = "- next: ";
+    t += sync_grew
+             ? "sync grew from " + phase + " (host syncs " + syncs + ", " + waits + ")"
+             : "host syncs grew " + syncs + " (the sync phase from " + phase + ", " + waits + ")";
+    t += ": " + host_sync_cause(v.config_value("run.host_sync")) +
+         "; forward+backward+optimizer moved " + signed_f("%.2f", compute) + " ms, other " +
+         signed_f("%.2f", b.ms[kPhaseCount] - a.ms[kPhaseCount]) + " ms, the step " +
+         signed_f("%.2f", b.step_ms - a.step_ms) + " ms";
+    if (v.backend == "cpu")
+        t += " (CPU backend: ops are synchronous, so a sync waits for nothing; a move within the "
+             "spread of the comparison is noise)";
+    return t +
+           ". Read the step's scalars back once at its end (`run.host_sync: step`) or keep them "
+           "on the device (`run.host_sync: none`).\n";
+}
+
 // The variant the three questions are answered for: the baseline, else the first measured one.
 const VariantResult* reference_variant(const Results& res, const std::string& baseline) {
     const VariantResult* ref = nullptr;
@@ -1058,7 +1118,9 @@ void write_bottlenecks(std::ostringstream& o, const Results& res, const VariantR
           << " of the step)\n";
         if (!v.kernels.empty()) o << "- top ops: " << top_kernels_text(v, 5) << "\n";
         o << "- memory: " << memory_peak_text(v) << "\n";
+        o << host_syncs_text(v);
         if (v.name != baseline && ref && ref->name == baseline) o << phase_moves_text(v, *ref);
+        if (v.name != baseline && ref && ref->name == baseline) o << host_sync_growth_text(v, *ref);
         for (const std::string& sug : suggestions_for(v)) o << "- next: " << sug << "\n";
     }
 }
@@ -1204,7 +1266,8 @@ void add_step_overhead_suggestions(std::vector<std::string>& out, const VariantR
     if (sync + std::max(0.0, other) >= 0.15)
         out.push_back("host waits and overhead take " + pct(sync + std::max(0.0, other)) +
                       " of the step (sync " + pct(sync) + ", other " + pct(other) +
-                      "): fewer synchronisations (read the loss less often), fewer and larger "
+                      "): fewer synchronisations (read the loss less often: `run.host_sync: step` "
+                      "reads it once per step, `none` keeps it on the device), fewer and larger "
                       "launches (bigger batch, fused kernels).");
     const DeviceMemoryRecord& d = v.memory.device;
     if (d.available && d.total_bytes > 0) {

@@ -109,6 +109,8 @@ StepRow step_row(const StepRecord& s) {
     o.lr = s.lr;
     o.comm_busy_ms = s.comm_busy_ms;
     o.comm_bytes = s.comm_bytes;
+    o.host_syncs = s.host_syncs;
+    o.host_wait_ms = s.host_wait_ms;
     return o;
 }
 
@@ -154,6 +156,8 @@ StepStatistics step_statistics(const RunStats& st) {
         o.phases_ms[static_cast<int>(p)] = SeriesSummary::of(st.phase[static_cast<int>(p)]);
     o.other_ms = SeriesSummary::of(st.other_ms);
     o.loss = SeriesSummary::of(st.loss);
+    o.host_syncs = SeriesSummary::of(st.host_syncs);
+    o.host_wait_ms = SeriesSummary::of(st.host_wait_ms);
     o.samples_per_s = st.samples_per_s;
     o.tokens_per_s = st.tokens_per_s;
     o.jitter = st.step_ms.iqr_over_median();
@@ -321,10 +325,15 @@ json stats_json(const StepStatistics& st) {
     for (Phase p : kAllPhases)
         phases[to_string(p)] = series_json(st.phases_ms[static_cast<int>(p)]);
     phases["other"] = series_json(st.other_ms);
-    return {{"step_ms", series_json(st.step_ms)}, {"phases_ms", phases},
-            {"loss", series_json(st.loss)},       {"samples_per_s", st.samples_per_s},
-            {"tokens_per_s", st.tokens_per_s},    {"jitter", st.jitter},
-            {"jitter_warning", st.jitter_warning}};
+    return {{"step_ms", series_json(st.step_ms)},
+            {"phases_ms", phases},
+            {"loss", series_json(st.loss)},
+            {"samples_per_s", st.samples_per_s},
+            {"tokens_per_s", st.tokens_per_s},
+            {"jitter", st.jitter},
+            {"jitter_warning", st.jitter_warning},
+            {"host_syncs", series_json(st.host_syncs)},
+            {"host_wait_ms", series_json(st.host_wait_ms)}};
 }
 
 json memory_json(const MemoryRecord& m) {
@@ -381,7 +390,9 @@ json step_json(const StepRow& s) {
             {"grad_norm", opt_json(s.grad_norm)},
             {"lr", s.lr},
             {"comm_busy_ms", s.comm_busy_ms},
-            {"comm_bytes", s.comm_bytes}};
+            {"comm_bytes", s.comm_bytes},
+            {"host_syncs", s.host_syncs},
+            {"host_wait_ms", s.host_wait_ms}};
 }
 
 json phase_values_json(const std::array<double, kPhaseCount>& ms) {
@@ -677,6 +688,8 @@ StepStatistics read_stats(const Node& n) {
     st.tokens_per_s = n["tokens_per_s"].number();
     st.jitter = n["jitter"].number();
     st.jitter_warning = n["jitter_warning"].boolean();
+    st.host_syncs = read_series(n["host_syncs"]);
+    st.host_wait_ms = read_series(n["host_wait_ms"]);
     return st;
 }
 
@@ -737,6 +750,8 @@ StepRow read_step(const Node& n) {
     s.lr = n["lr"].number();
     s.comm_busy_ms = n["comm_busy_ms"].number();
     s.comm_bytes = n["comm_bytes"].number();
+    s.host_syncs = n["host_syncs"].int_value();
+    s.host_wait_ms = n["host_wait_ms"].number();
     return s;
 }
 

@@ -16,6 +16,8 @@
 // variant `data_parallel` (null for one rank): how it communicated, every rank's medians
 // (`ranks`; their trace steps go to trace.json only) and the derived fields of
 // DataParallelRecord. samples/tokens per step and per second count the GLOBAL batch (all ranks).
+// v5 adds the host synchronisation points (run.host_sync): `host_syncs` / `host_wait_ms` per
+// step and their statistics in `stats`.
 // JSON objects are written with sorted keys (nlohmann's default), so writing a Results read from
 // a file gives the same text back. Reading checks the type and presence of every key and throws
 // ReportError naming the file and the key path, e.g.
@@ -35,7 +37,7 @@
 
 namespace mt {
 
-inline constexpr int kResultsSchemaVersion = 4;
+inline constexpr int kResultsSchemaVersion = 5;
 
 // Thrown for a results.json that cannot be used; the message names the file and the key.
 struct ReportError : std::runtime_error {
@@ -68,6 +70,9 @@ struct StepStatistics {
     std::array<SeriesSummary, kPhaseCount> phases_ms;  // indexed by Phase
     SeriesSummary other_ms;                            // wall - sum of the phases
     SeriesSummary loss;
+    // Host synchronisation points per measured step (run.host_sync): how many, and the host
+    // time spent waiting in them (ms).
+    SeriesSummary host_syncs, host_wait_ms;
     double samples_per_s = 0, tokens_per_s = 0;  // global batch / median step (all ranks)
     double jitter = 0;                           // step_ms IQR / median
     bool jitter_warning = false;                 // jitter > kJitterWarnThreshold
@@ -136,6 +141,8 @@ struct StepRow {
     double lr = 0;
     double comm_busy_ms = 0;  // link-busy time of the step's collectives (0 on one rank)
     double comm_bytes = 0;    // bytes this rank sent for them
+    int host_syncs = 0;       // host synchronisation points in the step (run.host_sync)
+    double host_wait_ms = 0;  // host time spent waiting in them
 };
 
 // One rank of a data-parallel variant (RankSummary without its trace steps, which go to

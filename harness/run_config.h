@@ -26,6 +26,15 @@ struct EnumSpelling<DataSource> {
     static constexpr std::array<std::string_view, 3> names{"synthetic", "tokens", "text"};
 };
 
+// run.host_sync: where a training step makes the host wait for the device (harness/training.h
+// says exactly what each does). `step` is the default: one wait at the end of the step.
+enum class HostSync { step, every_op, loss_every_step, none };
+template <>
+struct EnumSpelling<HostSync> {
+    static constexpr std::array<std::string_view, 4> names{"step", "every_op", "loss_every_step",
+                                                           "none"};
+};
+
 // Bounds of what a run creates, shared by the spec's validation (harness/spec.cpp) and the
 // runtime checks (harness/training.cpp): data.workers loader threads, and the CPU threads of
 // run.threads / --threads (kMaxThreads, kernels/types.h).
@@ -60,16 +69,17 @@ struct RunSettings {
     Precision precision = Precision::fp32;
     Recompute recompute = Recompute::none;
     int grad_accum = 1;
-    int threads = 0;  // CPU threads (0 = all cores)
+    int threads = 0;                      // CPU threads (0 = all cores)
+    HostSync host_sync = HostSync::step;  // where the step waits for the device
 };
 
 // Data parallel (dist/, `mpirun -np N microtrain run FILE`): how the gradients travel. Every key
 // is a one-knob variant; on one rank they change nothing.
 struct DistConfig {
     float bucket_mb = 25;  // gradients reduced in buckets of about this size (MiB), in the
-                            // order backward produces them (PyTorch DDP's default is 25)
-    bool overlap = true;    // start a bucket's reduction as soon as backward has produced it
-    int zero = 0;           // ZeRO stage: 0, or 1 (AdamW state sharded across the ranks)
+                           // order backward produces them (PyTorch DDP's default is 25)
+    bool overlap = true;   // start a bucket's reduction as soon as backward has produced it
+    int zero = 0;          // ZeRO stage: 0, or 1 (AdamW state sharded across the ranks)
     // A SIMULATED slow interconnect: each collective is stretched to latency + bytes / link
     // (0 = off), so a communication-bound step can be studied on one machine.
     float simulate_link_gbps = 0;   // link bandwidth in Gbit/s

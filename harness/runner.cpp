@@ -153,18 +153,19 @@ std::unique_ptr<TrainingSession> set_up_session(const RunConfig& cfg, BackendKin
 
 // Keeps the step's phase (and, when profiling, op) timeline while fewer than profile.trace_steps
 // measured steps are kept. `t0` is the first kept step's start: the trace's time origin.
-void record_trace(const TrainingSession& session, const StepRecord& rec, const RunConfig& cfg,
-                  std::optional<std::chrono::steady_clock::time_point>& t0, RunResult& r) {
+void record_trace(const TrainingSession& session, const TrainingSession::CompletedStep& done,
+                  const RunConfig& cfg, std::optional<std::chrono::steady_clock::time_point>& t0,
+                  RunResult& r) {
+    const StepRecord& rec = done.record;
     if (rec.warmup || !cfg.profile.trace ||
         static_cast<int>(r.trace.size()) >= cfg.profile.trace_steps)
         return;
-    const PhaseTimer& timer = session.timer();
-    if (!t0) t0 = timer.last_step_start();
+    if (!t0) t0 = done.host_start;
     TraceStep ts;
     ts.step = rec.step;
-    ts.start_ms = std::chrono::duration<double, std::milli>(timer.last_step_start() - *t0).count();
+    ts.start_ms = std::chrono::duration<double, std::milli>(done.host_start - *t0).count();
     ts.wall_ms = rec.times.wall_ms;
-    ts.phases = timer.last_intervals();
+    ts.phases = done.intervals;
     if (session.profiler()) ts.ops = session.profiler()->last_step_ops();
     r.trace.push_back(std::move(ts));
 }
@@ -205,6 +206,17 @@ void mark_interrupted(int step, int sig, RunResult& r) {
                 std::to_string(step) + "; " + std::to_string(measured) + " measured step(s) kept";
 }
 
+// run.host_sync none: the steps of a window run without a host wait and are read back together
+// (TrainingSession::drain): at the end of the warm-up, of the measured steps, of a full window,
+// and as soon as a stop signal arrives. Every other setting reads each step back as it ends.
+bool window_ends(const TrainingSession& session, const RunConfig& cfg, const RunnerOptions& opt,
+                 bool inject, int step) {
+    const int total_steps = cfg.run.warmup_steps + cfg.run.measure_steps;
+    return !session.defers_read_back() || session.drain_due() || step + 1 == cfg.run.warmup_steps ||
+           step + 1 == total_steps || stop_signal() != 0 ||
+           (inject && step == opt.interrupt_at_step);
+}
+
 // Warm-up + measured steps until the end, a non-finite loss or an interrupt. `step` is the step
 // running now (for an exception's message). Returns the stop signal's number when interrupted,
 // 0 otherwise.
@@ -213,37 +225,46 @@ int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOption
     const int total_steps = cfg.run.warmup_steps + cfg.run.measure_steps;
     Progress progress(opt.out, opt.progress_bar.value_or(opt.out && isatty(fileno(opt.out))),
                       cfg.variant, total_steps, cfg.run.warmup_steps);
+    if (opt.out && session.defers_read_back())
+        std::fprintf(opt.out,
+                     "  run.host_sync none: no step waits for the device; losses and times are "
+                     "read back after each window (warm-up, measured steps, or %zu steps)\n",
+                     TrainingSession::kHostSyncWindow);
     std::optional<std::chrono::steady_clock::time_point> trace_t0;
-    int interrupted = 0;
     for (step = 0; step < total_steps; ++step) {
         if (!opt.fault.empty() && step == opt.fault_step && opt.world &&
             opt.world->rank() == opt.fault_rank)
             inject_fault(opt.fault);
-        StepRecord rec = session.step(step, step < cfg.run.warmup_steps);
-        if (inject && step == opt.inject_nan_at_step)
-            rec.loss = std::numeric_limits<double>::quiet_NaN();
-        record_trace(session, rec, cfg, trace_t0, r);
-        r.steps.push_back(rec);
-        // Data parallel: once a stop signal arrived, mpirun stops reading the ranks' output while
-        // it ends the job; a progress line could then block rank 0 before the report is
-        // written, so none is printed.
-        if (!(session.world_size() > 1 && rec.stop_signal))
-            progress.step(step, rec.loss, rec.times.wall_ms);
-        if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) {
-            fail_on_non_finite(cfg, rec, r);
-            break;
+        session.enqueue_step(step, step < cfg.run.warmup_steps);
+        if (!window_ends(session, cfg, opt, inject, step)) continue;
+        for (TrainingSession::CompletedStep& done : session.drain()) {
+            StepRecord& rec = done.record;
+            if (inject && rec.step == opt.inject_nan_at_step)
+                rec.loss = std::numeric_limits<double>::quiet_NaN();
+            record_trace(session, done, cfg, trace_t0, r);
+            r.steps.push_back(rec);
+            // Data parallel: once a stop signal arrived, mpirun stops reading the ranks' output
+            // while it ends the job; a progress line could then block rank 0 before the report
+            // is written, so none is printed.
+            if (!(session.world_size() > 1 && rec.stop_signal))
+                progress.step(rec.step, rec.loss, rec.times.wall_ms);
+            if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) {
+                fail_on_non_finite(cfg, rec, r);  // the window's later steps are dropped
+                progress.end();
+                return 0;
+            }
         }
         // Data parallel: the stop signal every rank agreed on in the step (all stop together).
-        int sig = session.world_size() > 1 ? rec.stop_signal : stop_signal();
+        int sig = session.world_size() > 1 ? r.steps.back().stop_signal : stop_signal();
         if (!sig && inject && step == opt.interrupt_at_step) sig = SIGINT;  // the test hook
         if (sig) {
             mark_interrupted(step, sig, r);
-            interrupted = sig;
-            break;
+            progress.end();
+            return sig;
         }
     }
     progress.end();
-    return interrupted;
+    return 0;
 }
 
 // After the steps: the memory summary, an honest MFU denominator and the per-op table.
@@ -397,6 +418,12 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
     std::string skip;
     const auto kind = resolve_backend(cfg, &skip);
     if (!kind) return skipped_variant(cfg, skip, out);
+    // The same decision on every rank (it follows from the config and the world size).
+    if (cfg.run.host_sync == HostSync::none && opt.world && opt.world->distributed())
+        return skipped_variant(cfg,
+                               "run.host_sync none needs one process: under data parallel every "
+                               "step all-reduces the loss and agrees on a stop signal on the host",
+                               out);
 
     RunResult r;
     r.config = cfg;
@@ -513,11 +540,13 @@ MeasuredWork measured_work(const RunResult& r) {
 
 RunStats compute_run_stats(const RunResult& r) {
     RunStats st;
-    std::vector<double> wall, other, loss;
+    std::vector<double> wall, other, loss, syncs, waits;
     std::array<std::vector<double>, kPhaseCount> ph;
     for (const StepRecord& s : r.steps) {
         if (s.warmup) continue;
         wall.push_back(s.times.wall_ms);
+        syncs.push_back(s.host_syncs);
+        waits.push_back(s.host_wait_ms);
         other.push_back(s.times.other_ms());
         for (int i = 0; i < kPhaseCount; ++i) ph[i].push_back(s.times.ms[i]);
         if (std::isfinite(s.loss)) loss.push_back(s.loss);
@@ -526,6 +555,8 @@ RunStats compute_run_stats(const RunResult& r) {
     st.step_ms = compute_stats(wall);
     st.other_ms = compute_stats(other);
     st.loss = compute_stats(loss);
+    st.host_syncs = compute_stats(syncs);
+    st.host_wait_ms = compute_stats(waits);
     for (int i = 0; i < kPhaseCount; ++i) st.phase[i] = compute_stats(ph[i]);
     if (!r.steps.empty()) st.final_loss = r.steps.back().loss;
     if (st.measured > 0 && st.step_ms.median > 0) {

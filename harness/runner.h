@@ -38,6 +38,11 @@ struct StepRecord {
     // them; without it every step is world x B x T x grad_accum tokens).
     double tokens = 0;
     double model_flops = 0;
+    // Host synchronisation points (run.host_sync): the Backend::synchronize / copy_to_host calls
+    // the step made, and the host time spent waiting in them (CPU backend: ~0, ops are
+    // synchronous). run.host_sync none: the window's read-back is counted in its last step.
+    int host_syncs = 0;
+    double host_wait_ms = 0;
 };
 
 // One step's timeline for trace.json (only profile.trace_steps measured steps are kept).
@@ -161,6 +166,7 @@ struct RunStats {
     std::array<SeriesStats, kPhaseCount> phase;  // per phase
     SeriesStats other_ms;
     SeriesStats loss;
+    SeriesStats host_syncs, host_wait_ms;  // per measured step (StepRecord, run.host_sync)
     int measured = 0;
     double samples_per_s = 0;  // B * grad_accum / median step
     double tokens_per_s = 0;   // B * T * grad_accum / median step (jitter: real tokens)

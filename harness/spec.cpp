@@ -550,6 +550,8 @@ void add_run_keys(std::vector<KeyDef>& t) {
         "OpenMP threads; far more than any machine's cores, and the OpenMP runtime fails to "
         "start very many; use 0 for all cores",
         [](RunConfig& c) -> int& { return c.run.threads; }, "use 0 for all cores"));
+    t.push_back(enum_key<HostSync>("run.host_sync",
+                                   [](RunConfig& c) -> HostSync& { return c.run.host_sync; }));
 }
 
 // kernels.* (the op implementations) and profile.*.
@@ -1269,6 +1271,7 @@ struct Resolver {
         }
         if (preset && !(*preset == c.model)) c.model_preset.clear();
         check_validation_split(c);
+        check_host_sync(c);
         // data.seq_len's default (64) follows a shorter model: unless given, it is capped at
         // model.max_seq_len (the tiny preset has 32).
         if (!s.count("data.seq_len"))
@@ -1296,6 +1299,24 @@ struct Resolver {
             error("data.val_path", "expected a readable file, got '" + c.data.val_path +
                                        "' which does not exist or is not a file; check the path "
                                        "(relative paths resolve against the experiment file)");
+    }
+
+    // run.host_sync: none leaves the device running steps ahead of the host, which two other
+    // knobs cannot live with (harness/training.h).
+    void check_host_sync(const RunConfig& c) const {
+        if (c.run.host_sync != HostSync::none) return;
+        if (c.profile.kernels)
+            error(blame({"run.host_sync", "profile.kernels"}),
+                  "expected profile.kernels: false with run.host_sync: none, got both: the per-op "
+                  "profile reads its events after every step's synchronisation, which none "
+                  "removes; profile with run.host_sync: step, or turn profile.kernels off");
+        if (c.data.pin_memory)
+            error(blame({"run.host_sync", "data.pin_memory"}),
+                  "expected data.pin_memory: false with run.host_sync: none, got true: the "
+                  "asynchronous copy from a pinned batch would still be pending when the loader "
+                  "refills that batch, since no step waits for the device; use pageable batches "
+                  "(data.pin_memory: false, copied before the call returns) or "
+                  "run.host_sync: step");
     }
 
     // What GPTConfig::validate bounds beyond the per-key ranges (the parameter count), and the

@@ -26,7 +26,7 @@ double HostEvent::elapsed_ms_since(const TimingEvent& start) const {
 }
 
 PhaseTimer::PhaseTimer(Backend& backend, bool use_ranges)
-    : backend_(backend), use_ranges_(use_ranges), step_start_event_(backend.create_event()) {}
+    : backend_(backend), use_ranges_(use_ranges) {}
 
 TimingEvent& PhaseTimer::next_device_event(size_t* index) {
     if (device_used_ == device_pool_.size()) device_pool_.push_back(backend_.create_event());
@@ -40,12 +40,18 @@ HostEvent& PhaseTimer::next_host_event(size_t* index) {
     return host_pool_[host_used_++];
 }
 
+void PhaseTimer::reserve_events(size_t steps, size_t events_per_step) {
+    while (device_pool_.size() < steps * events_per_step)
+        device_pool_.push_back(backend_.create_event());
+}
+
 void PhaseTimer::begin_step() {
     if (in_step_)
         throw std::logic_error("PhaseTimer::begin_step: the previous step is not finished");
     in_step_ = true;
-    device_used_ = host_used_ = 0;
-    marks_.clear();
+    // The pools are reused from the start unless closed steps still hold their events.
+    if (deferred_.empty()) device_used_ = host_used_ = 0;
+    step_ = StepMarks{};
     phase_count_.fill(0);
     open_.reset();
     // Two origins: host-clock phases (data) are measured from the host event, device phases from
@@ -53,9 +59,10 @@ void PhaseTimer::begin_step() {
     // host one: a device phase that follows a host phase then never appears to start before that
     // host phase ended (on the CPU backend both are steady_clock reads a few ns apart; recorded the
     // other way round, h2d's start came out ~10 ns before data's end).
-    step_start_event_->record();
-    step_start_host_event_.record();
-    step_start_host_ = step_start_host_event_.time();
+    next_device_event(&step_.start_event).record();
+    HostEvent& host_start = next_host_event(&step_.host_start_event);
+    host_start.record();
+    step_start_host_ = host_start.time();
 }
 
 void PhaseTimer::begin(Phase p) {
@@ -70,7 +77,7 @@ void PhaseTimer::begin(Phase p) {
         next_host_event(&m.begin_event).record();
     else
         next_device_event(&m.begin_event).record();
-    marks_.push_back(m);
+    step_.marks.push_back(m);
 }
 
 void PhaseTimer::end(Phase p) {
@@ -78,7 +85,7 @@ void PhaseTimer::end(Phase p) {
         throw std::logic_error(std::string("PhaseTimer::end(") + to_string(p) + "): " +
                                (open_ ? std::string("the open phase is '") + to_string(*open_) + "'"
                                       : std::string("no phase is open")));
-    Mark& m = marks_.back();
+    Mark& m = step_.marks.back();
     if (p == Phase::data)
         next_host_event(&m.end_event).record();
     else
@@ -87,33 +94,85 @@ void PhaseTimer::end(Phase p) {
     open_.reset();
 }
 
-PhaseTimes PhaseTimer::finish_step() {
-    if (!in_step_) throw std::logic_error("PhaseTimer::finish_step: no step begun");
-    if (open_)
-        throw std::logic_error(std::string("PhaseTimer::finish_step: phase '") + to_string(*open_) +
-                               "' is still open");
-    const auto now = std::chrono::steady_clock::now();
-    in_step_ = false;
+PhaseTimes PhaseTimer::read_marks(const StepMarks& s, std::vector<PhaseInterval>& intervals) const {
+    const HostEvent& host_start = host_pool_[s.host_start_event];
+    const TimingEvent& device_start = *device_pool_[s.start_event];
     PhaseTimes t;
-    t.wall_ms = std::chrono::duration<double, std::milli>(now - step_start_host_).count();
-    intervals_.clear();
-    for (const Mark& m : marks_) {
+    intervals.clear();
+    for (const Mark& m : s.marks) {
         PhaseInterval iv{m.phase, m.micro_step, 0, 0};
         if (m.phase == Phase::data) {
             const HostEvent& b = host_pool_[m.begin_event];
             const HostEvent& e = host_pool_[m.end_event];
-            iv.start_ms = b.elapsed_ms_since(step_start_host_event_);
+            iv.start_ms = b.elapsed_ms_since(host_start);
             iv.duration_ms = e.elapsed_ms_since(b);
         } else {
             const TimingEvent& b = *device_pool_[m.begin_event];
             const TimingEvent& e = *device_pool_[m.end_event];
-            iv.start_ms = b.elapsed_ms_since(*step_start_event_);
+            iv.start_ms = b.elapsed_ms_since(device_start);
             iv.duration_ms = e.elapsed_ms_since(b);
         }
         t[m.phase] += iv.duration_ms;
-        intervals_.push_back(iv);
+        intervals.push_back(iv);
     }
     return t;
+}
+
+void PhaseTimer::check_closable(const char* what) const {
+    if (!in_step_) throw std::logic_error(std::string("PhaseTimer::") + what + ": no step begun");
+    if (open_)
+        throw std::logic_error(std::string("PhaseTimer::") + what + ": phase '" +
+                               to_string(*open_) + "' is still open");
+}
+
+PhaseTimes PhaseTimer::finish_step() {
+    check_closable("finish_step");
+    if (!deferred_.empty())
+        throw std::logic_error(
+            "PhaseTimer::finish_step: deferred steps are unread (read_deferred)");
+    const auto now = std::chrono::steady_clock::now();
+    in_step_ = false;
+    PhaseTimes t = read_marks(step_, intervals_);
+    t.wall_ms = std::chrono::duration<double, std::milli>(now - step_start_host_).count();
+    return t;
+}
+
+void PhaseTimer::end_step_deferred() {
+    check_closable("end_step_deferred");
+    in_step_ = false;
+    next_device_event(&step_.end_event).record();
+    deferred_.push_back(step_);
+}
+
+std::vector<DeferredStepTimes> PhaseTimer::read_deferred() {
+    if (in_step_) throw std::logic_error("PhaseTimer::read_deferred: a step is still running");
+    std::vector<DeferredStepTimes> out;
+    for (size_t i = 0; i < deferred_.size(); ++i) {
+        const StepMarks& s = deferred_[i];
+        DeferredStepTimes d;
+        d.times = read_marks(s, d.intervals);
+        // Device clock: to the next step's start (the device's whole time on this step), the
+        // last one to its own end.
+        const TimingEvent& start = *device_pool_[s.start_event];
+        const TimingEvent& stop = i + 1 < deferred_.size()
+                                      ? *device_pool_[deferred_[i + 1].start_event]
+                                      : *device_pool_[s.end_event];
+        d.times.wall_ms = stop.elapsed_ms_since(start);
+        // On the trace's timeline too: the window's first host start, then the device's offsets
+        // (the host, having run ahead, began the later steps long before the device did).
+        const StepMarks& first = deferred_.front();
+        const double offset_ms = start.elapsed_ms_since(*device_pool_[first.start_event]);
+        d.host_start = host_pool_[first.host_start_event].time() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double, std::milli>(offset_ms));
+        out.push_back(std::move(d));
+    }
+    if (!out.empty()) {
+        intervals_ = out.back().intervals;
+        step_start_host_ = out.back().host_start;
+    }
+    deferred_.clear();
+    return out;
 }
 
 // ---- statistics -------------------------------------------------------------------------------

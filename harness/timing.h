@@ -72,6 +72,15 @@ class HostEvent final : public TimingEvent {
     std::chrono::steady_clock::time_point t_{};
 };
 
+// The times of a step closed with PhaseTimer::end_step_deferred, read later by read_deferred.
+struct DeferredStepTimes {
+    PhaseTimes times;
+    std::vector<PhaseInterval> intervals;  // for the trace
+    // Where the step starts on the trace's host timeline: the host start of the window's first
+    // step plus this step's device offset from it (the device's timeline, like wall_ms).
+    std::chrono::steady_clock::time_point host_start;
+};
+
 // Records the phases of one step. Usage per step:
 //   timer.begin_step();
 //   timer.begin(Phase::data); ...; timer.end(Phase::data);    // repeated per micro-step
@@ -81,6 +90,14 @@ class HostEvent final : public TimingEvent {
 // Events come from a pool that grows on first use and is reused every step, so no event is
 // created inside a measured step after the first. begin/end also push/pop a backend range
 // (NVTX on CUDA) named after the phase.
+//
+// Deferred steps (run.host_sync: none, where no step waits for the device): end_step_deferred()
+// closes a step without reading anything, keeping its events; the next steps take fresh events
+// from the pool (reserve_events() creates them before the measured steps); after one
+// synchronisation read_deferred() reads every closed step. A deferred step's wall time is on the
+// device clock — from its start event to the next deferred step's (all the device spent on it,
+// idle gaps included), the last one to its own end event — because the host, never waiting, does
+// not know when a step ended.
 class PhaseTimer {
   public:
     // `use_ranges`: call backend.range_push/range_pop around each phase.
@@ -92,15 +109,25 @@ class PhaseTimer {
     void begin(Phase p);  // throws std::logic_error if a phase is already open
     void end(Phase p);    // throws std::logic_error if `p` is not the open phase
     // Reads all events (the caller has synchronised) and returns the step's times. Throws
-    // std::logic_error if a phase is still open or no step was begun.
+    // std::logic_error if a phase is still open, no step was begun or deferred steps are unread.
     PhaseTimes finish_step();
+    // Closes the step without reading its events (recording one at its end); see above. Throws
+    // std::logic_error if a phase is still open or no step was begun.
+    void end_step_deferred();
+    // After the caller synchronised: the times of every step closed by end_step_deferred since
+    // the last read, in order (empty when none). last_intervals() is then the last one's.
+    std::vector<DeferredStepTimes> read_deferred();
+    size_t deferred_steps() const { return deferred_.size(); }
+    // Creates device events up front so that `steps` deferred steps of `events_per_step`
+    // device events each (two per phase entry, plus two) create none while measured.
+    void reserve_events(size_t steps, size_t events_per_step);
     // Intervals of the last finished step (for the trace).
     const std::vector<PhaseInterval>& last_intervals() const { return intervals_; }
     // Host time the last finished step began (for laying steps out on a trace timeline).
     std::chrono::steady_clock::time_point last_step_start() const { return step_start_host_; }
     // The device event recorded at the step start: other device-timed records (per-op events)
     // compute their offsets against it.
-    const TimingEvent& step_start_event() const { return *step_start_event_; }
+    const TimingEvent& step_start_event() const { return *device_pool_.at(step_.start_event); }
     bool in_step() const { return in_step_; }
 
   private:
@@ -109,18 +136,27 @@ class PhaseTimer {
         int micro_step;
         size_t begin_event, end_event;  // indices into the pool of the phase's clock
     };
+    // One step's events: indices into the pools, and its host start.
+    struct StepMarks {
+        size_t start_event = 0, end_event = 0;  // device pool (end: deferred steps only)
+        size_t host_start_event = 0;            // host pool
+        std::vector<Mark> marks;
+    };
     TimingEvent& next_device_event(size_t* index);
     HostEvent& next_host_event(size_t* index);
+    // The phase times and intervals of `s` (its events complete); wall_ms is left to the caller.
+    PhaseTimes read_marks(const StepMarks& s, std::vector<PhaseInterval>& intervals) const;
+    // Throws std::logic_error unless a step is begun and no phase is open.
+    void check_closable(const char* what) const;
 
     Backend& backend_;
     bool use_ranges_;
-    std::unique_ptr<TimingEvent> step_start_event_;  // device clock
-    HostEvent step_start_host_event_;
     std::chrono::steady_clock::time_point step_start_host_{};
     std::vector<std::unique_ptr<TimingEvent>> device_pool_;
     std::vector<HostEvent> host_pool_;
     size_t device_used_ = 0, host_used_ = 0;
-    std::vector<Mark> marks_;
+    StepMarks step_;                   // the step begun last
+    std::vector<StepMarks> deferred_;  // closed by end_step_deferred, not read yet
     std::array<int, kPhaseCount> phase_count_{};
     std::optional<Phase> open_;
     bool in_step_ = false;

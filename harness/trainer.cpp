@@ -523,6 +523,11 @@ Trainer::Trainer(const TrainRunOptions& o)
     cfg_ = o.variant.empty() ? spec_.base : spec_.variant(o.variant);
     train_ = spec_.train;
     if (o.steps) train_.steps = *o.steps;
+    if (cfg_.run.host_sync == HostSync::none)
+        input_error(o.file +
+                    ": run.host_sync: none is for `microtrain run` only: `train` writes "
+                    "each step's loss to train.csv and checks it as the step ends; use step "
+                    "(the default), loss_every_step or every_op");
     config_ = config_map(cfg_, train_);
     if (!o.resume_dir.empty()) {
         if (!o.out_dir.empty() &&

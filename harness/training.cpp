@@ -85,6 +85,29 @@ std::unique_ptr<Backend> fitting(std::unique_ptr<Backend> backend, const RunConf
     return backend;
 }
 
+// run.host_sync none leaves steps running on the device while the host goes on: refused where
+// something reads the device every step (the spec refuses profile.kernels and data.pin_memory
+// first, with the file's position; this guards a RunConfig built in code).
+const RunConfig& checked_host_sync(const RunConfig& cfg, const TrainingInputs& inputs) {
+    if (cfg.run.host_sync != HostSync::none) return cfg;
+    const std::string why =
+        "run.host_sync: none (no host wait in the step) cannot be combined with ";
+    if (inputs.world && inputs.world->distributed())
+        throw std::invalid_argument(
+            why +
+            "data parallel: every step all-reduces the loss and agrees on a stop signal on "
+            "the host; use run.host_sync: step under mpirun");
+    if (cfg.profile.kernels)
+        throw std::invalid_argument(why +
+                                    "profile.kernels: true (per-op events are read after "
+                                    "every step's synchronisation)");
+    if (cfg.data.pin_memory)
+        throw std::invalid_argument(why +
+                                    "data.pin_memory: true (a pending asynchronous copy "
+                                    "would race with the loader refilling the batch)");
+    return cfg;
+}
+
 World* data_parallel_world(const TrainingInputs& inputs) {
     return inputs.world && inputs.world->distributed() ? inputs.world : nullptr;
 }
@@ -193,7 +216,7 @@ std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKi
 
 TrainingSession::TrainingSession(std::unique_ptr<Backend> backend, const RunConfig& cfg,
                                  TrainingInputs inputs)
-    : cfg_(checked_workers(cfg)),
+    : cfg_(checked_host_sync(checked_workers(cfg), inputs)),
       B_(cfg.data.batch_size),
       T_(cfg.data.seq_len),
       accum_(cfg.run.grad_accum),
@@ -223,8 +246,21 @@ TrainingSession::TrainingSession(std::unique_ptr<Backend> backend, const RunConf
         profiler_ = std::make_unique<KernelProfiler>(*backend_);
         backend_->set_op_observer(profiler_.get());
     }
+    if (defers_read_back()) {
+        // A window's scalars: per step, accum micro-step losses then the squared grad norm.
+        const size_t row = static_cast<size_t>(accum_) + 1;
+        d_step_scalars_ = DeviceBuffer(*backend_, kHostSyncWindow * row * sizeof(float),
+                                       MemoryCategory::workspace);
+        backend_->memset_zero(d_step_scalars_.get(), d_step_scalars_.bytes());
+        // Device events per step: start, end, h2d/forward/backward per micro-step, optimizer,
+        // sync (two each): created now, not inside a measured step.
+        const int longest = std::max({1, cfg.run.warmup_steps, cfg.run.measure_steps});
+        timer_.reserve_events(std::min(kHostSyncWindow, static_cast<size_t>(longest)),
+                              2 + 6 * static_cast<size_t>(accum_) + 4);
+    }
     backend_->synchronize();
     if (memory_) memory_->setup_done();
+    backend_->set_sync_after_every_op(cfg.run.host_sync == HostSync::every_op);
 }
 
 TrainingSession::~TrainingSession() {
@@ -276,10 +312,10 @@ int TrainingSession::micro_step(int m) {
     // gradient of the mean over every micro-step of every rank: the global batch.
     model_.forward(d_inputs_.as<int>(), d_targets_.as<int>(), B_, T,
                    1.0f / (static_cast<float>(accum_) * static_cast<float>(world_size_)));
-    if (accum_ > 1)
-        backend_->run(op::LossMean{
-            .loss = d_losses_.as<float>() + m, .losses = model_.losses_device(), .N = int(n)});
+    if (float* slot = loss_slot(m))
+        backend_->run(op::LossMean{.loss = slot, .losses = model_.losses_device(), .N = int(n)});
     leave(Phase::forward);
+    if (cfg_.run.host_sync == HostSync::loss_every_step) read_micro_step_loss(m);
 
     enter(Phase::backward);
     if (m == 0) model_.zero_grad();
@@ -292,19 +328,88 @@ int TrainingSession::micro_step(int m) {
     return T;
 }
 
-// The step's loss: the mean over its micro-steps (one read-back either way).
+// ---- run.host_sync: where the step waits for the device (training.h) ----------------------
+
+// Where micro-step m's mean loss goes: with accumulation its slot of d_losses_; under none its
+// slot of the pending step's row; otherwise nowhere (the model's own mean is read).
+float* TrainingSession::loss_slot(int m) const {
+    if (defers_read_back()) return d_step_scalars_.as<float>() + pending_.size() * (accum_ + 1) + m;
+    return accum_ > 1 ? d_losses_.as<float>() + m : nullptr;
+}
+
+// loss_every_step: the naive `loss.item()` after the forward: the host waits for it here.
+void TrainingSession::read_micro_step_loss(int m) {
+    enter(Phase::sync);
+    if (accum_ > 1)
+        backend_->copy_to_host(&h_losses_[m], d_losses_.as<float>() + m, sizeof(float));
+    else
+        h_losses_[0] = model_.loss();
+    leave(Phase::sync);
+}
+
+// The step's loss, the mean over its micro-steps: one read-back (loss_every_step has read them).
 double TrainingSession::read_back_loss() {
-    if (accum_ == 1) return model_.loss();
-    backend_->copy_to_host(h_losses_.data(), d_losses_.get(), accum_ * sizeof(float));
+    if (cfg_.run.host_sync != HostSync::loss_every_step) {
+        if (accum_ == 1)
+            h_losses_[0] = model_.loss();
+        else
+            backend_->copy_to_host(h_losses_.data(), d_losses_.get(), accum_ * sizeof(float));
+    }
+    return mean_loss(h_losses_.data());
+}
+
+double TrainingSession::mean_loss(const float* losses) const {
     double sum = 0;
-    for (float x : h_losses_) sum += x;
+    for (int m = 0; m < accum_; ++m) sum += losses[m];
     return sum / accum_;
 }
 
-StepRecord TrainingSession::step(int index, bool warmup, const GradientsReady& gradients_ready) {
+void TrainingSession::count_host_syncs(StepRecord& rec) const {
+    const Backend::HostSyncStats now = backend_->host_sync_stats();
+    rec.host_syncs += static_cast<int>(now.count - syncs_at_step_start_.count);
+    rec.host_wait_ms += now.wait_ms - syncs_at_step_start_.wait_ms;
+}
+
+// The end of a step that waits for the device: the scalars' read-back and the step's one
+// synchronisation (sync), then the phase events are read.
+void TrainingSession::end_step(StepRecord& rec, bool warmup) {
+    enter(Phase::sync);
+    rec.loss = read_back_loss();
+    rec.grad_norm = cfg_.optim.grad_clip > 0 ? optim_.last_grad_norm() : 0.0;
+    if (world_) {
+        // The global batch's mean loss (every rank's batch has the same B*T tokens), and a stop
+        // signal any rank saw, so that every rank stops after the same step.
+        double loss = rec.loss, sig = stop_signal();
+        world_->allreduce_sum(&loss, 1, cfg_.dist.timeout_s, "the sum of the step's losses");
+        world_->allreduce_max(&sig, 1, cfg_.dist.timeout_s, "the stop flag of the step");
+        rec.loss = loss / world_size_;
+        rec.stop_signal = static_cast<int>(sig);
+    }
+    backend_->synchronize();
+    leave(Phase::sync);
+    rec.times = timer_.finish_step();
+    if (profiler_) profiler_->finish_step(!warmup, timer_.step_start_event());
+    count_host_syncs(rec);
+}
+
+// none: the squared grad norm joins the losses in the step's device row (sync is that copy);
+// the step's events are kept for drain().
+void TrainingSession::end_step_deferred(StepRecord& rec) {
+    enter(Phase::sync);
+    if (cfg_.optim.grad_clip > 0)
+        backend_->copy_device(d_step_scalars_.as<float>() + pending_.size() * (accum_ + 1) + accum_,
+                              optim_.grad_norm_squared_device(), sizeof(float));
+    leave(Phase::sync);
+    timer_.end_step_deferred();
+    count_host_syncs(rec);
+}
+
+StepRecord TrainingSession::run_step(int index, bool warmup,
+                                     const GradientsReady& gradients_ready) {
     StepRecord rec;
     rec.step = index;
     rec.warmup = warmup;
+    syncs_at_step_start_ = backend_->host_sync_stats();
     timer_.begin_step();
     for (int m = 0; m < accum_; ++m) {
         const int T = micro_step(m);
@@ -323,24 +428,56 @@ StepRecord TrainingSession::step(int index, bool warmup, const GradientsReady& g
         optim_.step();
         leave(Phase::optimizer);
     }
-
-    enter(Phase::sync);
-    rec.loss = read_back_loss();
-    rec.grad_norm = cfg_.optim.grad_clip > 0 ? optim_.last_grad_norm() : 0.0;
-    if (world_) {
-        // The global batch's mean loss (every rank's batch has the same B*T tokens), and a stop
-        // signal any rank saw, so that every rank stops after the same step.
-        double loss = rec.loss, sig = stop_signal();
-        world_->allreduce_sum(&loss, 1, cfg_.dist.timeout_s, "the sum of the step's losses");
-        world_->allreduce_max(&sig, 1, cfg_.dist.timeout_s, "the stop flag of the step");
-        rec.loss = loss / world_size_;
-        rec.stop_signal = static_cast<int>(sig);
-    }
-    backend_->synchronize();
-    leave(Phase::sync);
-    rec.times = timer_.finish_step();
-    if (profiler_) profiler_->finish_step(!warmup, timer_.step_start_event());
+    if (defers_read_back())
+        end_step_deferred(rec);
+    else
+        end_step(rec, warmup);
     return rec;
+}
+
+StepRecord TrainingSession::step(int index, bool warmup, const GradientsReady& gradients_ready) {
+    if (!defers_read_back()) return run_step(index, warmup, gradients_ready);
+    if (!pending_.empty())
+        throw std::logic_error("TrainingSession::step: enqueued steps are not drained");
+    pending_.push_back({run_step(index, warmup, gradients_ready), {}, {}});
+    return drain().front().record;
+}
+
+void TrainingSession::enqueue_step(int index, bool warmup) {
+    if (drain_due())
+        throw std::logic_error("TrainingSession::enqueue_step: a full window is not drained");
+    CompletedStep c{run_step(index, warmup, {}), {}, {}};
+    if (!defers_read_back()) {
+        c.intervals = timer_.last_intervals();
+        c.host_start = timer_.last_step_start();
+    }
+    pending_.push_back(std::move(c));
+}
+
+// none: one synchronisation and one read-back for the window, then every step's scalars and
+// events; the waits are counted in the window's last step.
+std::vector<TrainingSession::CompletedStep> TrainingSession::drain() {
+    std::vector<CompletedStep> done;
+    done.swap(pending_);
+    if (!defers_read_back() || done.empty()) return done;
+    syncs_at_step_start_ = backend_->host_sync_stats();
+    const size_t row = static_cast<size_t>(accum_) + 1;
+    std::vector<float> scalars(done.size() * row);
+    backend_->synchronize();
+    backend_->copy_to_host(scalars.data(), d_step_scalars_.get(), scalars.size() * sizeof(float));
+    std::vector<DeferredStepTimes> times = timer_.read_deferred();
+    for (size_t i = 0; i < done.size(); ++i) {
+        StepRecord& rec = done[i].record;
+        const float* r = scalars.data() + i * row;
+        rec.loss = mean_loss(r);
+        // As AdamW::last_grad_norm computes it from norm^2.
+        rec.grad_norm = cfg_.optim.grad_clip > 0 ? std::sqrt(r[accum_]) : 0.0;
+        rec.times = times[i].times;
+        done[i].intervals = std::move(times[i].intervals);
+        done[i].host_start = times[i].host_start;
+    }
+    count_host_syncs(done.back().record);
+    return done;
 }
 
 // comm (wait for the buckets) -> optimizer (the global norm from every rank's pieces, the

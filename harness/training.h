@@ -16,12 +16,45 @@
 //   sync      loss (+ grad norm) read-back, synchronize   device events around the host wait
 // Each phase boundary also resets/reads the allocator peaks and samples device memory (when
 // memory tracking is on).
+//
+// Host synchronisation points (run.host_sync; each wait is counted and timed by the backend,
+// Backend::host_sync_stats, into StepRecord::host_syncs / host_wait_ms):
+//   step             (default) one wait at the end of the step, in `sync`: the loss (one
+//                    read-back for all micro-steps: each reduced into its own device slot), the
+//                    grad norm when clipping, a synchronize. Phase events are read after it.
+//   loss_every_step  as naive code does with `loss.item()` after each forward: after every
+//                    micro-step's forward the host reads that micro-step's loss, in its own
+//                    `sync` interval, and stalls there until the device has finished the forward;
+//                    the device then idles until the host has launched the backward's first
+//                    kernels (that cost lands in `backward` and `other`). The step's end is as
+//                    in `step` but the loss is not read again.
+//   every_op         Backend::run synchronises after every op (naive debug code, or
+//                    CUDA_LAUNCH_BLOCKING=1), then the step ends as in `step`: the device idles
+//                    while the host launches each kernel, so the cost lands inside forward,
+//                    backward and optimizer, not in `sync`.
+//   none             no wait in the step: each micro-step's mean loss and the step's squared
+//                    grad norm are reduced/copied into per-step device slots (the `sync` phase is
+//                    that copy), the step's events are kept (PhaseTimer::end_step_deferred), and
+//                    the host goes straight on to the next step. drain() reads a window of up to
+//                    kHostSyncWindow steps back with one synchronisation: the runner drains at
+//                    the end of the warm-up, of the measured steps, of a full window and on a
+//                    stop signal. A step's wall time is then on the device clock (PhaseTimer).
+//                    Not with data parallel (its per-step loss all-reduce and stop agreement are
+//                    host collectives), profile.kernels or data.pin_memory (spec.cpp refuses
+//                    those), nor `microtrain train` (a CSV row with the loss every step).
+// Waits per step (one rank): step 2, loss_every_step grad_accum + 1, every_op the step's ops + 2,
+// none 0 (2 per window, counted in its last step); each +1 with clipping (the grad norm's
+// read-back) except none. The loss and grad norm are bitwise the same in every mode (the same
+// kernels on the same data; none adds one LossMean per micro-step with grad_accum 1, the model's
+// own mean having no device address here, which computes the same float).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "dist/grad_sync.h"
 #include "dist/world.h"
@@ -94,7 +127,25 @@ class TrainingSession {
     // Runs step number `index` (0-based over warm-up + measured steps) and returns its record:
     // phase times, mean loss over the micro-steps, grad norm (0 without clipping), the LR used.
     // A warm-up step's per-op times are not accumulated into the profiler's table.
+    // run.host_sync none: the step is enqueued and drained at once (one wait at its end).
     StepRecord step(int index, bool warmup, const GradientsReady& gradients_ready = {});
+
+    // The windowed form `run` uses: enqueue_step runs a step's phases; drain() returns the
+    // enqueued steps' records, complete, in order. Only run.host_sync none holds steps back
+    // (drain then synchronises once for all of them); otherwise each step is complete when
+    // enqueued and drain() waits for nothing. Call drain() at latest when drain_due().
+    struct CompletedStep {
+        StepRecord record;
+        std::vector<PhaseInterval> intervals;  // the step's phases, for the trace
+        // When the host began it (none: its place on the device's timeline, PhaseTimer).
+        std::chrono::steady_clock::time_point host_start{};
+    };
+    void enqueue_step(int index, bool warmup);
+    std::vector<CompletedStep> drain();
+    bool defers_read_back() const { return cfg_.run.host_sync == HostSync::none; }
+    bool drain_due() const { return pending_.size() >= kHostSyncWindow; }
+    // run.host_sync none: the most steps read back at once (their device slots and events).
+    static constexpr size_t kHostSyncWindow = 64;
 
     // The phase running now, or the last one entered ("setup" before the first step): where a
     // failure happened, for the error message.
@@ -126,8 +177,19 @@ class TrainingSession {
     double flops_per_step() const;
 
   private:
-    int micro_step(int m);
+    // The phases of one step; the record is complete except under run.host_sync none.
+    StepRecord run_step(int index, bool warmup, const GradientsReady& gradients_ready);
+    int micro_step(int m);  // returns the micro-batch's length T
+    // run.host_sync (see the top of this file): where each micro-step's loss goes and when it
+    // is read; the end of the step (sync phase, timer).
+    float* loss_slot(int m) const;  // the device float micro-step m's mean loss goes to
+    void read_micro_step_loss(int m);
     double read_back_loss();
+    double mean_loss(const float* losses) const;  // of the accum micro-step losses, in double
+    void end_step(StepRecord& rec, bool warmup);
+    void end_step_deferred(StepRecord& rec);
+    // Adds the backend's host waits since syncs_at_step_start_ to the record.
+    void count_host_syncs(StepRecord& rec) const;
     void optimizer_step_data_parallel(StepRecord& rec);
     void enter(Phase p);
     void leave(Phase p);
@@ -150,6 +212,11 @@ class TrainingSession {
     // so the step's loss needs one read-back, not one sync per micro-step.
     DeviceBuffer d_losses_;
     std::vector<float> h_losses_;
+    // run.host_sync none: per pending step (accum losses, then the squared grad norm), read back
+    // by drain(); the steps enqueued but not drained; the host-sync count when the step began.
+    DeviceBuffer d_step_scalars_;
+    std::vector<CompletedStep> pending_;
+    Backend::HostSyncStats syncs_at_step_start_;
     std::unique_ptr<KernelProfiler> profiler_;
     PhaseTimer timer_;
     const char* phase_name_ = "setup";

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -84,11 +86,39 @@ class Backend {
     // -- data movement & synchronisation --
     virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;  // h2d, ordered
                                                                                 // before later ops
-    virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;    // blocking d2h
     virtual void copy_device(void* dst, const void* src, size_t bytes) = 0;     // d2d
     virtual void memset_zero(void* dst, size_t bytes) = 0;
-    virtual void synchronize() = 0;
     virtual std::unique_ptr<TimingEvent> create_event() = 0;
+
+    // -- host synchronisation points --
+    // The two ways the host waits for the device, as non-virtual fronts (like run()): each call
+    // is counted and the host time spent inside it is added up (HostSyncStats), so the harness
+    // can say how often a step stopped the host and how long it waited there (run.host_sync,
+    // harness/training.h). CUDA: a cudaStreamSynchronize, so the wait is the enqueued work's
+    // remaining time; CPU: ops are synchronous, so the wait is ~0 — but the call is still
+    // counted, being where a device would stall the host.
+    // copy_to_host: a blocking device-to-host copy (waits for the work enqueued before it).
+    void copy_to_host(void* dst, const void* src, size_t bytes) {
+        const HostWait wait(*this);
+        copy_to_host_blocking(dst, src, bytes);
+    }
+    // Waits for all enqueued work.
+    void synchronize() {
+        const HostWait wait(*this);
+        synchronize_device();
+    }
+    struct HostSyncStats {
+        long long count = 0;  // synchronize() + copy_to_host() calls since construction
+        double wait_ms = 0;   // host steady_clock time spent inside them
+    };
+    HostSyncStats host_sync_stats() const {
+        return {host_syncs_.load(std::memory_order_relaxed),
+                static_cast<double>(host_wait_ns_.load(std::memory_order_relaxed)) * 1e-6};
+    }
+    // run.host_sync: every_op — run() synchronises after every op, as naive debug code does
+    // (e.g. CUDA_LAUNCH_BLOCKING=1 or a cudaDeviceSynchronize after each launch). Off by default.
+    void set_sync_after_every_op(bool on) { sync_after_every_op_ = on; }
+    bool sync_after_every_op() const { return sync_after_every_op_; }
     // Named ranges for profilers (NVTX on CUDA; no-op on CPU).
     virtual void range_push(const char* name) { (void)name; }
     virtual void range_pop() {}
@@ -103,8 +133,11 @@ class Backend {
         if (!kernel)
             throw BackendError(std::string(Op::name) + ": the " + to_string(kind()) +
                                " backend has no kernel for this op");
-        OpScope scope(observer_, op.record(static_cast<double>(compute_elem_bytes())));
-        kernel(*this, op);
+        {
+            OpScope scope(observer_, op.record(static_cast<double>(compute_elem_bytes())));
+            kernel(*this, op);
+        }
+        if (sync_after_every_op_) synchronize();  // outside the op's profiler scope
     }
     // The kernels this backend runs, one per op. Mutable so a test can swap one (e.g. for a
     // deliberately wrong variant); production code never does.
@@ -123,6 +156,9 @@ class Backend {
 
   protected:
     explicit Backend(BackendOptions options) : options_(options) {}
+    // What the fronts copy_to_host() and synchronize() call: the backend's own wait.
+    virtual void copy_to_host_blocking(void* dst, const void* src, size_t bytes) = 0;
+    virtual void synchronize_device() = 0;
     // Allocator accounting helpers for implementations.
     void account_alloc(MemoryCategory c, size_t bytes);
     void account_free(MemoryCategory c, size_t bytes);
@@ -131,6 +167,29 @@ class Backend {
     MemoryStats stats_;
     KernelTable kernels_;  // filled by each implementation's constructor
     OpObserver* observer_ = nullptr;
+
+  private:
+    // Counts one host wait and adds the host time it took (RAII around the backend's wait).
+    class HostWait {
+      public:
+        explicit HostWait(Backend& b) : b_(b), t0_(std::chrono::steady_clock::now()) {}
+        ~HostWait() {
+            const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now() - t0_)
+                                .count();
+            b_.host_syncs_.fetch_add(1, std::memory_order_relaxed);
+            b_.host_wait_ns_.fetch_add(static_cast<long long>(ns), std::memory_order_relaxed);
+        }
+        HostWait(const HostWait&) = delete;
+        HostWait& operator=(const HostWait&) = delete;
+
+      private:
+        Backend& b_;
+        std::chrono::steady_clock::time_point t0_;
+    };
+    // Atomic: a loader or synchroniser thread may wait on the device too.
+    std::atomic<long long> host_syncs_{0}, host_wait_ns_{0};
+    bool sync_after_every_op_ = false;
 };
 
 // Creates a backend. Throws BackendError when `kind` is unavailable (cuda without a device or

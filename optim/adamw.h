@@ -67,6 +67,10 @@ class AdamW {
     // Global L2 norm of the gradients before clipping at the last step (synchronises). 0 when
     // clipping is off and the norm was not computed.
     float last_grad_norm();
+    // The device float where step() leaves the squared norm of last_grad_norm() (valid after a
+    // step() with clipping on; overwritten by the next), so a caller can keep it on the device
+    // (run.host_sync: none) instead of reading it back every step.
+    const float* grad_norm_squared_device() const { return scratch_.as<float>(); }
     int steps_taken() const { return t_; }
     float current_lr() const;  // the LR the next step uses
     const AdamWConfig& config() const { return config_; }

@@ -199,6 +199,21 @@ TEST(DataParallel, RanksWithDifferentConfigsAreRefusedNamingTheKey) {
     EXPECT_FALSE(std::filesystem::exists(dir.file("out/dp/results.json")));
 }
 
+// run.host_sync none cannot be data parallel (the step's loss all-reduce and stop agreement are
+// host collectives): every rank skips that variant with the reason, and the others run.
+TEST(DataParallel, HostSyncNoneIsSkippedUnderMpirunWithTheReason) {
+    REQUIRE_MPI();
+    TempDir dir("mt_dp");
+    const std::string f = write_experiment(
+        dir, "n.yaml", 2,
+        "variants:\n  - name: base\n  - name: nosync\n    set: {run.host_sync: none}\n");
+    const CliResult r = run_shell(mpirun(2) + "'" + MT_BINARY + "' run '" + f + "' --out-dir '" +
+                                  dir.file("out") + "'");
+    EXPECT_EQ(r.rc, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "skipped: run.host_sync none needs one process");
+    EXPECT_CONTAINS(r.output, "| base |");
+}
+
 // A rank that dies, hangs or throws ends the job within a bounded time, with a clear message.
 CliResult run_with_fault(const TempDir& dir, const std::string& fault, double* seconds) {
     const std::string f = write_experiment(dir, "f.yaml", 30);

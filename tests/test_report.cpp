@@ -446,7 +446,7 @@ TEST(LoadResults, BadFilesGiveClearErrors) {
     expect_error((dir / "other.json").string(), "not a microtrain results.json");
     { std::ofstream(dir / "v1.json") << R"({"schema_version": 1, "variants": []})"; }
     expect_error((dir / "v1.json").string(),
-                 "has schema_version 1, this microtrain reads schema_version 4");
+                 "has schema_version 1, this microtrain reads schema_version 5");
     json j = results_to_json(make_experiment());
     j["variants"][1].erase("stats");
     { std::ofstream(dir / "nostats.json") << j.dump(); }
@@ -483,7 +483,7 @@ TEST(ResultsSchema, ResultsJsonRoundTripsThroughTheSchema) {
 
 TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
     const json j = results_to_json(make_experiment());
-    EXPECT_EQ(j["schema_version"], 4);
+    EXPECT_EQ(j["schema_version"], 5);
     for (const char* key : {"tool", "experiment", "started_utc", "interrupted", "environment",
                             "units", "variants", "comparison"})
         EXPECT_TRUE(j.contains(key)) << key;
@@ -617,8 +617,46 @@ TEST(ResultsSchema, VersionOneIsRefusedNamingBothVersions) {
     } catch (const ReportError& e) {
         EXPECT_EQ(std::string(e.what()),
                   "'old/results.json' has schema_version 1, this microtrain reads schema_version "
-                  "4; re-run the experiment with this version");
+                  "5; re-run the experiment with this version");
     }
+}
+
+// run.host_sync: a variant that waits for the device more often (every_op: one sync per kernel)
+// gets a "sync grew" line naming the setting and where the cost landed; the baseline and a
+// variant that syncs no more than it get none, but every variant states its host syncs.
+TEST(Report, NamesTheSyncPhaseWhenAVariantSynchronisesMoreThanTheBaseline) {
+    ExperimentResult ex;
+    ex.name = "sync";
+    ex.baseline = "sync-step";
+    ex.started_utc = "2026-01-01T00:00:00Z";
+    ex.runs.push_back(make_run("sync-step", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20));
+    ex.runs.push_back(make_run("sync-every-op", {14, 14.1, 13.9, 14, 14.05}, 5.0, 100 << 20,
+                               {{"run.host_sync", "every_op"}}));
+    ex.runs.push_back(make_run("sync-none", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20,
+                               {{"run.host_sync", "none"}}));
+    ex.runs[1].config.run.host_sync = HostSync::every_op;
+    ex.runs[2].config.run.host_sync = HostSync::none;
+    for (StepRecord& s : ex.runs[0].steps) s.host_syncs = 3;
+    for (StepRecord& s : ex.runs[1].steps) {
+        s.host_syncs = 412;
+        s.host_wait_ms = 6.5;
+        s.times[Phase::sync] = 2.0;  // grown from 0.2 ms (2% of the 10 ms step)
+    }
+    const std::string md = render_report_md(to_results(ex));
+    const size_t at = md.find("### sync-every-op");
+    ASSERT_NE(at, std::string::npos) << md;
+    const std::string section = md.substr(at, md.find("### sync-none") - at);
+    EXPECT_NE(section.find("- host syncs: 412 per step (median), the host waited 6.50 ms"),
+              std::string::npos)
+        << section;
+    EXPECT_NE(section.find("- next: sync grew from 0.20 to 2.00 ms per step (host syncs 3 → 412"),
+              std::string::npos)
+        << section;
+    EXPECT_NE(section.find("`run.host_sync: every_op` synchronises after every kernel"),
+              std::string::npos)
+        << section;
+    EXPECT_EQ(md.find("sync grew from", md.find("### sync-none")), std::string::npos) << md;
+    EXPECT_EQ(md.substr(0, at).find("sync grew from"), std::string::npos);
 }
 
 }  // namespace

@@ -138,6 +138,44 @@ TEST(PhaseTimer, RejectsMisnestedPhases) {
     EXPECT_NO_THROW(timer.finish_step());
 }
 
+// run.host_sync none: closed steps keep their events until read_deferred(), which returns
+// them in order; a deferred step's wall runs to the next step's start, the last to its end.
+TEST(PhaseTimer, DeferredStepsAreReadTogetherInOrder) {
+    auto backend = create_backend(BackendKind::cpu);
+    PhaseTimer timer(*backend);
+    timer.reserve_events(3, 8);
+    for (int s = 0; s < 3; ++s) {
+        timer.begin_step();
+        timer.begin(Phase::forward);
+        timer.end(Phase::forward);
+        if (s == 1) {  // a second micro-step's forward in the middle step only
+            timer.begin(Phase::forward);
+            timer.end(Phase::forward);
+        }
+        timer.end_step_deferred();
+    }
+    EXPECT_EQ(timer.deferred_steps(), 3u);
+    timer.begin_step();
+    EXPECT_THROW(timer.finish_step(), std::logic_error);    // deferred steps are unread
+    EXPECT_THROW(timer.read_deferred(), std::logic_error);  // a step is running
+    timer.end_step_deferred();
+    const std::vector<DeferredStepTimes> t = timer.read_deferred();
+    ASSERT_EQ(t.size(), 4u);
+    EXPECT_EQ(timer.deferred_steps(), 0u);
+    EXPECT_EQ(t[0].intervals.size(), 1u);
+    EXPECT_EQ(t[1].intervals.size(), 2u);
+    EXPECT_EQ(t[3].intervals.size(), 0u);
+    for (const DeferredStepTimes& d : t) EXPECT_GE(d.times.wall_ms, d.times[Phase::forward]);
+    for (size_t i = 1; i < t.size(); ++i) EXPECT_GE(t[i].host_start, t[i - 1].host_start);
+    EXPECT_TRUE(timer.read_deferred().empty());
+    // The pools are reused from the start again: an ordinary step reads as before.
+    timer.begin_step();
+    timer.begin(Phase::sync);
+    timer.end(Phase::sync);
+    EXPECT_EQ(timer.finish_step().ms.size(), static_cast<size_t>(kPhaseCount));
+    EXPECT_EQ(timer.last_intervals().size(), 1u);
+}
+
 TEST(MemoryTracker, TransientAllocationInsideAPhaseIsNotMissed) {
     auto backend = create_backend(BackendKind::cpu);
     DeviceBuffer resident(*backend, 1 << 20, MemoryCategory::params);

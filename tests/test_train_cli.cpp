@@ -406,6 +406,18 @@ TEST(TrainCli, BadTrainKeysAreRejectedWithLineAndColumn) {
     EXPECT_CONTAINS(r.output, "expected a number in [0, 1), got 1");
 }
 
+// run.host_sync none defers every step's loss to a window's read-back, which `train` (a CSV row
+// and a finite-loss check as each step ends) cannot use: refused, naming the key.
+TEST(TrainCli, HostSyncNoneIsRefusedNamingTheKey) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, "train:\n  steps: 2\n");
+    const CliResult r = run_microtrain("train " + q(yaml) + " --set run.host_sync=none --out-dir " +
+                                       q(d.file("x")));
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, "run.host_sync: none is for `microtrain run` only");
+    EXPECT_FALSE(fs::exists(d.file("x")));
+}
+
 TEST(TrainCli, OneBatchSmokeTestStaysReachable) {
     for (const char* args :
          {"train --steps 2 --threads 1", "train --one-batch --steps 2 --threads 1"}) {

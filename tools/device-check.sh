@@ -97,7 +97,8 @@ stage configure 120 configure || true
 
 # ---- 3. build (Release, sm_$ARCH only) ----
 TESTS=(test_peak_flops test_backend_ops test_cuda_backend test_cuda_attention test_cuda_training
-       test_cuda_determinism test_nccl_collectives test_data_jitter_cache)
+       test_cuda_determinism test_nccl_collectives test_data_jitter_cache
+       test_cuda_host_sync)
 export TESTS_STR="${TESTS[*]}"
 build() {
     # shellcheck disable=SC2086
@@ -132,6 +133,11 @@ if [[ "${MT_DC_SKIP_BENCH:-0}" != 1 ]]; then
             --steps 10 --json "$LOGDIR/torch-$prec-$attn.json" || true
     done
 fi
+
+# ---- 6. labs that need the GPU to show their effect (seconds each) ----
+# run.host_sync: a host sync only costs something when the device runs asynchronously.
+stage lab-host-sync 180 "$BUILD/microtrain" run "$ROOT/configs/labs/host_sync.yaml" \
+    --set backend=cuda --out-dir "$LOGDIR/runs-host-sync" || true
 
 # ---- summary ----
 ratio_table() {

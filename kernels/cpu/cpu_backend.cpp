@@ -227,7 +227,7 @@ class CpuBackend final : public Backend {
     void copy_to_device(void* dst, const void* src, size_t bytes) override {
         copy(dst, src, bytes);
     }
-    void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    void copy_to_host_blocking(void* dst, const void* src, size_t bytes) override {
         copy(dst, src, bytes);
     }
     void copy_device(void* dst, const void* src, size_t bytes) override {
@@ -236,7 +236,7 @@ class CpuBackend final : public Backend {
     void memset_zero(void* dst, size_t bytes) override {
         if (bytes) std::memset(dst, 0, bytes);
     }
-    void synchronize() override {}
+    void synchronize_device() override {}  // ops are synchronous: nothing to wait for
     std::unique_ptr<TimingEvent> create_event() override {
         return std::make_unique<CpuEvent>();
     }

@@ -250,7 +250,7 @@ class CudaBackend final : public Backend {
             CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
         }
     }
-    void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    void copy_to_host_blocking(void* dst, const void* src, size_t bytes) override {
         if (bytes == 0) return;
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
         CUDA_CHECK(cudaStreamSynchronize(stream()));
@@ -263,7 +263,7 @@ class CudaBackend final : public Backend {
         if (bytes == 0) return;
         CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream()));
     }
-    void synchronize() override {
+    void synchronize_device() override {
         CUDA_CHECK(cudaStreamSynchronize(copy_->get()));
         CUDA_CHECK(cudaStreamSynchronize(stream()));
     }
