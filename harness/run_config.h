@@ -55,6 +55,9 @@ struct RunSettings {
     Recompute recompute = Recompute::none;
     int grad_accum = 1;
     int threads = 0;  // CPU threads (0 = all cores)
+    // Saved activations in pinned host memory between forward and backward (CUDA only;
+    // model/activation_offload.h).
+    OffloadMode offload = OffloadMode::none;
 };
 
 // Data parallel (dist/, `mpirun -np N microtrain run FILE`): how the gradients travel. Every key

@@ -19,7 +19,16 @@ ModelOptions model_options(const RunConfig& cfg) {
     ModelOptions mo;
     mo.kernels = cfg.kernels;
     mo.recompute = cfg.run.recompute;
+    mo.offload = cfg.run.offload;
     return mo;
+}
+
+// optim.offload: AdamW's update runs on the host, on a CPU backend with the run's threads.
+std::unique_ptr<Backend> host_optimizer_backend(const RunConfig& cfg) {
+    if (!cfg.optim.offload) return nullptr;
+    BackendOptions bo;
+    bo.num_threads = cfg.run.threads;
+    return create_backend(BackendKind::cpu, bo);
 }
 
 // Gives the new model its initial weights and its activations for (B, T); returns it so that
@@ -54,11 +63,15 @@ std::string shrink_advice(const RunConfig& cfg, const MemoryEstimate& e) {
             "): activations grow with both (run.grad_accum keeps the effective batch)";
         if (cfg.run.recompute != Recompute::layernorm_gelu)
             a += ", or set run.recompute: layernorm_gelu";
+        if (cfg.run.offload == OffloadMode::none) a += ", or (CUDA) run.offload: activations";
         a += ", or use a smaller model";
     } else {
         a = "use a smaller model (n_layer, n_embd or a smaller preset): parameters, their "
             "gradients and the AdamW moments take " +
-            fmt_bytes(static_cast<double>(state)) + " whatever the batch size";
+            fmt_bytes(static_cast<double>(state)) + " whatever the batch size" +
+            (cfg.optim.offload ? ""
+                               : "; or (CUDA) optim.offload: true moves the moments to host "
+                                 "memory");
     }
     return a;
 }
@@ -125,6 +138,11 @@ AdamWPartition partition_of(const GradientSync* sync, const RunConfig& cfg) {
     return p;
 }
 
+// The parameters AdamW updates (the whole flat buffer).
+size_t n_params_of(const RunConfig& cfg) {
+    return static_cast<size_t>(cfg.model.parameter_count());
+}
+
 }  // namespace
 
 void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* estimate) {
@@ -134,13 +152,23 @@ void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* e
     if (const World& w = World::current(); cfg.dist.zero == 1 && w.distributed())
         e.optimizer =
             (e.optimizer + static_cast<size_t>(w.size()) - 1) / static_cast<size_t>(w.size());
+    // optim.offload: no moments on the device; they, a master copy of the weights and the
+    // gradient staging buffer are pinned host memory (tracked under `data`).
+    if (cfg.optim.offload) {
+        const size_t host = OptimizerOffload::host_bytes(n_params_of(cfg));
+        e.optimizer = 0;
+        e.data += host;
+        e.host_pinned += host;
+    }
     if (estimate) *estimate = e;
     const DeviceMemoryInfo info = backend.device_memory_info();
-    if (!info.available || info.free_bytes == 0 || e.total() <= info.free_bytes) return;
+    // The device holds what is not pinned host memory (on the CPU backend both are RAM).
+    const size_t need = backend.kind() == BackendKind::cpu ? e.total() : e.device_total();
+    if (!info.available || info.free_bytes == 0 || need <= info.free_bytes) return;
     const bool cpu = backend.kind() == BackendKind::cpu;
     auto b = [](size_t x) { return fmt_bytes(static_cast<double>(x)); };
     throw ResourceError(
-        "does not fit in memory: an estimated " + b(e.total()) + " needed, " + b(info.free_bytes) +
+        "does not fit in memory: an estimated " + b(need) + " needed, " + b(info.free_bytes) +
         " available " +
         (cpu ? "on the CPU (MemAvailable within any container limit, of " + b(info.total_bytes) +
                    " RAM)"
@@ -182,7 +210,9 @@ TrainingSession::TrainingSession(std::unique_ptr<Backend> backend, const RunConf
       world_size_(world_ ? world_->size() : 1),
       collectives_(make_collectives(world_, *backend_, cfg)),
       grad_sync_(make_grad_sync(collectives_.get(), model_, cfg)),
-      optim_(prepare_model(model_, cfg, inputs), cfg.optim, partition_of(grad_sync_.get(), cfg)),
+      host_backend_(host_optimizer_backend(cfg)),
+      optim_(prepare_model(model_, cfg, inputs), cfg.optim, partition_of(grad_sync_.get(), cfg),
+             host_backend_.get()),
       batches_(inputs.batches ? std::move(inputs.batches)
                               : std::make_unique<DataLoader>(
                                     cfg.data, cfg.model.vocab_size, cfg.run.seed, backend_.get(),

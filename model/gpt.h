@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "model/activation_offload.h"
 
 namespace mt {
 
@@ -124,12 +125,19 @@ struct EnumSpelling<Recompute> {
 struct ModelOptions {
     KernelChoice kernels;  // same as the backend's; the model picks the call sequence from it
     Recompute recompute = Recompute::none;
+    // run.offload activations: saved activations wait in pinned host memory between forward and
+    // backward (model/activation_offload.h); the device keeps ActivationOffload::kSlots layers.
+    OffloadMode offload = OffloadMode::none;
 };
 
 // Analytic memory estimate (bytes), printed before a run and reported beside the measurement.
 struct MemoryEstimate {
     size_t params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, data = 0;
+    // Of `data`: pinned host memory (the offload arenas), which the backend tracks under `data`
+    // with the host batches but which does not occupy the device.
+    size_t host_pinned = 0;
     size_t total() const { return params + grads + optimizer + activations + workspace + data; }
+    size_t device_total() const { return total() - host_pinned; }
 };
 
 class GPT {
@@ -153,6 +161,9 @@ class GPT {
     float* grads() { return grads_.as<float>(); }
     // Host <-> device copies of the flat parameter / gradient buffers.
     void set_params(const std::vector<float>& host);
+    // Counts set_params calls: an optimizer that keeps its own copy of the weights (optim.offload)
+    // re-reads them when it changes.
+    uint64_t params_version() const { return params_version_; }
     std::vector<float> get_params();
     std::vector<float> get_grads();
 
@@ -237,6 +248,7 @@ class GPT {
     bool backward_ready_ = false;  // ... and its backward has not run yet
     float grad_scale_ = 1.0f;
     bool params_dirty_ = true;  // bf16 copy needs refreshing
+    uint64_t params_version_ = 0;
     GradientReadyHook gradient_ready_;
     void gradients_ready(const GradientRange& r) {
         if (gradient_ready_) gradient_ready_(r.offset, r.count);
