@@ -10,8 +10,9 @@
 namespace mt {
 
 OptimizerOffload::OptimizerOffload(Backend& device, Backend& host, size_t n,
-                                   std::vector<TensorSlice> tensors)
+                                   std::vector<TensorSlice> tensors, size_t chunk_elems)
     : device_(device), host_(host), n_(n), tensors_(std::move(tensors)) {
+    if (chunk_elems == 0) throw std::invalid_argument("OptimizerOffload: chunk_elems must be > 0");
     if (host_.kind() != BackendKind::cpu)
         throw std::invalid_argument("optim.offload: the update runs on a CPU backend, got " +
                                     std::string(to_string(host_.kind())));
@@ -23,10 +24,10 @@ OptimizerOffload::OptimizerOffload(Backend& device, Backend& host, size_t n,
     clip_scale_ = HostBuffer(device_, sizeof(float), true);
     std::memset(m_.get(), 0, bytes);
     std::memset(v_.get(), 0, bytes);
-    for (size_t begin = 0; begin < n_; begin += kChunkElems) {
+    for (size_t begin = 0; begin < n_; begin += chunk_elems) {
         Chunk c;
         c.begin = begin;
-        c.count = std::min(kChunkElems, n_ - begin);
+        c.count = std::min(chunk_elems, n_ - begin);
         // The tensors that overlap [begin, begin + count), cut to it.
         for (const TensorSlice& t : tensors_) {
             const size_t lo = std::max(t.offset, begin);

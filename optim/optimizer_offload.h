@@ -40,8 +40,10 @@ class OptimizerOffload {
     // `device`: the model's backend (its copy stream carries the traffic); `host`: a CPU backend
     // that runs the update on host memory. [0, n) of the flat buffers is what AdamW updates and
     // `tensors` its slices (sorted, disjoint, inside [0, n)). Allocates every pinned buffer and
-    // event up front; m and v start at zero.
-    OptimizerOffload(Backend& device, Backend& host, size_t n, std::vector<TensorSlice> tensors);
+    // event up front; m and v start at zero. `chunk_elems`: the pipeline's chunk (tests use
+    // small ones to cross chunk boundaries inside a tensor).
+    OptimizerOffload(Backend& device, Backend& host, size_t n, std::vector<TensorSlice> tensors,
+                     size_t chunk_elems = kChunkElems);
     ~OptimizerOffload();
     OptimizerOffload(const OptimizerOffload&) = delete;
     OptimizerOffload& operator=(const OptimizerOffload&) = delete;

@@ -97,7 +97,7 @@ stage configure 120 configure || true
 
 # ---- 3. build (Release, sm_$ARCH only) ----
 TESTS=(test_peak_flops test_backend_ops test_cuda_backend test_cuda_attention test_cuda_training
-       test_cuda_determinism test_nccl_collectives)
+       test_cuda_determinism test_nccl_collectives test_cuda_offload)
 export TESTS_STR="${TESTS[*]}"
 build() {
     # shellcheck disable=SC2086
@@ -119,7 +119,12 @@ for t in "${TESTS[@]}"; do
     stage "$t" 240 "$BUILD/$t" --gtest_output="xml:$LOGDIR/$t.xml" || true
 done
 
-# ---- 5. benchmark: microtrain, then PyTorch on the same GPU ----
+# ---- 5. lab: offload (run.offload activations, optim.offload), GPT-2 124M, ~10 steps each ----
+# Its own folder (not runs-*): the ratio table below compares the benchmark runs with PyTorch.
+stage lab-offload 150 "$BUILD/microtrain" run "$ROOT/configs/labs/offload.yaml" \
+    --out-dir "$LOGDIR/lab-offload" || true
+
+# ---- 6. benchmark: microtrain, then PyTorch on the same GPU ----
 if [[ "${MT_DC_SKIP_BENCH:-0}" != 1 ]]; then
     stage bench-microtrain-fp32 240 "$BUILD/microtrain" run "$ROOT/bench/gpu_gpt2_124m.yaml" \
         --out-dir "$LOGDIR/runs-fp32" || true
