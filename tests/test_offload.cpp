@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -350,6 +351,21 @@ TEST_F(OffloadKnobs, CpuVariantsAreSkippedAsNeedingAGpu) {
     EXPECT_EQ(ex.runs[2].status, RunStatus::skipped);
     EXPECT_NE(ex.runs[2].message.find("needs a GPU (optim.offload)"), std::string::npos)
         << ex.runs[2].message;
+}
+
+TEST_F(OffloadKnobs, ValidateNotesThatTheyNeedAGpu) {
+    const std::string path =
+        write("  - name: a\n  - name: b\n    set: { run.offload: activations }\n");
+    std::string out;
+    std::unique_ptr<FILE, int (*)(FILE*)> f(
+        ::popen((std::string(MT_BINARY) + " validate " + path + " 2>&1").c_str(), "r"), ::pclose);
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) out.append(buf, n);
+    EXPECT_EQ(::pclose(f.release()), 0) << out;
+    EXPECT_NE(out.find("note: needs a GPU (run.offload activations); backend is cpu"),
+              std::string::npos)
+        << out;
 }
 
 TEST_F(OffloadKnobs, BadValuesSayWhatIsExpected) {

@@ -5,7 +5,7 @@
 # GPU tests, a short GPT-2 124M benchmark (fp32 and bf16; naive vs flash attention; the AdamW
 # variants) and the same model in PyTorch on the same GPU, and writes every log into LOGDIR.
 #
-#   tools/device-check.sh LOGDIR            (about 5-7 minutes on an H200)
+#   tools/device-check.sh LOGDIR            (about 6-8 minutes on an H200)
 #
 # Every stage is logged to LOGDIR/<nn>-<stage>.log with a time limit; a failed stage is recorded
 # and the script moves on; LOGDIR/summary.md lists each stage's status at the end. Exit code:
