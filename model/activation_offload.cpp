@@ -8,9 +8,18 @@
 
 namespace mt {
 
+namespace {
+// Each part of a layer's host range starts 256-byte aligned (fast DMA, and the fp32 part is
+// aligned whatever the size of the act part in bf16).
+size_t aligned(size_t bytes) {
+    return (bytes + 255) / 256 * 256;
+}
+}  // namespace
+
 size_t ActivationOffload::host_bytes(const LayerActivationRange& layer, size_t act_elem_bytes,
                                      int offloaded) {
-    const size_t per_layer = layer.act_count * act_elem_bytes + layer.f32_count * sizeof(float);
+    const size_t per_layer =
+        aligned(layer.act_count * act_elem_bytes) + aligned(layer.f32_count * sizeof(float));
     return per_layer * static_cast<size_t>(offloaded > 0 ? offloaded : 0);
 }
 
@@ -24,9 +33,6 @@ ActivationOffload::ActivationOffload(Backend& backend, void* act, size_t act_ele
     const int n_layer = static_cast<int>(layers_.size());
     n_off_ = offloaded_layers(n_layer, OffloadMode::activations);
     if (n_off_ == 0) return;
-    // The f32 part of a layer follows its act part on the host; keep it 4-byte aligned.
-    if (layers_[0].act_count * act_elem_bytes_ % sizeof(float) != 0)
-        throw std::logic_error("ActivationOffload: a layer's activations are not 4-byte sized");
     host_layer_bytes_ = host_bytes(layers_[0], act_elem_bytes_, 1);
     for (int l = 0; l < n_layer; ++l) {
         const LayerActivationRange& r = layers_[static_cast<size_t>(l)];
@@ -61,7 +67,7 @@ ActivationOffload::~ActivationOffload() {
 void ActivationOffload::copy_layer(int l, CopyDirection direction) {
     const LayerActivationRange& r = layers_[static_cast<size_t>(l)];
     char* host = host_.as<char>() + host_layer_bytes_ * static_cast<size_t>(l);
-    char* host_f32 = host + r.act_count * act_elem_bytes_;
+    char* host_f32 = host + aligned(r.act_count * act_elem_bytes_);
     void* dev_act = act_ + r.act_begin * act_elem_bytes_;
     void* dev_f32 = f32_ + r.f32_begin;
     const size_t act_bytes = r.act_count * act_elem_bytes_, f32_bytes = r.f32_count * 4;

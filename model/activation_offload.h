@@ -11,6 +11,7 @@
 // last kSlots layers are still on the device when backward starts and never travel.
 //
 //   host arena (pinned): [layer 0: act bytes | f32 bytes][layer 1: ...] ... [layer n_off-1]
+//   (each part rounded up to 256 bytes)
 //
 // Ordering (C = compute stream, X = copy stream; events are per layer, so each wait is exact):
 //   forward  after layer l:        C records; X waits, copies slot -> host[l], records stored[l]

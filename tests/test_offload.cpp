@@ -149,7 +149,8 @@ TEST_P(ActivationOffloadCpu, TheDeviceKeepsThreeLayersAndTheEstimateSaysSo) {
     EXPECT_GT(eo.host_pinned, 0u);
     EXPECT_EQ(o.current[data] - p.current[data], eo.host_pinned);
     EXPECT_EQ(eo.device_total() + eo.host_pinned, eo.total());
-    // Three of six layers travel: the host holds as much per-layer memory as the device saves.
+    // Three of six layers travel: the host holds as much per-layer memory as the device saves
+    // (these shapes make every part of a layer's host range a multiple of 256 bytes).
     EXPECT_EQ(p.current[act] - o.current[act], eo.host_pinned);
 }
 
