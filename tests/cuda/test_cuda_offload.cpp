@@ -26,6 +26,8 @@ struct Case {
     Precision precision;
     AttentionImpl attention;
     LayerNormImpl layernorm;
+    int grad_accum = 1;
+    Recompute recompute = Recompute::none;
 };
 
 // 8 layers with 3 device slots: 5 layers travel. B*T = 2048 rows of C = 256 make each layer's
@@ -47,6 +49,8 @@ RunConfig offload_config(const Case& c) {
     r.run.precision = c.precision;
     r.kernels.attention = c.attention;
     r.kernels.layernorm = c.layernorm;
+    r.run.grad_accum = c.grad_accum;
+    r.run.recompute = c.recompute;
     r.profile.trace = false;
     return r;
 }
@@ -64,7 +68,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"fp32_flash_fused_ln", Precision::fp32, AttentionImpl::flash,
                            LayerNormImpl::fused_residual},
                       Case{"bf16_flash_fused_ln", Precision::bf16, AttentionImpl::flash,
-                           LayerNormImpl::fused_residual}),
+                           LayerNormImpl::fused_residual},
+                      // two forward/backward pairs per step: the second forward's copy-outs
+                      // follow the first backward's prefetches on the copy stream
+                      Case{"fp32_flash_accum2_recompute", Precision::fp32, AttentionImpl::flash,
+                           LayerNormImpl::fused_residual, 2, Recompute::layernorm_gelu}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 size_t peak(TrainingSession& s, MemoryCategory c) {
