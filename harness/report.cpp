@@ -1182,6 +1182,10 @@ std::string compute_suggestion(const VariantResult& v, double fwd, double bwd) {
     if (cfg("kernels.matmul_gelu") == "false") opts.push_back("`kernels.matmul_gelu: true`");
     if (cfg("run.recompute") != "none" && !cfg("run.recompute").empty())
         opts.push_back("`run.recompute: none` if memory allows (recompute costs backward FLOPs)");
+    if (cfg("run.offload") == "activations")
+        opts.push_back(
+            "`run.offload: none` if memory allows (the activation copies that do not hide "
+            "behind compute wait in forward and backward)");
     if (opts.empty()) opts.push_back("a larger batch per step (fewer, bigger GEMMs)");
     t += "Try: ";
     for (size_t i = 0; i < opts.size(); ++i) t += (i ? "; " : "") + opts[i];
@@ -1252,7 +1256,13 @@ void add_step_overhead_suggestions(std::vector<std::string>& out, const VariantR
     const double opt = s.share(column(Phase::optimizer)), sync = s.share(column(Phase::sync)),
                  other = s.share(kPhaseCount);
     if (opt >= 0.15) {
-        if (v.config_value("optim.impl") != "fused")
+        if (v.config_value("optim.offload") == "true")
+            out.push_back("the optimizer takes " + pct(opt) +
+                          " of the step with `optim.offload: true`: AdamW runs on the host and "
+                          "the gradients and weights cross the host link every step; "
+                          "`optim.offload: false` if the moments fit on the device, else "
+                          "`run.grad_accum` (more samples per update) amortises it.");
+        else if (v.config_value("optim.impl") != "fused")
             out.push_back("optimizer-bound: the optimizer takes " + pct(opt) +
                           " of the step with `optim.impl: " + v.config_value("optim.impl") +
                           "`; `optim.impl: fused` updates the flat buffer in one pass." +
@@ -1276,7 +1286,11 @@ void add_step_overhead_suggestions(std::vector<std::string>& out, const VariantR
             out.push_back("memory is near the limit (" + pct(frac) + " of " + mib(d.total_bytes) +
                           " MiB): `run.recompute: gelu` or `layernorm_gelu` trades FLOPs for "
                           "activations; a smaller `data.batch_size` with `run.grad_accum` keeps "
-                          "the samples per update." +
+                          "the samples per update" +
+                          (v.backend == "cuda" ? "; `run.offload: activations` and "
+                                                 "`optim.offload: true` move activations and "
+                                                 "AdamW moments to host memory."
+                                               : ".") +
                           fewer_trainable_hint(v));
     }
     const MemoryRecord& m = v.memory;

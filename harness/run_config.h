@@ -71,6 +71,9 @@ struct RunSettings {
     int grad_accum = 1;
     int threads = 0;                      // CPU threads (0 = all cores)
     HostSync host_sync = HostSync::step;  // where the step waits for the device
+    // Saved activations in pinned host memory between forward and backward (CUDA only;
+    // model/activation_offload.h).
+    OffloadMode offload = OffloadMode::none;
 };
 
 // Data parallel (dist/, `mpirun -np N microtrain run FILE`): how the gradients travel. Every key

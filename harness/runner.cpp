@@ -42,6 +42,11 @@ void print_estimate(std::FILE* out, const MemoryEstimate& e) {
                  fmt_mib(e.params).c_str(), fmt_mib(e.grads).c_str(), fmt_mib(e.optimizer).c_str(),
                  fmt_mib(e.activations).c_str(), fmt_mib(e.workspace).c_str(),
                  fmt_mib(e.data).c_str(), fmt_mib(e.total()).c_str());
+    if (e.host_pinned)
+        std::fprintf(out,
+                     "  of which pinned host memory (offload, under data): %s; on the device: "
+                     "%s\n",
+                     fmt_mib(e.host_pinned).c_str(), fmt_mib(e.device_total()).c_str());
 }
 
 // Progress: one line per step, or a single \r-updated bar on a terminal.

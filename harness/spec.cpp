@@ -522,6 +522,7 @@ void add_optim_keys(std::vector<KeyDef>& t) {
         "optim.min_lr_ratio", [](double x) { return x >= 0 && x <= 1; }, "a number in [0, 1]",
         [](RunConfig& c) -> float& { return c.optim.schedule.min_lr_ratio; },
         "the LR floor is min_lr_ratio * lr"));
+    t.push_back(bool_key("optim.offload", [](RunConfig& c) -> bool& { return c.optim.offload; }));
 }
 
 // run.*: seed, step counts, precision, recompute, accumulation, threads.
@@ -552,6 +553,8 @@ void add_run_keys(std::vector<KeyDef>& t) {
         [](RunConfig& c) -> int& { return c.run.threads; }, "use 0 for all cores"));
     t.push_back(enum_key<HostSync>("run.host_sync",
                                    [](RunConfig& c) -> HostSync& { return c.run.host_sync; }));
+    t.push_back(enum_key<OffloadMode>("run.offload",
+                                      [](RunConfig& c) -> OffloadMode& { return c.run.offload; }));
 }
 
 // kernels.* (the op implementations) and profile.*.
@@ -1381,6 +1384,11 @@ struct Resolver {
                   "expected optim.decay_steps >= 1 with schedule cosine, got " +
                       std::to_string(c.optim.schedule.decay_steps) +
                       "; set how many steps the cosine decay lasts, or use schedule constant");
+        if (c.optim.offload && c.dist.zero == 1)
+            error(blame({"optim.offload", "dist.zero"}),
+                  "expected optim.offload: false with dist.zero: 1, got both on; ZeRO-1 shards the "
+                  "AdamW state across the ranks' devices and offload keeps all of it in host "
+                  "memory: use one or the other");
         if (c.data.source == DataSource::synthetic) return;
 
         const char* what = c.data.source == DataSource::tokens ? "an llm.c token file (.bin)"
@@ -1532,6 +1540,11 @@ std::vector<std::string> cuda_only_features(const RunConfig& c) {
     // flash attention has a CPU implementation too; cuDNN's exists only on CUDA. pin_memory is
     // a no-op on the CPU backend (host memory is already where the compute is), not an error.
     if (c.kernels.attention == AttentionImpl::cudnn) f.push_back("kernels.attention cudnn");
+    // Offload moves state between device memory and pinned host memory over a copy stream: on
+    // the CPU backend both sides are the same memory.
+    if (c.run.offload != OffloadMode::none)
+        f.push_back(std::string("run.offload ") + to_string(c.run.offload));
+    if (c.optim.offload) f.push_back("optim.offload");
     return f;
 }
 

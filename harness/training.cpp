@@ -20,7 +20,16 @@ ModelOptions model_options(const RunConfig& cfg) {
     mo.kernels = cfg.kernels;
     mo.recompute = cfg.run.recompute;
     mo.trainable = cfg.trainable;
+    mo.offload = cfg.run.offload;
     return mo;
+}
+
+// optim.offload: AdamW's update runs on the host, on a CPU backend with the run's threads.
+std::unique_ptr<Backend> host_optimizer_backend(const RunConfig& cfg) {
+    if (!cfg.optim.offload) return nullptr;
+    BackendOptions bo;
+    bo.num_threads = cfg.run.threads;
+    return create_backend(BackendKind::cpu, bo);
 }
 
 // Gives the new model its initial weights and its activations for (B, T); returns it so that
@@ -60,11 +69,15 @@ std::string shrink_advice(const RunConfig& cfg, const MemoryEstimate& e, size_t 
             "): activations grow with both (run.grad_accum keeps the effective batch)";
         if (cfg.run.recompute != Recompute::layernorm_gelu)
             a += ", or set run.recompute: layernorm_gelu";
+        if (cfg.run.offload == OffloadMode::none) a += ", or (CUDA) run.offload: activations";
         a += ", or use a smaller model";
     } else {
         a = "use a smaller model (n_layer, n_embd or a smaller preset): parameters, their "
             "gradients and the AdamW moments take " +
-            fmt_bytes(static_cast<double>(state)) + " whatever the batch size";
+            fmt_bytes(static_cast<double>(state)) + " whatever the batch size" +
+            (cfg.optim.offload ? ""
+                               : "; or (CUDA) optim.offload: true moves the moments to host "
+                                 "memory");
     }
     return a;
 }
@@ -154,6 +167,12 @@ AdamWPartition partition_of(const GradientSync* sync, const RunConfig& cfg) {
     return p;
 }
 
+// The parameters AdamW updates: the trainable ones (all but model.lora's base or optim.freeze's
+// names).
+size_t n_params_of(const RunConfig& cfg) {
+    return ParameterTable(cfg.model, cfg.trainable).trainable_count();
+}
+
 }  // namespace
 
 void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* estimate) {
@@ -168,6 +187,14 @@ void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* e
     // everything else, on a GPU with the host's memory only.
     const size_t cache = sample_cache_bytes(cfg.data, w.size());
     e.data += cache;
+    // optim.offload: no moments on the device; they, a master copy of the weights and the
+    // gradient staging buffer are pinned host memory (tracked under `data`).
+    if (cfg.optim.offload) {
+        const size_t host = OptimizerOffload::host_bytes(n_params_of(cfg));
+        e.optimizer = 0;
+        e.data += host;
+        e.host_pinned += host;
+    }
     if (estimate) *estimate = e;
     const bool cpu = backend.kind() == BackendKind::cpu;
     auto b = [](size_t x) { return fmt_bytes(static_cast<double>(x)); };
@@ -178,7 +205,8 @@ void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* e
                             "allocating anything. To fit: set data.cache: false, or use a "
                             "shorter data file (the cache holds every window of its training "
                             "part)");
-    const size_t device_need = cpu ? e.total() : e.total() - cache;
+    // The device holds what is not host memory: pinned arenas (offload) and the sample cache.
+    const size_t device_need = cpu ? e.total() : e.device_total() - cache;
     const DeviceMemoryInfo info = backend.device_memory_info();
     if (!info.available || info.free_bytes == 0 || device_need <= info.free_bytes) return;
     throw ResourceError(
@@ -227,7 +255,9 @@ TrainingSession::TrainingSession(std::unique_ptr<Backend> backend, const RunConf
       world_size_(world_ ? world_->size() : 1),
       collectives_(make_collectives(world_, *backend_, cfg)),
       grad_sync_(make_grad_sync(collectives_.get(), model_, cfg)),
-      optim_(prepare_model(model_, cfg, inputs), cfg.optim, partition_of(grad_sync_.get(), cfg)),
+      host_backend_(host_optimizer_backend(cfg)),
+      optim_(prepare_model(model_, cfg, inputs), cfg.optim, partition_of(grad_sync_.get(), cfg),
+             host_backend_.get()),
       batches_(inputs.batches ? std::move(inputs.batches)
                               : std::make_unique<DataLoader>(
                                     cfg.data, cfg.model.vocab_size, cfg.run.seed, backend_.get(),

@@ -205,6 +205,8 @@ class TrainingSession {
     int world_size_ = 1;
     std::unique_ptr<Collectives> collectives_;
     std::unique_ptr<GradientSync> grad_sync_;
+    // optim.offload: the CPU backend that runs AdamW on the host (null otherwise).
+    std::unique_ptr<Backend> host_backend_;
     AdamW optim_;
     std::unique_ptr<BatchSource> batches_;
     DeviceBuffer d_inputs_, d_targets_;

@@ -57,6 +57,21 @@ class TimingEvent {
     virtual double elapsed_ms_since(const TimingEvent& start) const = 0;
 };
 
+// ---- streams and cross-stream events (offload) ----------------------------------------------
+
+// The CUDA backend runs every op on its compute stream and copies on a second, copy stream, so
+// a copy can overlap compute (activation and optimizer-state offload, model/activation_offload.h
+// and optim/optimizer_offload.h). A StreamEvent marks a point in one stream; another stream (or
+// the host) can wait for it. The CPU backend does all work synchronously, in call order: there
+// its events are no-ops and its copies are complete when copy_async returns, which is the same
+// ordering the events express.
+enum class Stream { compute, copy };
+enum class CopyDirection { to_host, to_device };  // device -> pinned host, pinned host -> device
+class StreamEvent {
+  public:
+    virtual ~StreamEvent() = default;
+};
+
 // ---- the interface --------------------------------------------------------------------------
 
 class Backend {
@@ -119,6 +134,21 @@ class Backend {
     // (e.g. CUDA_LAUNCH_BLOCKING=1 or a cudaDeviceSynchronize after each launch). Off by default.
     void set_sync_after_every_op(bool on) { sync_after_every_op_ = on; }
     bool sync_after_every_op() const { return sync_after_every_op_; }
+    // -- the copy stream (offload) --
+    // Events are created up front (not inside a step: creating one may allocate).
+    virtual std::unique_ptr<StreamEvent> create_stream_event() = 0;
+    // Marks the point of `stream` after everything enqueued on it so far.
+    virtual void record_event(StreamEvent& event, Stream stream) = 0;
+    // Work enqueued on `stream` after this call starts only once `event`'s point is reached (the
+    // host does not wait). Uses the event's most recent record_event.
+    virtual void wait_event(Stream stream, const StreamEvent& event) = 0;
+    // The host blocks until `event`'s point is reached.
+    virtual void wait_event_on_host(const StreamEvent& event) = 0;
+    // Copies `bytes` between device memory and PINNED host memory (allocate_host(.., true);
+    // BackendError otherwise) on `stream`, asynchronously: neither side may be touched until an
+    // event recorded on `stream` after it has been reached.
+    virtual void copy_async(void* dst, const void* src, size_t bytes, CopyDirection direction,
+                            Stream stream) = 0;
     // Named ranges for profilers (NVTX on CUDA; no-op on CPU).
     virtual void range_push(const char* name) { (void)name; }
     virtual void range_pop() {}

@@ -308,9 +308,14 @@ struct GPT::Activations {
     size_t d_fch_gelu = 0, d_fch = 0, d_ln2 = 0, d_atty = 0, d_qkv = 0, d_ln1 = 0;  // grad
     size_t d_lora_u = 0;  // grad: LoRA's du (N, rank), scratch of every adapter
     std::vector<Layer> layers;
+    // Each layer's saved activations as one range per arena (activation offload copies them).
+    std::vector<LayerActivationRange> layer_ranges;
+    OffloadMode mode = OffloadMode::none;
     size_t act_elems = 0, f32_elems = 0, grad_elems = 0;
 
     DeviceBuffer act, f32, grad;
+    std::unique_ptr<ActivationOffload> offload;  // run.offload activations (after the arenas:
+                                                 // destroyed first, it waits for its copies)
 
     // Lays out every tensor for (B, T). Shared (not per-layer) buffers are used for what the
     // recompute policy regenerates in backward.
@@ -344,7 +349,19 @@ struct GPT::Activations {
         size_t shared_ln2 = recompute_ln ? a(N * C) : 0;
         const size_t saved = attention_saved_elems(opt.kernels.attention, B, T, cfg.n_head);
         layers.assign(cfg.n_layer, {});
-        for (auto& L : layers) {
+        layer_ranges.clear();
+        mode = opt.offload;
+        // With activation offload the layers rotate through a few slots: layer l reuses the
+        // offsets of layer l % slots (model/activation_offload.h).
+        const size_t slots = ActivationOffload::slots_for(cfg.n_layer, opt.offload);
+        for (size_t l = 0; l < layers.size(); ++l) {
+            if (l >= slots) {
+                layers[l] = layers[l % slots];
+                layer_ranges.push_back(layer_ranges[l % slots]);
+                continue;
+            }
+            auto& L = layers[l];
+            const size_t act_begin = act_elems, f32_begin = f32_elems;
             L.ln1 = recompute_ln ? shared_ln1 : a(N * C);
             L.qkv = a(N * 3 * C);
             L.atty = a(N * C);
@@ -364,6 +381,8 @@ struct GPT::Activations {
             for (size_t t = 0; t < L.lora_u.size(); ++t)
                 if (lora.adapts(static_cast<LoraTarget>(t)))
                     L.lora_u[t] = a(N * static_cast<size_t>(lora.rank));
+            layer_ranges.push_back(
+                {act_begin, act_elems - act_begin, f32_begin, f32_elems - f32_begin});
         }
         lnf = a(N * C);
         logits = a(N * Vp);
@@ -387,6 +406,13 @@ struct GPT::Activations {
     }
     size_t bytes(const Backend& backend) const {
         return (act_elems + grad_elems) * backend.compute_elem_bytes() + f32_elems * 4;
+    }
+    // Pinned host bytes of activation offload (0 without it).
+    size_t offload_host_bytes(const Backend& backend) const {
+        const int off = ActivationOffload::offloaded_layers(static_cast<int>(layers.size()), mode);
+        return off ? ActivationOffload::host_bytes(layer_ranges[0], backend.compute_elem_bytes(),
+                                                   off)
+                   : 0;
     }
 };
 
@@ -525,6 +551,7 @@ void GPT::set_params(const std::vector<float>& host) {
         }
     }
     cast_count_ = table_.device_count();
+    ++params_version_;
 }
 
 std::vector<float> GPT::get_params() {
@@ -608,6 +635,9 @@ void GPT::allocate_activations(int B, int T) {
         acts->f32 = DeviceBuffer(backend_, acts->f32_elems * 4, MemoryCategory::activations);
         acts->grad = DeviceBuffer(backend_, acts->grad_elems * e, MemoryCategory::activations);
     }
+    if (ActivationOffload::offloaded_layers(config_.n_layer, options_.offload) > 0)
+        acts->offload = std::make_unique<ActivationOffload>(
+            backend_, acts->act.get(), e, acts->f32.as<float>(), acts->layer_ranges);
     acts_ = std::move(acts);
 }
 
@@ -781,9 +811,13 @@ void GPT::forward(const int* inputs, const int* targets, int B, int T, float gra
                                     .B = B,
                                     .T = T,
                                     .C = config_.n_embd});
+    ActivationOffload* offload = acts_->offload.get();
+    if (offload) offload->begin_forward(targets != nullptr);
     for (int l = 0; l < config_.n_layer; ++l) {
+        if (offload) offload->before_forward_layer(l);
         forward_attention(l);
         forward_mlp(l);
+        if (offload) offload->after_forward_layer(l);
     }
     forward_head(targets, grad_scale);
 }
@@ -978,12 +1012,18 @@ void GPT::backward() {
     if (gradient_ready_) gradients_ready(ready[0]);
     const Activations& A = *acts_;
     const size_t e = backend_.compute_elem_bytes();
-    // Frozen blocks below the lowest trainable one (with frozen embeddings) are not visited.
-    for (int l = config_.n_layer - 1; l >= lowest_trainable_layer_; --l) {
-        backend_.run(op::FillZero{
-            .dst = grad(A.scratch), .bytes = A.scratch_elems * e, .what = "zero_activation_grads"});
-        backward_mlp(l);
-        backward_attention(l);
+    for (int l = config_.n_layer - 1; l >= 0; --l) {
+        if (A.offload) A.offload->before_backward_layer(l);
+        // Blocks below the lowest one that trains (with frozen embeddings) need no gradient:
+        // not computed. (With offload their hooks still run: every prefetch is waited for.)
+        if (l >= lowest_trainable_layer_) {
+            backend_.run(op::FillZero{.dst = grad(A.scratch),
+                                      .bytes = A.scratch_elems * e,
+                                      .what = "zero_activation_grads"});
+            backward_mlp(l);
+            backward_attention(l);
+        }
+        if (A.offload) A.offload->after_backward_layer(l);
         if (gradient_ready_) gradients_ready(ready[static_cast<size_t>(config_.n_layer - l)]);
     }
     if (embeddings_train_)
@@ -1132,6 +1172,8 @@ MemoryEstimate GPT::estimate_memory(const GPTConfig& config, const ModelOptions&
     plan.plan(config, options, B, T);
     m.activations = plan.bytes(backend);
     m.data = static_cast<size_t>(B) * T * 4 * 2;
+    m.host_pinned = plan.offload_host_bytes(backend);
+    m.data += m.host_pinned;
     return m;
 }
 

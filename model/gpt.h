@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "model/activation_offload.h"
 
 namespace mt {
 
@@ -205,12 +206,19 @@ struct ModelOptions {
     KernelChoice kernels;  // same as the backend's; the model picks the call sequence from it
     Recompute recompute = Recompute::none;
     TrainableOptions trainable;  // LoRA, frozen parameters, int8 storage of the frozen base
+    // run.offload activations: saved activations wait in pinned host memory between forward and
+    // backward (model/activation_offload.h); the device keeps ActivationOffload::kSlots layers.
+    OffloadMode offload = OffloadMode::none;
 };
 
 // Analytic memory estimate (bytes), printed before a run and reported beside the measurement.
 struct MemoryEstimate {
     size_t params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, data = 0;
+    // Of `data`: pinned host memory (the offload arenas), which the backend tracks under `data`
+    // with the host batches but which does not occupy the device.
+    size_t host_pinned = 0;
     size_t total() const { return params + grads + optimizer + activations + workspace + data; }
+    size_t device_total() const { return total() - host_pinned; }
 };
 
 class GPT {
@@ -239,6 +247,9 @@ class GPT {
     // tensor at fp32, int8 weights dequantised by get_params and quantised by set_params;
     // get_grads holds zeros for the frozen tensors.
     void set_params(const std::vector<float>& host);
+    // Counts set_params calls: an optimizer that keeps its own copy of the weights (optim.offload)
+    // re-reads them when it changes.
+    uint64_t params_version() const { return params_version_; }
     std::vector<float> get_params();
     std::vector<float> get_grads();
 
@@ -338,6 +349,7 @@ class GPT {
     bool have_targets_ = false;    // the last forward computed a loss
     bool backward_ready_ = false;  // ... and its backward has not run yet
     float grad_scale_ = 1.0f;
+    uint64_t params_version_ = 0;  // bumped by set_params (optimizer offload re-reads)
     GradientReadyHook gradient_ready_;
     void gradients_ready(const GradientRange& r) {
         if (gradient_ready_ && r.count > 0) gradient_ready_(r.offset, r.count);

@@ -23,7 +23,7 @@ float learning_rate_at(const LRSchedule& s, float base_lr, int step) {
     return floor_lr + static_cast<float>(coeff) * (base_lr - floor_lr);
 }
 
-AdamW::AdamW(GPT& model, const AdamWConfig& config, AdamWPartition partition)
+AdamW::AdamW(GPT& model, const AdamWConfig& config, AdamWPartition partition, Backend* host_backend)
     : model_(model), backend_(model.backend()), config_(config), partition_(std::move(partition)) {
     auto bad = [](const std::string& what) { throw std::invalid_argument("optim: " + what); };
     if (!(config_.lr > 0)) bad("lr must be > 0");
@@ -59,12 +59,21 @@ AdamW::AdamW(GPT& model, const AdamWConfig& config, AdamWPartition partition)
             owned_slices_.push_back(std::move(cut));
         }
     }
-    m_ = DeviceBuffer(backend_, state_count_ * sizeof(float), MemoryCategory::optimizer);
-    v_ = DeviceBuffer(backend_, state_count_ * sizeof(float), MemoryCategory::optimizer);
+    if (config_.offload) {
+        if (sharded())
+            bad("offload keeps every parameter's state on this rank's host; it does not combine "
+                "with ZeRO-1 (dist.zero: 1), which shards it: use one or the other");
+        if (!host_backend) bad("offload needs a CPU backend to run the update on the host");
+        offload_ =
+            std::make_unique<OptimizerOffload>(backend_, *host_backend, state_count_, slices_);
+    } else {
+        m_ = DeviceBuffer(backend_, state_count_ * sizeof(float), MemoryCategory::optimizer);
+        v_ = DeviceBuffer(backend_, state_count_ * sizeof(float), MemoryCategory::optimizer);
+        backend_.memset_zero(m_.get(), m_.bytes());
+        backend_.memset_zero(v_.get(), v_.bytes());
+    }
     scratch_ = DeviceBuffer(backend_, (2 + 2 * partition_.norm_pieces) * sizeof(float),
                             MemoryCategory::workspace);
-    backend_.memset_zero(m_.get(), m_.bytes());
-    backend_.memset_zero(v_.get(), v_.bytes());
     backend_.memset_zero(scratch_.get(), scratch_.bytes());
 }
 
@@ -102,7 +111,9 @@ void AdamW::step() {
 void AdamW::update(const float* grad_scale) {
     const AdamWParams hp{current_lr(), config_.beta1,        config_.beta2,
                          config_.eps,  config_.weight_decay, t_ + 1};
-    if (!sharded()) {
+    if (offload_) {
+        offload_->update(model_.params(), model_.grads(), grad_scale, hp, model_.params_version());
+    } else if (!sharded()) {
         backend_.run(op::AdamWUpdate{.impl = config_.impl,
                                      .params = model_.params(),
                                      .grads = model_.grads(),
@@ -172,12 +183,14 @@ float AdamW::last_grad_norm() {
 }
 
 std::vector<float> AdamW::get_m() {
+    if (offload_) return offload_->get_m();
     std::vector<float> h(state_count_);
     backend_.copy_to_host(h.data(), m_.get(), m_.bytes());
     return h;
 }
 
 std::vector<float> AdamW::get_v() {
+    if (offload_) return offload_->get_v();
     std::vector<float> h(state_count_);
     backend_.copy_to_host(h.data(), v_.get(), v_.bytes());
     return h;
@@ -189,8 +202,12 @@ void AdamW::set_state(const std::vector<float>& m, const std::vector<float>& v, 
         throw std::invalid_argument("AdamW::set_state: expected " + std::to_string(n) +
                                     " floats for m and v");
     if (steps_taken < 0) throw std::invalid_argument("AdamW::set_state: negative step count");
-    backend_.copy_to_device(m_.get(), m.data(), m_.bytes());
-    backend_.copy_to_device(v_.get(), v.data(), v_.bytes());
+    if (offload_) {
+        offload_->set_moments(m, v);
+    } else {
+        backend_.copy_to_device(m_.get(), m.data(), m_.bytes());
+        backend_.copy_to_device(v_.get(), v.data(), v_.bytes());
+    }
     t_ = steps_taken;
 }
 

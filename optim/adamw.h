@@ -7,6 +7,7 @@
 
 #include "kernels/backend.h"
 #include "model/gpt.h"
+#include "optim/optimizer_offload.h"
 
 namespace mt {
 
@@ -34,6 +35,9 @@ struct AdamWConfig {
     float grad_clip = 1.0f;  // max global L2 norm; 0 disables clipping
     AdamWImpl impl = AdamWImpl::fused;
     LRSchedule schedule;
+    // optim.offload: m, v and a master copy of the weights in pinned host memory, the update on
+    // the CPU (optim/optimizer_offload.h); `impl` then no longer applies (the CPU's fused runs).
+    bool offload = false;
 };
 
 // Data parallel (dist/grad_sync.h): which part of the flat buffers this rank updates, and how
@@ -49,7 +53,10 @@ struct AdamWPartition {
 
 class AdamW {
   public:
-    AdamW(GPT& model, const AdamWConfig& config, AdamWPartition partition = {});
+    // `host_backend`: with config.offload, the CPU backend that runs the update (it must
+    // outlive this object); ignored otherwise.
+    AdamW(GPT& model, const AdamWConfig& config, AdamWPartition partition = {},
+          Backend* host_backend = nullptr);
 
     // One optimizer step over the model's flat buffers: global grad norm (when clipping),
     // clip scale, AdamW update; then marks the model's params updated. Asynchronous.
@@ -90,8 +97,9 @@ class AdamW {
     AdamWPartition partition_;
     // Per owned range (sharded): the tensor slices inside it, relative to its start.
     std::vector<std::vector<TensorSlice>> owned_slices_;
-    size_t state_count_ = 0;  // elements of m and v
-    DeviceBuffer m_, v_;      // optimizer
+    size_t state_count_ = 0;                     // elements of m and v
+    DeviceBuffer m_, v_;                         // optimizer (empty with offload)
+    std::unique_ptr<OptimizerOffload> offload_;  // optim.offload: the state lives there
     // workspace: [0] norm^2, [1] clip scale, then (norm^2, clip) per grad_norm_squares range
     DeviceBuffer scratch_;
     int t_ = 0;

@@ -355,6 +355,27 @@ TEST(Suggestions, OptimizerBoundFullTrainingSuggestsLoraOrFreezeThenInt8) {
     EXPECT_NE(frozen.find("`model.quantize_frozen: int8`"), std::string::npos) << frozen;
 }
 
+TEST(Suggestions, NameTheOffloadKnobsTheirCost) {
+    ExperimentResult ex;
+    ex.name = "s";
+    ex.baseline = "b";
+    RunResult r = make_run("b", {10, 10, 10}, 5.0, 1 << 20);
+    for (auto& s : r.steps) {  // optimizer-bound, as a host AdamW makes a step
+        s.times[Phase::optimizer] = 0.4 * s.times.wall_ms;
+        s.times[Phase::forward] = 0.25 * s.times.wall_ms;
+        s.times[Phase::backward] = 0.25 * s.times.wall_ms;
+    }
+    r.backend = "cuda";
+    r.config.optim.offload = true;
+    r.config.run.offload = OffloadMode::activations;
+    ex.runs.push_back(r);
+    std::string all;
+    for (const auto& s : suggestions_for(to_results(ex).variants[0])) all += s + "\n";
+    EXPECT_NE(all.find("with `optim.offload: true`: AdamW runs on the host"), std::string::npos)
+        << all;
+    EXPECT_NE(all.find("`run.offload: none` if memory allows"), std::string::npos) << all;
+}
+
 TEST(ReportHtml, IsSelfContainedWithCharts) {
     const std::string html = render_report_html(to_results(make_experiment()));
     EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);

@@ -76,7 +76,7 @@ report: { out_dir: out }
 // Unknown-key messages end with the keys of the section being written.
 const std::string kOptimKeys =
     " (optim keys: lr, betas, eps, weight_decay, grad_clip, impl, schedule, warmup_steps, "
-    "decay_steps, min_lr_ratio, freeze)";
+    "decay_steps, min_lr_ratio, offload, freeze)";
 const std::string kDataKeys =
     " (data keys: source, synthetic, path, batch_size, seq_len, workers, prefetch, pin_memory, "
     "preprocess_us, val_fraction, val_path, seq_len_jitter, cache)";

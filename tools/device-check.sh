@@ -5,7 +5,7 @@
 # GPU tests, a short GPT-2 124M benchmark (fp32 and bf16; naive vs flash attention; the AdamW
 # variants) and the same model in PyTorch on the same GPU, and writes every log into LOGDIR.
 #
-#   tools/device-check.sh LOGDIR            (about 5-7 minutes on an H200)
+#   tools/device-check.sh LOGDIR            (about 6-8 minutes on an H200)
 #
 # Every stage is logged to LOGDIR/<nn>-<stage>.log with a time limit; a failed stage is recorded
 # and the script moves on; LOGDIR/summary.md lists each stage's status at the end. Exit code:
@@ -98,7 +98,7 @@ stage configure 120 configure || true
 # ---- 3. build (Release, sm_$ARCH only) ----
 TESTS=(test_peak_flops test_backend_ops test_cuda_backend test_cuda_attention test_cuda_training
        test_cuda_determinism test_nccl_collectives test_data_jitter_cache
-       test_cuda_host_sync)
+       test_cuda_host_sync test_cuda_offload)
 export TESTS_STR="${TESTS[*]}"
 build() {
     # shellcheck disable=SC2086
@@ -120,7 +120,12 @@ for t in "${TESTS[@]}"; do
     stage "$t" 240 "$BUILD/$t" --gtest_output="xml:$LOGDIR/$t.xml" || true
 done
 
-# ---- 5. benchmark: microtrain, then PyTorch on the same GPU ----
+# ---- 5. lab: offload (run.offload activations, optim.offload), GPT-2 124M, ~10 steps each ----
+# Its own folder (not runs-*): the ratio table below compares the benchmark runs with PyTorch.
+stage lab-offload 150 "$BUILD/microtrain" run "$ROOT/configs/labs/offload.yaml" \
+    --out-dir "$LOGDIR/lab-offload" || true
+
+# ---- 6. benchmark: microtrain, then PyTorch on the same GPU ----
 if [[ "${MT_DC_SKIP_BENCH:-0}" != 1 ]]; then
     stage bench-microtrain-fp32 240 "$BUILD/microtrain" run "$ROOT/bench/gpu_gpt2_124m.yaml" \
         --out-dir "$LOGDIR/runs-fp32" || true

@@ -46,6 +46,10 @@ class CpuEvent final : public TimingEvent {
     bool recorded_ = false;
 };
 
+// The CPU backend's stream event: work is synchronous, so every point is reached as soon as it
+// is marked; there is nothing to record or wait for.
+class CpuStreamEvent final : public StreamEvent {};
+
 std::string cpu_model_name() {
     std::ifstream f("/proc/cpuinfo");
     std::string line;
@@ -239,6 +243,17 @@ class CpuBackend final : public Backend {
     void synchronize_device() override {}  // ops are synchronous: nothing to wait for
     std::unique_ptr<TimingEvent> create_event() override {
         return std::make_unique<CpuEvent>();
+    }
+    // One stream in effect: every op and copy completes before its call returns, so the orders
+    // the events express already hold. (Host memory is never "pinned" here: any buffer works.)
+    std::unique_ptr<StreamEvent> create_stream_event() override {
+        return std::make_unique<CpuStreamEvent>();
+    }
+    void record_event(StreamEvent&, Stream) override {}
+    void wait_event(Stream, const StreamEvent&) override {}
+    void wait_event_on_host(const StreamEvent&) override {}
+    void copy_async(void* dst, const void* src, size_t bytes, CopyDirection, Stream) override {
+        copy(dst, src, bytes);
     }
 
     // ---- kernels: one per op of the op table (kernels/ops.h), fp32 ----

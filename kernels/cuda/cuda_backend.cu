@@ -73,6 +73,22 @@ class CudaTimingEvent final : public TimingEvent {
     cudaStream_t stream_;
 };
 
+// A point in the compute or the copy stream, for ordering one against the other.
+class CudaStreamEvent final : public StreamEvent {
+  public:
+    CudaStreamEvent() : ev_(false) {}
+    cudaEvent_t get() const { return ev_.get(); }
+
+  private:
+    cuda::CudaEvent ev_;
+};
+
+const CudaStreamEvent& cuda_event(const StreamEvent& e) {
+    const auto* c = dynamic_cast<const CudaStreamEvent*>(&e);
+    if (!c) throw BackendError("stream event: not made by the CUDA backend's create_stream_event");
+    return *c;
+}
+
 class CudaBackend final : public Backend {
   public:
     explicit CudaBackend(const BackendOptions& opt) : Backend(opt) {
@@ -270,6 +286,36 @@ class CudaBackend final : public Backend {
     std::unique_ptr<TimingEvent> create_event() override {
         return std::make_unique<CudaTimingEvent>(stream());
     }
+    // ---- the copy stream (offload): events order it against the compute stream ----
+    cudaStream_t stream_of(Stream s) const {
+        return s == Stream::copy ? copy_->get() : stream();
+    }
+    std::unique_ptr<StreamEvent> create_stream_event() override {
+        return std::make_unique<CudaStreamEvent>();
+    }
+    void record_event(StreamEvent& event, Stream s) override {
+        CUDA_CHECK(cudaEventRecord(cuda_event(event).get(), stream_of(s)));
+    }
+    void wait_event(Stream s, const StreamEvent& event) override {
+        CUDA_CHECK(cudaStreamWaitEvent(stream_of(s), cuda_event(event).get(), 0));
+    }
+    void wait_event_on_host(const StreamEvent& event) override {
+        CUDA_CHECK(cudaEventSynchronize(cuda_event(event).get()));
+    }
+    void copy_async(void* dst, const void* src, size_t bytes, CopyDirection direction,
+                    Stream s) override {
+        if (bytes == 0) return;
+        const bool to_host = direction == CopyDirection::to_host;
+        // From pageable memory cudaMemcpyAsync would stage through a driver buffer and return
+        // only when the host side is consumed: no overlap, and a silent performance bug.
+        if (!is_pinned(to_host ? dst : src, bytes))
+            throw BackendError(
+                "copy_async: the host side must be pinned memory from allocate_host(.., true)");
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes,
+                                   to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
+                                   stream_of(s)));
+    }
+
     void range_push(const char* name) override {
 #if defined(MT_HAVE_NVTX)
         nvtxRangePushA(name);
