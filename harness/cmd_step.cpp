@@ -4,10 +4,13 @@
 // the same format; tests/test_step_cli.cpp compares them).
 //
 //   W (--weights)  safetensors with nanoGPT names; config from its __metadata__ (see
-//                  model/checkpoint.h: a PyTorch nanoGPT state_dict loads as it is)
+//                  model/checkpoint.h: a PyTorch nanoGPT state_dict loads as it is). LoRA
+//                  adapters in W (<linear>.lora_A/B.weight, __metadata__ lora_alpha) make a
+//                  LoRA model that trains only them; --freeze freezes parameters by name.
 //   X (--batch)    int32 `inputs` and `targets`, both (B, T), T <= max_seq_len, ids in [0, V)
 //   O (--out)      `loss` F32 [N] (the loss before each step), `grad.<name>` (gradients of the
-//                  first step), `<name>` (parameters after the last step). Tensors have the
+//                  first step, of the tensors that train only), `<name>` (every parameter after
+//                  the last step). Tensors have the
 //                  model's shapes, except that wte and its gradient keep W's row count (a
 //                  nanoGPT wte of vocab_size rows stays unpadded). Written atomically.
 #include <sys/stat.h>
@@ -44,6 +47,8 @@ struct StepArgs {
         return c;
     }();
     std::string impl = "fused";
+    std::vector<std::string> freeze;  // optim.freeze
+    std::string quantize_frozen = "none";
 };
 
 // Reads and validates X against the model config: both tensors present, integer, 2-D and of
@@ -117,6 +122,8 @@ RunConfig step_config(const StepArgs& a, const GPTConfig& model, const Batch& ba
     c.optim.schedule = LRSchedule{};  // constant LR
     c.run.threads = a.threads;
     c.profile.trace = false;
+    c.trainable.freeze = a.freeze;
+    c.trainable.quantize_frozen = *parse_enum<QuantizeFrozen>(a.quantize_frozen);
     return c;
 }
 
@@ -143,7 +150,8 @@ int run_step(const StepArgs& a) {
     SafeTensorsFile w = SafeTensorsFile::open(a.weights);
     auto batch =
         std::make_unique<RepeatedBatch>(read_batch(a.batch, read_checkpoint_config(w), a.weights));
-    const RunConfig rc = step_config(a, read_checkpoint_config(w), batch->batch());
+    RunConfig rc = step_config(a, read_checkpoint_config(w), batch->batch());
+    rc.trainable.lora = read_checkpoint_lora(w, rc.model);
     const GPTConfig& cfg = rc.model;
     const AdamWConfig& oc = rc.optim;
     const int B = rc.data.batch_size, T = rc.data.seq_len;
@@ -185,6 +193,7 @@ int run_step(const StepArgs& a) {
         return c;
     };
     for (const auto& p : table.tensors()) {
+        if (!p.trainable) continue;  // a frozen tensor has no gradient
         auto s = shape_of(p);
         out.add_f32("grad." + p.name, s,
                     std::span<const float>(first_grads.data() + p.offset, count_of(s)));
@@ -282,6 +291,14 @@ void register_step_command(CLI::App& app, int& exit_code) {
     cmd->add_option("--optim-impl", a->impl, "AdamW implementation")
         ->capture_default_str()
         ->check(CLI::IsMember({"fused", "multi_tensor", "unfused"}));
+    cmd->add_option("--freeze", a->freeze,
+                    "Freeze these parameters (optim.freeze: names or prefixes such as wte, h.0, "
+                    "h.1.mlp; comma-separated or repeated)")
+        ->delimiter(',');
+    cmd->add_option("--quantize-frozen", a->quantize_frozen,
+                    "Store frozen Linear weights as int8 (model.quantize_frozen)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"none", "int8"}));
     cmd->add_option("--backend", a->backend, "cpu or cuda")
         ->capture_default_str()
         ->check(CLI::IsMember({"cpu", "cuda"}));
