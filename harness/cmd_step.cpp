@@ -127,6 +127,19 @@ RunConfig step_config(const StepArgs& a, const GPTConfig& model, const Batch& ba
     return c;
 }
 
+// "  trains 12 of 40 tensors (LoRA rank 4, alpha 8)\n" when not everything trains, else "".
+std::string trainable_line(const ParameterTable& table, const TrainableOptions& t) {
+    size_t trained = 0;
+    for (const auto& p : table.tensors()) trained += p.trainable;
+    if (trained == table.tensors().size()) return "";
+    std::string how = t.lora.enabled() ? "LoRA rank " + std::to_string(t.lora.rank) + ", alpha " +
+                                             fmt_float(t.lora.alpha)
+                                       : "--freeze";
+    if (t.quantize_frozen == QuantizeFrozen::int8) how += ", frozen Linear weights int8";
+    return "  trains " + std::to_string(trained) + " of " + std::to_string(table.tensors().size()) +
+           " tensors (" + how + ")\n";
+}
+
 // Refuses an --out that is the same file as an input, by filesystem identity (device and inode),
 // so a relative path, a symlink or a hard link to --weights or --batch is caught like the same
 // string: writing O would replace the input.
@@ -222,6 +235,7 @@ int run_step(const StepArgs& a) {
     std::printf("microtrain step: %s, batch %dx%d, %d AdamW step%s (%s, lr %g) on %s\n",
                 cfg.describe().c_str(), B, T, a.steps, a.steps == 1 ? "" : "s", to_string(oc.impl),
                 static_cast<double>(oc.lr), session.backend().device_name().c_str());
+    std::printf("%s", trainable_line(table, rc.trainable).c_str());
     for (int s = 0; s < a.steps; ++s)
         std::printf("  loss before step %d: %.6f\n", s + 1, losses[s]);
     std::printf("wrote %s\n", a.out.c_str());

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <span>
 #include <string_view>
@@ -503,8 +504,13 @@ LoraConfig read_checkpoint_lora(const SafeTensorsFile& f, const GPTConfig& c) {
     // Every adapter of the shape the model's table gives it (A (rank, in), B (out, rank)).
     TrainableOptions opt;
     opt.lora = lora;
-    const ParameterTable table(c, opt);
-    for (const auto& p : table.tensors())
+    std::unique_ptr<ParameterTable> table;
+    try {
+        table = std::make_unique<ParameterTable>(c, opt);
+    } catch (const std::invalid_argument& e) {  // e.g. a rank the model cannot have
+        fail(f.path(), std::string("its LoRA adapters do not fit the model: ") + e.what());
+    }
+    for (const auto& p : table->tensors())
         if (p.lora) check_parameter_shaped(f, p.name, p, c.vocab_size);
     return lora;
 }
