@@ -831,9 +831,15 @@ int Trainer::loop() {
             return 128 + sig;
         }
     }
-    if (leader_)
-        std::printf("done: %d steps; checkpoint %s\n", train_.steps,
-                    (ckdir_ / checkpoint_name(train_.steps)).string().c_str());
+    if (leader_) {
+        const std::string last = (ckdir_ / checkpoint_name(train_.steps)).string();
+        std::printf("done: %d steps; checkpoint %s\n", train_.steps, last.c_str());
+        if (cfg_.trainable.lora.enabled())  // what to do with the adapters (docs/commands.md)
+            std::printf(
+                "  export the adapters: microtrain export %s --merged MERGED.safetensors "
+                "--adapters ADAPTERS.safetensors\n",
+                last.c_str());
+    }
     return 0;
 }
 

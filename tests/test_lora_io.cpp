@@ -289,11 +289,15 @@ TEST(TrainableTrainCli, StoppedAndResumedRunIsBitwiseTheUninterruptedOne) {
         r = run_microtrain("train " + q(yaml) + " --resume " + q(part));
         ASSERT_EQ(r.rc, 0) << r.output;
         EXPECT_CONTAINS(r.output, "resumed from " + ckpt(part, 4) + " at step 4");
+        EXPECT_CONTAINS(r.output, "export the adapters: microtrain export " + ckpt(part, 8));
         // The whole file: weights, the adapters' moments, the metadata (checksum included).
         EXPECT_EQ(file_bytes(ckpt(full, 8)), file_bytes(ckpt(part, 8)));
         const SafeTensorsFile f = SafeTensorsFile::open(ckpt(full, 8));
         EXPECT_EQ(f.find("optim.m.transformer.h.0.mlp.c_fc.weight"), nullptr);
         EXPECT_NE(f.find("optim.m.transformer.h.0.mlp.c_proj.lora_A.weight"), nullptr);
+        // int8 too: the merge is onto the dequantised base the adapters were trained against.
+        r = run_microtrain("export " + q(ckpt(full, 8)) + " --merged " + q(d.file("m")));
+        EXPECT_EQ(r.rc, 0) << r.output;
     }
 }
 
@@ -375,6 +379,48 @@ TEST(TrainableTrainCli, ExportErrorsNameTheProblem) {
     r = run_microtrain("export " + q(ckpt(lrun, 8)) + " --merged " + q(ckpt(lrun, 8)));
     EXPECT_EQ(r.rc, 2);
     EXPECT_CONTAINS(r.output, "is the same file as CHECKPOINT");
+}
+
+// `step` on the PyTorch fixtures: LoRA from the weights file, --freeze as optim.freeze; the
+// output has gradients of the tensors that train only, and PyTorch's parameters after 3 steps
+// (test_parity's tolerance, 2e-5).
+TEST(TrainableStepCli, StepTrainsTheFixturesSubsetsLikePyTorch) {
+    TempDir d;
+    const std::string data = MT_TEST_DATA_DIR;
+    const std::pair<std::string, std::string> cases[] = {
+        {"tiny_lora", ""}, {"tiny_freeze", " --freeze wte,wpe --freeze h.0 --grad-clip 0.05"}};
+    for (const auto& [name, flags] : cases) {
+        SCOPED_TRACE(name);
+        const std::string out = d.file(name + ".safetensors");
+        const CliResult r =
+            run_microtrain("step --weights " + q(data + "/" + name + "_weights.safetensors") +
+                           " --batch " + q(data + "/" + name + "_batch.safetensors") +
+                           " --steps 3 --lr 1e-3 --threads 1" + flags + " --out " + q(out));
+        ASSERT_EQ(r.rc, 0) << r.output;
+        EXPECT_CONTAINS(r.output, name == "tiny_lora"
+                                      ? "trains 12 of 40 tensors (LoRA rank 4, alpha 8)"
+                                      : "trains 14 of 28 tensors (--freeze)");
+        const SafeTensorsFile o = SafeTensorsFile::open(out);
+        const SafeTensorsFile e =
+            SafeTensorsFile::open(data + "/" + name + "_expected.safetensors");
+        size_t grads = 0;
+        for (const auto& t : o.tensors()) {
+            if (t.name == "loss") continue;
+            if (t.name.rfind("grad.", 0) == 0) ++grads;
+            ASSERT_NE(e.find(t.name), nullptr) << t.name << " (PyTorch has no such tensor)";
+            if (t.name.rfind("grad.", 0) == 0) continue;
+            const std::vector<float> got = o.read_f32(t.name), want = e.read_f32(t.name);
+            ASSERT_EQ(got.size(), want.size()) << t.name;
+            for (size_t i = 0; i < got.size(); ++i)
+                ASSERT_NEAR(got[i], want[i], 2e-5) << t.name << "[" << i << "]";
+        }
+        EXPECT_EQ(grads, name == "tiny_lora" ? 12u : 14u);
+    }
+    const CliResult bad = run_microtrain(
+        "step --weights " + q(data + "/tiny_freeze_weights.safetensors") + " --batch " +
+        q(data + "/tiny_freeze_batch.safetensors") + " --freeze h.7 --out " + q(d.file("x")));
+    EXPECT_EQ(bad.rc, 2);
+    EXPECT_CONTAINS(bad.output, "optim.freeze: 'h.7' names no parameter");
 }
 
 // ---- PyTorch ----------------------------------------------------------------------------------
