@@ -54,6 +54,10 @@ std::string no_adapters_message(const std::string& path) {
 // shapes, the tied head, the LoRA metadata), whose host copy is the weights.
 LoraWeights read_checkpoint_weights(const std::string& path) {
     const SafeTensorsFile f = SafeTensorsFile::open(path);
+    if (!f.find("transformer.wte.weight") && f.metadata_value("lora_alpha"))
+        fail(path +
+             ": holds LoRA adapters without base weights (an adapters file); give the base "
+             "checkpoint they were trained on with --base BASE.safetensors");
     LoraWeights w;
     w.config = read_checkpoint_config(f);
     w.lora = read_checkpoint_lora(f, w.config);

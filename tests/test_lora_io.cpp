@@ -351,6 +351,9 @@ TEST(TrainableTrainCli, ExportWritesTheMergedModelAndTheAdaptersWhichReapplyToTh
         if (!p.lora) base.add_f32(p.name, p.shape, ck.read_f32(p.name));
     base.set_metadata("n_head", std::to_string(cfg.n_head));
     base.write(d.file("base.safetensors"));
+    r = run_microtrain("export " + q(adapters) + " --merged " + q(d.file("x.safetensors")));
+    EXPECT_EQ(r.rc, 2);
+    EXPECT_CONTAINS(r.output, "without base weights (an adapters file); give the base");
     const std::string again = d.file("again.safetensors");
     r = run_microtrain("export " + q(adapters) + " --base " + q(d.file("base.safetensors")) +
                        " --merged " + q(again));
