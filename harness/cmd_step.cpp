@@ -4,10 +4,13 @@
 // the same format; tests/test_step_cli.cpp compares them).
 //
 //   W (--weights)  safetensors with nanoGPT names; config from its __metadata__ (see
-//                  model/checkpoint.h: a PyTorch nanoGPT state_dict loads as it is)
+//                  model/checkpoint.h: a PyTorch nanoGPT state_dict loads as it is). LoRA
+//                  adapters in W (<linear>.lora_A/B.weight, __metadata__ lora_alpha) make a
+//                  LoRA model that trains only them; --freeze freezes parameters by name.
 //   X (--batch)    int32 `inputs` and `targets`, both (B, T), T <= max_seq_len, ids in [0, V)
 //   O (--out)      `loss` F32 [N] (the loss before each step), `grad.<name>` (gradients of the
-//                  first step), `<name>` (parameters after the last step). Tensors have the
+//                  first step, of the tensors that train only), `<name>` (every parameter after
+//                  the last step). Tensors have the
 //                  model's shapes, except that wte and its gradient keep W's row count (a
 //                  nanoGPT wte of vocab_size rows stays unpadded). Written atomically.
 #include <sys/stat.h>
@@ -44,6 +47,8 @@ struct StepArgs {
         return c;
     }();
     std::string impl = "fused";
+    std::vector<std::string> freeze;  // optim.freeze
+    std::string quantize_frozen = "none";
 };
 
 // Reads and validates X against the model config: both tensors present, integer, 2-D and of
@@ -117,7 +122,22 @@ RunConfig step_config(const StepArgs& a, const GPTConfig& model, const Batch& ba
     c.optim.schedule = LRSchedule{};  // constant LR
     c.run.threads = a.threads;
     c.profile.trace = false;
+    c.trainable.freeze = a.freeze;
+    c.trainable.quantize_frozen = *parse_enum<QuantizeFrozen>(a.quantize_frozen);
     return c;
+}
+
+// "  trains 12 of 40 tensors (LoRA rank 4, alpha 8)\n" when not everything trains, else "".
+std::string trainable_line(const ParameterTable& table, const TrainableOptions& t) {
+    size_t trained = 0;
+    for (const auto& p : table.tensors()) trained += p.trainable;
+    if (trained == table.tensors().size()) return "";
+    std::string how = t.lora.enabled() ? "LoRA rank " + std::to_string(t.lora.rank) + ", alpha " +
+                                             fmt_float(t.lora.alpha)
+                                       : "--freeze";
+    if (t.quantize_frozen == QuantizeFrozen::int8) how += ", frozen Linear weights int8";
+    return "  trains " + std::to_string(trained) + " of " + std::to_string(table.tensors().size()) +
+           " tensors (" + how + ")\n";
 }
 
 // Refuses an --out that is the same file as an input, by filesystem identity (device and inode),
@@ -143,7 +163,8 @@ int run_step(const StepArgs& a) {
     SafeTensorsFile w = SafeTensorsFile::open(a.weights);
     auto batch =
         std::make_unique<RepeatedBatch>(read_batch(a.batch, read_checkpoint_config(w), a.weights));
-    const RunConfig rc = step_config(a, read_checkpoint_config(w), batch->batch());
+    RunConfig rc = step_config(a, read_checkpoint_config(w), batch->batch());
+    rc.trainable.lora = read_checkpoint_lora(w, rc.model);
     const GPTConfig& cfg = rc.model;
     const AdamWConfig& oc = rc.optim;
     const int B = rc.data.batch_size, T = rc.data.seq_len;
@@ -185,6 +206,7 @@ int run_step(const StepArgs& a) {
         return c;
     };
     for (const auto& p : table.tensors()) {
+        if (!p.trainable) continue;  // a frozen tensor has no gradient
         auto s = shape_of(p);
         out.add_f32("grad." + p.name, s,
                     std::span<const float>(first_grads.data() + p.offset, count_of(s)));
@@ -213,6 +235,7 @@ int run_step(const StepArgs& a) {
     std::printf("microtrain step: %s, batch %dx%d, %d AdamW step%s (%s, lr %g) on %s\n",
                 cfg.describe().c_str(), B, T, a.steps, a.steps == 1 ? "" : "s", to_string(oc.impl),
                 static_cast<double>(oc.lr), session.backend().device_name().c_str());
+    std::printf("%s", trainable_line(table, rc.trainable).c_str());
     for (int s = 0; s < a.steps; ++s)
         std::printf("  loss before step %d: %.6f\n", s + 1, losses[s]);
     std::printf("wrote %s\n", a.out.c_str());
@@ -282,6 +305,14 @@ void register_step_command(CLI::App& app, int& exit_code) {
     cmd->add_option("--optim-impl", a->impl, "AdamW implementation")
         ->capture_default_str()
         ->check(CLI::IsMember({"fused", "multi_tensor", "unfused"}));
+    cmd->add_option("--freeze", a->freeze,
+                    "Freeze these parameters (optim.freeze: names or prefixes such as wte, h.0, "
+                    "h.1.mlp; comma-separated or repeated)")
+        ->delimiter(',');
+    cmd->add_option("--quantize-frozen", a->quantize_frozen,
+                    "Store frozen Linear weights as int8 (model.quantize_frozen)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"none", "int8"}));
     cmd->add_option("--backend", a->backend, "cpu or cuda")
         ->capture_default_str()
         ->check(CLI::IsMember({"cpu", "cuda"}));

@@ -38,7 +38,9 @@ nlohmann::json read_cache() {
 CommProbe all_reduce_probe(TrainingSession& session, World& world, double timeout_s, bool force) {
     CommProbe p;
     if (session.world_size() < 2) return p;
-    const size_t bytes = std::min(session.n_params() * sizeof(float), kProbeMaxBytes);
+    // The gradient buffer: the trainable tensors only (LoRA / optim.freeze).
+    const size_t bytes =
+        std::min(session.model().trainable_count() * sizeof(float), kProbeMaxBytes);
     char host[256] = {};
     gethostname(host, sizeof host - 1);
     const std::string key = std::string(host) + " | " + session.collectives()->describe() + " | " +

@@ -11,6 +11,7 @@ void register_step_command(CLI::App& app, int& exit_code);      // harness/cmd_s
 void register_validate_command(CLI::App& app, int& exit_code);  // harness/cmd_validate.cpp
 void register_run_command(CLI::App& app, int& exit_code);       // harness/cmd_run.cpp
 void register_compare_command(CLI::App& app, int& exit_code);   // harness/cmd_compare.cpp
+void register_export_command(CLI::App& app, int& exit_code);    // harness/cmd_export.cpp
 
 struct GPTConfig;
 class RepeatedBatch;

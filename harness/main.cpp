@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
     mt::register_validate_command(app, exit_code);
     mt::register_run_command(app, exit_code);
     mt::register_compare_command(app, exit_code);
+    mt::register_export_command(app, exit_code);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -381,7 +381,9 @@ std::string duration_text(double seconds) {
 // PyTorch); a resumed ZeRO-1 rank takes its ranges back out of them.
 
 struct FullMoments {
-    std::vector<float> m, v;  // parameter-table layout; empty on ranks other than 0
+    // The trainable prefix of the device layout (what an unsharded AdamW holds); empty on
+    // ranks other than 0.
+    std::vector<float> m, v;
 };
 
 void append_bytes(std::string& out, const void* p, size_t bytes) {
@@ -691,22 +693,18 @@ void Trainer::checkpoint(int step) {
     AdamW& opt = session_->optimizer();
     FullMoments full;
     if (opt.sharded())
-        full = gather_full_moments(opt, session_->n_params(), world_, cfg_.dist.timeout_s);
+        full = gather_full_moments(opt, model.trainable_count(), world_, cfg_.dist.timeout_s);
     if (!leader_) return;
     csv_->sync();  // the rows this checkpoint counts are on disk before it is
     if (!opt.sharded()) full = FullMoments{opt.get_m(), opt.get_v()};
     // ZeRO-1 gathers the parameters after every optimizer step, so rank 0's are all of them.
+    // The checksum covers exactly the tensors save_checkpoint writes (checkpoint_tensors: the
+    // moments of the trainable tensors only).
     const std::vector<float> params = model.get_params();
-    const std::vector<float>&m = full.m, &v = full.v;
     NamedBytes tensors;
-    for (const auto& p : model.parameter_table().tensors()) {
-        auto bytes = [&](const std::vector<float>& x) {
-            return std::as_bytes(std::span(x.data() + p.offset, p.count));
-        };
-        tensors[p.name] = bytes(params);
-        tensors["optim.m." + p.name] = bytes(m);
-        tensors["optim.v." + p.name] = bytes(v);
-    }
+    for (const CheckpointTensor& t :
+         checkpoint_tensors(model.parameter_table(), params, &full.m, &full.v))
+        tensors[t.name] = std::as_bytes(t.values);
     std::map<std::string, std::string> extra;
     extra[kFormatKey] = kFormatVersion;
     for (const auto& [k, val] : config_) extra[kConfigPrefix + k] = val;
@@ -846,9 +844,15 @@ int Trainer::loop() {
             return 128 + sig;
         }
     }
-    if (leader_)
-        std::printf("done: %d steps; checkpoint %s\n", train_.steps,
-                    (ckdir_ / checkpoint_name(train_.steps)).string().c_str());
+    if (leader_) {
+        const std::string last = (ckdir_ / checkpoint_name(train_.steps)).string();
+        std::printf("done: %d steps; checkpoint %s\n", train_.steps, last.c_str());
+        if (cfg_.trainable.lora.enabled())  // what to do with the adapters (docs/commands.md)
+            std::printf(
+                "  export the adapters: microtrain export %s --merged MERGED.safetensors "
+                "--adapters ADAPTERS.safetensors\n",
+                last.c_str());
+    }
     return 0;
 }
 

@@ -564,7 +564,8 @@ void TrainingSession::optimizer_step_data_parallel(StepRecord& rec) {
 
 double TrainingSession::probe_all_reduce_gbps(size_t max_bytes) {
     if (!collectives_) return 0.0;
-    const size_t n = std::min(n_params(), max_bytes / sizeof(float));
+    // The gradient buffer: the trainable prefix (LoRA / optim.freeze: less than n_params()).
+    const size_t n = std::min(model_.trainable_count(), max_bytes / sizeof(float));
     const size_t W = static_cast<size_t>(world_size_), q = (n + W - 1) / W;
     std::vector<size_t> counts;
     for (size_t r = 0, left = n; r < W; ++r, left -= std::min(q, left))

@@ -11,13 +11,18 @@
 #include <bit>
 #include <charconv>
 #include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <span>
 #include <string_view>
 #include <unordered_set>
 #include <vector>
 
+#include "kernels/enum_names.h"
 #include "optim/adamw.h"
 
 namespace mt {
@@ -26,6 +31,11 @@ namespace {
 const char* const kConfigKeys[] = {"n_layer", "n_head", "n_embd", "vocab_size", "max_seq_len"};
 
 const std::string kWteName = "transformer.wte.weight";
+
+// The LoRA config of a model with adapters (model/gpt.h LoraConfig), in __metadata__.
+const char* const kLoraRankKey = "lora_rank";
+const char* const kLoraAlphaKey = "lora_alpha";      // %.9g: reads back to the same float
+const char* const kLoraTargetsKey = "lora_targets";  // "attn.c_attn,mlp.c_fc"
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
     throw CheckpointError(path + ": " + what);
@@ -73,6 +83,35 @@ int layer_index(const std::string& name, std::string* rest = nullptr) {
     if (j == i || j - i > 6 || j >= name.size() || name[j] != '.') return -1;
     if (rest) *rest = name.substr(j + 1);
     return std::stoi(name.substr(i, j - i));
+}
+
+std::string format_float(float x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(x));
+    return buf;
+}
+
+constexpr LoraTarget kLoraTargets[] = {LoraTarget::attn_c_attn, LoraTarget::attn_c_proj,
+                                       LoraTarget::mlp_c_fc, LoraTarget::mlp_c_proj};
+
+// The targets in the table's order (a block's Linears in forward order), comma-separated.
+std::string lora_targets_text(const LoraConfig& l) {
+    std::string t;
+    for (LoraTarget x : kLoraTargets)
+        if (l.adapts(x)) t += (t.empty() ? "" : ",") + std::string(enum_name(x));
+    return t;
+}
+
+// The LoRA tensor name suffix "<target>.lora_A.weight" -> target and whether it is A, or false.
+bool parse_lora_suffix(const std::string& rest, LoraTarget* target, bool* is_a) {
+    for (LoraTarget t : kLoraTargets)
+        for (bool a : {true, false})
+            if (rest == std::string(enum_name(t)) + (a ? ".lora_A.weight" : ".lora_B.weight")) {
+                *target = t;
+                *is_a = a;
+                return true;
+            }
+    return false;
 }
 
 // ---- the config a file describes ------------------------------------------------------------
@@ -160,6 +199,19 @@ bool check_every_tensor_is_known(const SafeTensorsFile& f, const ParameterTable&
         const int l = layer_index(n, &rest);
         if (l >= 0 && l < c.n_layer && (rest == "attn.bias" || rest == "attn.masked_bias"))
             continue;
+        LoraTarget target{};
+        bool is_a = false;
+        if (l >= 0 && parse_lora_suffix(rest, &target, &is_a)) {
+            const bool model_has_lora = std::any_of(table.tensors().begin(), table.tensors().end(),
+                                                    [](const ParameterInfo& p) { return p.lora; });
+            fail(f.path(), "tensor '" + n + "' is a LoRA adapter, but the model has " +
+                               (model_has_lora ? "none on layer " + std::to_string(l) + "'s " +
+                                                     std::string(enum_name(target))
+                                               : std::string("no LoRA adapters")) +
+                               ": build it with the checkpoint's model.lora (rank, alpha and "
+                               "targets: read_checkpoint_lora), or merge the adapters into the "
+                               "weights first (`microtrain export CKPT --merged OUT`)");
+        }
         fail(f.path(), "unknown tensor '" + n + "' " + to_string(t.dtype) + " " +
                            shape_string(t.shape) + ": a " + c.describe() +
                            " checkpoint holds only the nanoGPT parameters (transformer.wte.weight, "
@@ -200,12 +252,12 @@ const TensorEntry& check_parameter_shaped(const SafeTensorsFile& f, const std::s
     return *t;
 }
 
-// Reads a parameter-shaped tensor into flat[p.offset, p.offset + p.count); the rows of an
-// unpadded wte beyond vocab_size stay 0.
+// Reads a parameter-shaped tensor into flat[offset, offset + p.count); the rows of an unpadded
+// wte beyond vocab_size stay 0.
 void read_parameter_into(const SafeTensorsFile& f, const TensorEntry& t, const ParameterInfo& p,
-                         std::vector<float>& flat) {
-    std::fill(flat.begin() + p.offset, flat.begin() + p.offset + p.count, 0.0f);
-    f.read_f32_into(t, flat.data() + p.offset);
+                         size_t offset, std::vector<float>& flat) {
+    std::fill(flat.begin() + offset, flat.begin() + offset + p.count, 0.0f);
+    f.read_f32_into(t, flat.data() + offset);
 }
 
 // 3. Every parameter, into a flat buffer in the table's layout. Sets *wte_rows to the rows of
@@ -216,7 +268,7 @@ std::vector<float> read_parameters(const SafeTensorsFile& f, const ParameterTabl
     for (const auto& p : table.tensors()) {
         const TensorEntry& t = check_parameter_shaped(f, p.name, p, vocab_size);
         if (p.name == kWteName) *wte_rows = t.shape[0];
-        read_parameter_into(f, t, p, params);
+        read_parameter_into(f, t, p, p.offset, params);
     }
     return params;
 }
@@ -277,13 +329,16 @@ void check_causal_mask_buffers(const SafeTensorsFile& f, const GPTConfig& c) {
     }
 }
 
-// The AdamW moments in the table's layout.
+// The AdamW moments of the trainable tensors, in the device layout's trainable prefix (what
+// AdamW::set_state takes).
 struct OptimizerMoments {
     std::vector<float> m, v;
 };
 
-// 6. Optimizer state: all or nothing (every parameter's optim.m.* and optim.v.*, and the step
-// count); required when `read_values` (an optimizer is to be restored). Without `read_values`
+// 6. Optimizer state: all or nothing (optim.m.* and optim.v.* of every tensor the model trains,
+// and the step count); required when `read_values` (an optimizer is to be restored), which also
+// refuses moments of a tensor the model does not train (the file was written with another
+// optim.freeze / model.lora: resuming from it would drop state silently). Without `read_values`
 // the moments are checked but not read, and the result is empty.
 OptimizerMoments read_optimizer_state(const SafeTensorsFile& f, const ParameterTable& table,
                                       int64_t vocab_size, bool has_moments, bool read_values) {
@@ -296,15 +351,24 @@ OptimizerMoments read_optimizer_state(const SafeTensorsFile& f, const ParameterT
         return moments;
     }
     if (read_values) {
-        moments.m.assign(table.total_count(), 0.0f);
-        moments.v.assign(table.total_count(), 0.0f);
+        moments.m.assign(table.trainable_count(), 0.0f);
+        moments.v.assign(table.trainable_count(), 0.0f);
     }
     for (const auto& p : table.tensors()) {
+        if (!p.trainable) {
+            if (read_values && (f.find("optim.m." + p.name) || f.find("optim.v." + p.name)))
+                fail(f.path(), "holds AdamW moments of '" + p.name +
+                                   "', which this model does not train (it is frozen by "
+                                   "model.lora or optim.freeze); the checkpoint was written with "
+                                   "other trainable parameters, so its optimizer state cannot be "
+                                   "restored (load the weights only, without an optimizer)");
+            continue;
+        }
         const TensorEntry& tm = check_parameter_shaped(f, "optim.m." + p.name, p, vocab_size);
         const TensorEntry& tv = check_parameter_shaped(f, "optim.v." + p.name, p, vocab_size);
         if (read_values) {
-            read_parameter_into(f, tm, p, moments.m);
-            read_parameter_into(f, tv, p, moments.v);
+            read_parameter_into(f, tm, p, p.device_offset, moments.m);
+            read_parameter_into(f, tv, p, p.device_offset, moments.v);
         }
     }
     if (!f.metadata_value("step"))
@@ -312,6 +376,33 @@ OptimizerMoments read_optimizer_state(const SafeTensorsFile& f, const ParameterT
              "has optimizer state (optim.m.* / optim.v.*) but no __metadata__ \"step\" "
              "(the AdamW step count, needed for bias correction)");
     return moments;
+}
+
+// lora_alpha of the metadata: a finite number > 0 written as text.
+float metadata_alpha(const SafeTensorsFile& f) {
+    const std::string* v = f.metadata_value(kLoraAlphaKey);
+    char* end = nullptr;
+    const float a = v ? std::strtof(v->c_str(), &end) : 0.0f;
+    if (!v || v->empty() || *end != '\0' || !(a > 0) || !std::isfinite(a))
+        fail(f.path(), std::string("__metadata__ \"") + kLoraAlphaKey + "\" is " +
+                           (v ? "\"" + *v + "\"" : std::string("absent")) +
+                           ", expected the LoRA alpha (a number > 0; the adapters' update is "
+                           "scaled by alpha/rank) written as a decimal string");
+    return a;
+}
+
+// 1b. The LoRA config in the metadata (where present) must be the model's: adapters trained
+// at one alpha/rank mean something else at another.
+void check_lora_matches_model(const SafeTensorsFile& f, const LoraConfig& lora) {
+    const bool file_has = f.metadata_value(kLoraRankKey) || f.metadata_value(kLoraAlphaKey);
+    if (!file_has || !lora.enabled()) return;  // the tensors decide (missing / unknown tensor)
+    if (f.metadata_value(kLoraRankKey) && metadata_int(f, kLoraRankKey, 1) != lora.rank)
+        fail(f.path(), "the checkpoint's LoRA rank is " + *f.metadata_value(kLoraRankKey) +
+                           " but the model's model.lora.rank is " + std::to_string(lora.rank));
+    if (f.metadata_value(kLoraAlphaKey) && metadata_alpha(f) != lora.alpha)
+        fail(f.path(), "the checkpoint's LoRA alpha is " + *f.metadata_value(kLoraAlphaKey) +
+                           " but the model's model.lora.alpha is " + format_float(lora.alpha) +
+                           " (the adapters' update is scaled by alpha/rank)");
 }
 
 }  // namespace
@@ -359,6 +450,87 @@ GPTConfig read_checkpoint_config(const std::string& path) {
     return read_checkpoint_config(SafeTensorsFile::open(path));
 }
 
+LoraConfig read_checkpoint_lora(const SafeTensorsFile& f, const GPTConfig& c) {
+    // Which (layer, target) pairs hold A and B, and the rank of the first A.
+    std::map<LoraTarget, std::set<int>> a_layers, b_layers;
+    LoraConfig lora;
+    lora.targets.clear();
+    const TensorEntry* first_a = nullptr;
+    for (const auto& t : f.tensors()) {
+        std::string rest;
+        LoraTarget target{};
+        bool is_a = false;
+        const int l = layer_index(t.name, &rest);
+        if (l < 0 || !parse_lora_suffix(rest, &target, &is_a)) continue;
+        (is_a ? a_layers : b_layers)[target].insert(l);
+        if (is_a && !first_a) first_a = &t;
+    }
+    if (!first_a && b_layers.empty()) {
+        if (f.metadata_value(kLoraRankKey))
+            fail(f.path(), std::string("__metadata__ \"") + kLoraRankKey + "\" is " +
+                               *f.metadata_value(kLoraRankKey) +
+                               " but the file holds no LoRA tensors (<linear>.lora_A.weight)");
+        lora.rank = 0;
+        return lora;
+    }
+    std::set<int> every_layer;
+    for (int l = 0; l < c.n_layer; ++l) every_layer.insert(l);
+    for (const auto& [target, layers] : b_layers)
+        if (!a_layers.count(target)) a_layers[target];  // reported below: B without A
+    for (const auto& [target, layers] : a_layers) {
+        if (layers != every_layer || b_layers[target] != every_layer)
+            fail(f.path(), "the LoRA adapters of " + std::string(enum_name(target)) +
+                               " are not in every layer with both lora_A and lora_B (layers with "
+                               "A: " +
+                               std::to_string(layers.size()) +
+                               ", with B: " + std::to_string(b_layers[target].size()) +
+                               ", the model has " + std::to_string(c.n_layer) +
+                               "); microtrain adapts the same Linears in every layer");
+        lora.targets.push_back(target);
+    }
+    if (!first_a || first_a->shape.size() != 2 || first_a->shape[0] < 1 ||
+        first_a->shape[0] > GPTConfig::kMaxEmbd)
+        fail(f.path(), "tensor '" + (first_a ? first_a->name : std::string("lora_A")) +
+                           "' should be 2-D (rank, in) with rank in [1, " +
+                           std::to_string(GPTConfig::kMaxEmbd) + "]");
+    lora.rank = static_cast<int>(first_a->shape[0]);
+    lora.alpha = metadata_alpha(f);
+    check_lora_matches_model(f, lora);
+    if (const std::string* t = f.metadata_value(kLoraTargetsKey);
+        t && *t != lora_targets_text(lora))
+        fail(f.path(), std::string("__metadata__ \"") + kLoraTargetsKey + "\" is \"" + *t +
+                           "\" but the file's LoRA tensors adapt \"" + lora_targets_text(lora) +
+                           "\"");
+    // Every adapter of the shape the model's table gives it (A (rank, in), B (out, rank)).
+    TrainableOptions opt;
+    opt.lora = lora;
+    std::unique_ptr<ParameterTable> table;
+    try {
+        table = std::make_unique<ParameterTable>(c, opt);
+    } catch (const std::invalid_argument& e) {  // e.g. a rank the model cannot have
+        fail(f.path(), std::string("its LoRA adapters do not fit the model: ") + e.what());
+    }
+    for (const auto& p : table->tensors())
+        if (p.lora) check_parameter_shaped(f, p.name, p, c.vocab_size);
+    return lora;
+}
+
+std::vector<CheckpointTensor> checkpoint_tensors(const ParameterTable& table,
+                                                 const std::vector<float>& params,
+                                                 const std::vector<float>* m,
+                                                 const std::vector<float>* v) {
+    std::vector<CheckpointTensor> out;
+    for (const auto& p : table.tensors())
+        out.push_back({p.name, p.shape, std::span(params.data() + p.offset, p.count)});
+    if (!m || !v) return out;
+    for (const auto* moments : {m, v})
+        for (const auto& p : table.tensors())
+            if (p.trainable)
+                out.push_back({(moments == m ? "optim.m." : "optim.v.") + p.name, p.shape,
+                               std::span(moments->data() + p.device_offset, p.count)});
+    return out;
+}
+
 void save_checkpoint(const std::string& path, GPT& model, AdamW* opt,
                      const std::map<std::string, std::string>& extra) {
     const GPTConfig& c = model.config();
@@ -368,28 +540,35 @@ void save_checkpoint(const std::string& path, GPT& model, AdamW* opt,
         for (const char* key : kConfigKeys)
             if (k == key)
                 throw CheckpointError(path + ": extra metadata may not override \"" + k + "\"");
-        if (k == "step") throw CheckpointError(path + ": extra metadata may not override \"step\"");
+        for (const char* key : {"step", kLoraRankKey, kLoraAlphaKey, kLoraTargetsKey})
+            if (k == key)
+                throw CheckpointError(path + ": extra metadata may not override \"" + k + "\"");
         w.set_metadata(k, v);
     }
     for (const char* key : kConfigKeys) w.set_metadata(key, std::to_string(config_value(c, key)));
     w.set_metadata("format", "pt");  // what Hugging Face tooling expects of a PyTorch file
+    // The LoRA config: the rank and targets are in the tensors too, alpha only here.
+    if (const LoraConfig& l = model.options().trainable.lora; l.enabled()) {
+        w.set_metadata(kLoraRankKey, std::to_string(l.rank));
+        w.set_metadata(kLoraAlphaKey, format_float(l.alpha));
+        w.set_metadata(kLoraTargetsKey, lora_targets_text(l));
+    }
 
     // Host copies; the writer references them, so they live until write() returns.
     const std::vector<float> params = model.get_params();
     std::vector<float> m, v;
-    for (const auto& p : table.tensors())
-        w.add_f32(p.name, p.shape, std::span<const float>(params.data() + p.offset, p.count));
     if (opt) {
         m = opt->get_m();
         v = opt->get_v();
-        for (const auto& p : table.tensors())
-            w.add_f32("optim.m." + p.name, p.shape,
-                      std::span<const float>(m.data() + p.offset, p.count));
-        for (const auto& p : table.tensors())
-            w.add_f32("optim.v." + p.name, p.shape,
-                      std::span<const float>(v.data() + p.offset, p.count));
+        if (m.size() != table.trainable_count())
+            throw CheckpointError(path +
+                                  ": the optimizer holds a share of the moments (ZeRO-1); "
+                                  "gather them into an unsharded AdamW to checkpoint them");
         w.set_metadata("step", std::to_string(opt->steps_taken()));
     }
+    for (const CheckpointTensor& t :
+         checkpoint_tensors(table, params, opt ? &m : nullptr, opt ? &v : nullptr))
+        w.add_f32(t.name, t.shape, t.values);
     w.write(path);
 }
 
@@ -399,6 +578,7 @@ CheckpointLoadInfo load_checkpoint(const SafeTensorsFile& f, GPT& model, AdamW* 
     const int64_t vocab_size = c.vocab_size;
 
     check_config_matches_model(f, c);
+    check_lora_matches_model(f, model.options().trainable.lora);
     const bool has_moments = check_every_tensor_is_known(f, table, c);
 
     CheckpointLoadInfo info;
@@ -420,6 +600,97 @@ CheckpointLoadInfo load_checkpoint(const SafeTensorsFile& f, GPT& model, AdamW* 
 
 CheckpointLoadInfo load_checkpoint(const std::string& path, GPT& model, AdamW* opt) {
     return load_checkpoint(SafeTensorsFile::open(path), model, opt);
+}
+
+// ---- LoRA export ----------------------------------------------------------------------------
+
+std::vector<float> merge_lora(const ParameterTable& lora_table, const LoraConfig& lora,
+                              const std::vector<float>& params, const GPTConfig& config) {
+    const ParameterTable plain(config);
+    std::vector<float> out(plain.total_count());
+    const double scale = static_cast<double>(lora.alpha) / lora.rank;
+    for (const auto& p : plain.tensors()) {
+        const ParameterInfo& src = lora_table.at(p.name);
+        const float* w = params.data() + src.offset;
+        float* dst = out.data() + p.offset;
+        // "<linear>.weight" -> its adapters "<linear>.lora_A.weight", "<linear>.lora_B.weight".
+        const std::string suffix = ".weight";
+        const bool is_weight =
+            p.shape.size() == 2 && p.name.size() > suffix.size() &&
+            p.name.compare(p.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+        const std::string linear =
+            is_weight ? p.name.substr(0, p.name.size() - suffix.size()) : std::string();
+        const ParameterInfo* a = is_weight ? lora_table.find(linear + ".lora_A.weight") : nullptr;
+        if (!a) {
+            std::copy(w, w + p.count, dst);
+            continue;
+        }
+        const ParameterInfo& b = lora_table.at(linear + ".lora_B.weight");
+        const float* A = params.data() + a->offset;  // (rank, in)
+        const float* B = params.data() + b.offset;   // (out, rank)
+        const size_t out_f = static_cast<size_t>(p.shape[0]),
+                     in_f = static_cast<size_t>(p.shape[1]);
+        const size_t r = static_cast<size_t>(lora.rank);
+        for (size_t o = 0; o < out_f; ++o)
+            for (size_t i = 0; i < in_f; ++i) {
+                double ba = 0;
+                for (size_t k = 0; k < r; ++k) ba += double(B[o * r + k]) * double(A[k * in_f + i]);
+                dst[o * in_f + i] = static_cast<float>(double(w[o * in_f + i]) + scale * ba);
+            }
+    }
+    return out;
+}
+
+namespace {
+SafeTensorsWriter writer_with_config(const std::string& path, const GPTConfig& c,
+                                     const std::map<std::string, std::string>& extra) {
+    SafeTensorsWriter w;
+    for (const auto& [k, v] : extra) {
+        for (const char* key : kConfigKeys)
+            if (k == key)
+                throw CheckpointError(path + ": extra metadata may not override \"" + k + "\"");
+        w.set_metadata(k, v);
+    }
+    for (const char* key : kConfigKeys) w.set_metadata(key, std::to_string(config_value(c, key)));
+    w.set_metadata("format", "pt");
+    return w;
+}
+}  // namespace
+
+void save_plain_checkpoint(const std::string& path, const GPTConfig& config,
+                           const std::vector<float>& params,
+                           const std::map<std::string, std::string>& extra) {
+    const ParameterTable table(config);
+    if (params.size() != table.total_count())
+        throw CheckpointError(path + ": expected " + std::to_string(table.total_count()) +
+                              " parameters of a plain " + config.describe() + " model, got " +
+                              std::to_string(params.size()));
+    SafeTensorsWriter w = writer_with_config(path, config, extra);
+    for (const auto& p : table.tensors()) {
+        std::vector<int64_t> shape = p.shape;
+        size_t count = p.count;
+        if (p.name == kWteName) {  // nanoGPT's wte: exactly vocab_size rows
+            shape[0] = config.vocab_size;
+            count = static_cast<size_t>(config.vocab_size) * static_cast<size_t>(shape[1]);
+        }
+        w.add_f32(p.name, shape, std::span(params.data() + p.offset, count));
+        if (p.name == kWteName)
+            w.add_f32("lm_head.weight", shape, std::span(params.data() + p.offset, count));
+    }
+    w.write(path);
+}
+
+void save_lora_adapters(const std::string& path, const ParameterTable& lora_table,
+                        const LoraConfig& lora, const std::vector<float>& params,
+                        const GPTConfig& config, const std::map<std::string, std::string>& extra) {
+    if (!lora.enabled()) throw CheckpointError(path + ": the model has no LoRA adapters to write");
+    SafeTensorsWriter w = writer_with_config(path, config, extra);
+    w.set_metadata(kLoraRankKey, std::to_string(lora.rank));
+    w.set_metadata(kLoraAlphaKey, format_float(lora.alpha));
+    w.set_metadata(kLoraTargetsKey, lora_targets_text(lora));
+    for (const auto& p : lora_table.tensors())
+        if (p.lora) w.add_f32(p.name, p.shape, std::span(params.data() + p.offset, p.count));
+    w.write(path);
 }
 
 }  // namespace mt

@@ -230,6 +230,7 @@ class GPT {
 
     const GPTConfig& config() const { return config_; }
     const ParameterTable& parameter_table() const { return table_; }
+    const ModelOptions& options() const { return options_; }
     Backend& backend() { return backend_; }
 
     // GPT-2 init from a seed: N(0, 0.02) for embeddings and Linear weights, residual projections

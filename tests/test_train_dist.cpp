@@ -251,6 +251,50 @@ TEST(TrainDist, AZero1ResumeOnTwoRanksIsABitwiseContinuation) {
     }
 }
 
+// LoRA (model.lora): the gradient buffer, the ZeRO-1 ranges and the moments cover only the
+// adapters (the trainable prefix of the device layout). The ZeRO-1 checkpoint is ZeRO-0's byte
+// for byte (moments of the adapters only), and a 2-rank resume continues it bitwise.
+TEST(TrainDist, ALoraRunShardsOnlyTheAdaptersAndResumesBitwise) {
+    REQUIRE_MPI();
+    TempDir d("mt_train_dist");
+    const std::string path = tiny_yaml(d, "t.yaml", 2);
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string yaml = text.str();
+    const std::string preset = "  preset: tiny\n";
+    yaml.insert(yaml.find(preset) + preset.size(),
+                "  lora: {rank: 4, alpha: 8, targets: [attn.c_attn, mlp.c_fc]}\n");
+    std::ofstream(path) << yaml;
+    const std::string f = q(path);
+    ASSERT_EQ(train(2, f + " --set dist.zero=0 --out-dir " + q(d.file("z0"))).rc, 0);
+    const CliResult whole = train(2, f + " --set dist.zero=1 --out-dir " + q(d.file("z1")));
+    ASSERT_EQ(whole.rc, 0) << whole.output;
+    const CliResult cut = train(2, f + " --set dist.zero=1 --steps 4 --out-dir " + q(d.file("c")));
+    ASSERT_EQ(cut.rc, 0) << cut.output;
+    const CliResult resumed = train(2, f + " --set dist.zero=1 --resume " + q(d.file("c")));
+    ASSERT_EQ(resumed.rc, 0) << resumed.output;
+    const SafeTensorsFile z0 = SafeTensorsFile::open(ckpt(d.file("z0"), 8));
+    size_t moments = 0;
+    for (const std::string& other : {d.file("z1"), d.file("c")}) {
+        const SafeTensorsFile z = SafeTensorsFile::open(ckpt(other, 8));
+        ASSERT_EQ(z.tensors().size(), z0.tensors().size()) << other;
+        for (const auto& t : z0.tensors()) {
+            const TensorEntry* u = z.find(t.name);
+            ASSERT_NE(u, nullptr) << t.name;
+            const auto x = z0.read_raw(t), y = z.read_raw(*u);
+            EXPECT_TRUE(x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin()))
+                << other << ": " << t.name;
+        }
+    }
+    for (const auto& t : z0.tensors())
+        if (t.name.rfind("optim.", 0) == 0) {
+            ++moments;
+            EXPECT_NE(t.name.find(".lora_"), std::string::npos) << t.name;
+        }
+    EXPECT_EQ(moments, 2u * 2 * 2 * 2);  // m, v x 2 layers x 2 targets x (A, B)
+}
+
 // SIGTERM to rank 1 only: the stop flag is agreed in the step, so both ranks stop after the same
 // step, rank 0 writes that step's checkpoint and both exit 143; a 2-rank --resume finishes.
 TEST(TrainDist, ASignalToOneRankStopsEveryRankAfterTheSameStepWithACheckpoint) {

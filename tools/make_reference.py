@@ -30,6 +30,17 @@ Cases:
   tiny       L2 C64 H4 T32 V256 (padded vocab 256), batch B=4 T=32, no gradient clipping.
   tiny_v200  L1 C32 H2 T16 V200 (padded vocab 256: microtrain pads wte from 200 to 256 rows),
              batch B=3 T=11 (< max_seq_len), global-norm clipping at 0.5 (active on every step).
+  tiny_lora  L2 C32 H2 T16 V200 with LoRA rank 4, alpha 8 on attn.c_attn, mlp.c_fc and
+             mlp.c_proj (attn.c_proj plain), batch B=3 T=16, no clipping. LoRALinear below is
+             peft's definition written out: y = x W^T + b + (alpha/r) (x A^T) B^T, A (r, in)
+             Kaiming-uniform, B (out, r) zero at init, here then set to N(0, 0.05^2) so A's
+             gradient is not zero. The base is frozen (requires_grad False) and AdamW runs over
+             the adapters only (both decayed: dim 2). The weights file holds the adapters as
+             <linear>.lora_A.weight / lora_B.weight and __metadata__ lora_rank, lora_alpha,
+             lora_targets; the expected file has grad.<name> for the adapters only.
+  tiny_freeze  L2 C32 H2 T16 V200 with wte (so the tied LM head), wpe and block 0 frozen
+             (optim.freeze [wte, wpe, h.0], recorded in the expected file's __metadata__
+             "freeze"), batch B=3 T=16, clipping at 0.05 over the tensors that train.
 
 The model is nanoGPT's GPT (model.py) with bias=True, dropout 0, the GELU tanh approximation
 (as llm.c / GPT-2; nanoGPT's nn.GELU() default is the erf form), LayerNorm eps 1e-5, the LM head
@@ -131,16 +142,48 @@ def read_safetensors(path):
 # ---- nanoGPT's model (model.py), bias=True, dropout=0, GELU tanh ------------------------------
 
 class Config:
-    def __init__(self, n_layer, n_head, n_embd, block_size, vocab_size):
+    def __init__(self, n_layer, n_head, n_embd, block_size, vocab_size, lora_rank=0,
+                 lora_alpha=1.0, lora_targets=()):
         self.n_layer, self.n_head, self.n_embd = n_layer, n_head, n_embd
         self.block_size, self.vocab_size = block_size, vocab_size
+        # LoRA on the named Linears of every block ("attn.c_attn", "attn.c_proj", "mlp.c_fc",
+        # "mlp.c_proj"); rank 0: plain nanoGPT.
+        self.lora_rank, self.lora_alpha, self.lora_targets = lora_rank, lora_alpha, lora_targets
+
+
+class LoRALinear(nn.Linear):
+    """A Linear with a LoRA adapter (Hu et al. 2021; as peft's lora.Linear):
+    y = x W^T + b + (alpha/r) (x A^T) B^T, A (r, in_features), B (out_features, r), the adapter
+    modules named lora_A / lora_B so the state_dict holds <linear>.lora_A.weight and
+    <linear>.lora_B.weight. Init as peft: A Kaiming-uniform (a = sqrt(5), nn.Linear's default),
+    B zero, so the adapted model starts as the base."""
+
+    def __init__(self, in_features, out_features, r, alpha):
+        super().__init__(in_features, out_features, bias=True)
+        self.lora_A = nn.Linear(in_features, r, bias=False)
+        self.lora_B = nn.Linear(r, out_features, bias=False)
+        self.scaling = alpha / r
+
+    def reset_lora(self):
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B.weight)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias) + self.lora_B(self.lora_A(x)) * self.scaling
+
+
+def linear(config, name, in_features, out_features):
+    """nn.Linear, or a LoRALinear when config adapts `name` ("attn.c_attn", ...)."""
+    if config.lora_rank > 0 and name in config.lora_targets:
+        return LoRALinear(in_features, out_features, config.lora_rank, config.lora_alpha)
+    return nn.Linear(in_features, out_features, bias=True)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=True)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=True)
+        self.c_attn = linear(config, "attn.c_attn", config.n_embd, 3 * config.n_embd)
+        self.c_proj = linear(config, "attn.c_proj", config.n_embd, config.n_embd)
         self.n_head, self.n_embd = config.n_head, config.n_embd
         # The causal mask nanoGPT registers when flash attention is unavailable; it is part of
         # the state_dict, so microtrain's loader must accept it.
@@ -165,9 +208,9 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=True)
+        self.c_fc = linear(config, "mlp.c_fc", config.n_embd, 4 * config.n_embd)
         self.gelu = nn.GELU(approximate="tanh")
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=True)
+        self.c_proj = linear(config, "mlp.c_proj", 4 * config.n_embd, config.n_embd)
 
     def forward(self, x):
         return self.c_proj(self.gelu(self.c_fc(x)))
@@ -203,6 +246,9 @@ class GPT(nn.Module):
         for pn, p in self.named_parameters():
             if pn.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        for m in self.modules():  # after _init_weights, which also visits lora_A / lora_B
+            if isinstance(m, LoRALinear):
+                m.reset_lora()
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
@@ -248,8 +294,23 @@ def param_names(model):
 
 # ---- fixture generation ---------------------------------------------------------------------
 
+LORA_TARGET_ORDER = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def freeze_parameters(model, cfg, freeze):
+    """What trains: with LoRA only the adapters (the base is frozen: requires_grad False); with
+    `freeze` (optim.freeze's names or prefixes, "wte", "h.0", ...) all but the named tensors."""
+    for name, p in model.named_parameters():
+        if cfg.lora_rank > 0 and ".lora_" not in name:
+            p.requires_grad_(False)
+        for entry in freeze:
+            full = entry if entry.startswith("transformer.") else "transformer." + entry
+            if name == full or name.startswith(full + "."):
+                p.requires_grad_(False)
+
+
 def make_case(out_dir, case, cfg, B, T, grad_clip, seed, steps=3, lr=1e-3, betas=(0.9, 0.95),
-              eps=1e-8, weight_decay=0.1):
+              eps=1e-8, weight_decay=0.1, freeze=()):
     torch.manual_seed(seed)
     model = GPT(cfg)
     with torch.no_grad():
@@ -260,22 +321,33 @@ def make_case(out_dir, case, cfg, B, T, grad_clip, seed, steps=3, lr=1e-3, betas
                     p.add_(0.1 * torch.randn(p.shape, generator=g))   # gains near 1
                 else:
                     p.add_(0.02 * torch.randn(p.shape, generator=g))  # biases near 0
+            elif ".lora_B." in name:
+                # B starts at zero (peft), which would leave A's gradient zero: give it values.
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    freeze_parameters(model, cfg, freeze)
     gen = torch.Generator().manual_seed(seed + 2)
     tokens = torch.randint(0, cfg.vocab_size, (B, T + 1), generator=gen)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
     meta_cfg = {"n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_embd": cfg.n_embd,
                 "vocab_size": cfg.vocab_size, "max_seq_len": cfg.block_size}
+    meta_lora = {}
+    if cfg.lora_rank > 0:  # what microtrain reads to build the model with the same adapters
+        meta_lora = {"lora_rank": cfg.lora_rank, "lora_alpha": repr(float(cfg.lora_alpha)),
+                     "lora_targets": ",".join(t for t in LORA_TARGET_ORDER
+                                              if t in cfg.lora_targets)}
     # The state_dict exactly as PyTorch has it: lm_head.weight (tied) and attn.bias buffers too.
     sd = model.state_dict()
     assert "lm_head.weight" in sd and "transformer.h.0.attn.bias" in sd
     write_safetensors(os.path.join(out_dir, f"{case}_weights.safetensors"), sd,
-                      dict(meta_cfg, source="tools/make_reference.py (PyTorch nanoGPT)"))
+                      dict(meta_cfg, **meta_lora,
+                           source="tools/make_reference.py (PyTorch nanoGPT)"))
     write_safetensors(os.path.join(out_dir, f"{case}_batch.safetensors"),
                       {"inputs": inputs.to(torch.int32), "targets": targets.to(torch.int32)})
 
     names = param_names(model)
     params = dict(model.named_parameters())
+    trained = [n for n in names if params[n].requires_grad]  # AdamW's; the only gradients
     opt = model.configure_optimizer(lr, betas, eps, weight_decay)
     losses, norms, first_grads = [], [], None
     for step in range(steps):
@@ -284,19 +356,22 @@ def make_case(out_dir, case, cfg, B, T, grad_clip, seed, steps=3, lr=1e-3, betas
         loss.backward()
         losses.append(loss.item())
         if first_grads is None:
-            first_grads = {n: params[n].grad.detach().clone() for n in names}
-        total = torch.sqrt(sum((params[n].grad.double() ** 2).sum() for n in names)).item()
+            first_grads = {n: params[n].grad.detach().clone() for n in trained}
+            assert all(params[n].grad is None for n in names if n not in trained)
+        total = torch.sqrt(sum((params[n].grad.double() ** 2).sum() for n in trained)).item()
         norms.append(total)
         if grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_([params[n] for n in names], grad_clip)
+            torch.nn.utils.clip_grad_norm_([params[n] for n in trained], grad_clip)
         opt.step()
 
     expected = {"loss": torch.tensor(losses, dtype=torch.float32)}
-    for n in names:
+    for n in trained:
         expected["grad." + n] = first_grads[n]
     for n in names:
         expected[n] = params[n].detach()
-    meta = dict(meta_cfg, steps=steps, lr=repr(lr), beta1=repr(betas[0]), beta2=repr(betas[1]),
+    if freeze:
+        meta_cfg = dict(meta_cfg, freeze=",".join(freeze))  # optim.freeze / step --freeze
+    meta = dict(meta_cfg, **meta_lora, steps=steps, lr=repr(lr), beta1=repr(betas[0]), beta2=repr(betas[1]),
                 eps=repr(eps), weight_decay=repr(weight_decay), grad_clip=repr(grad_clip),
                 source="tools/make_reference.py (torch %s)" % torch.__version__)
     for i, nrm in enumerate(norms):
@@ -305,7 +380,8 @@ def make_case(out_dir, case, cfg, B, T, grad_clip, seed, steps=3, lr=1e-3, betas
     if grad_clip > 0:
         assert all(nrm > grad_clip for nrm in norms), "clipping must be active on every step"
     print(f"{case}: L{cfg.n_layer} C{cfg.n_embd} H{cfg.n_head} T{cfg.block_size} "
-          f"V{cfg.vocab_size}, batch {B}x{T}, clip {grad_clip}: losses "
+          f"V{cfg.vocab_size}, batch {B}x{T}, clip {grad_clip}, {len(trained)} of {len(names)} "
+          f"tensors train: losses "
           + ", ".join(f"{x:.6f}" for x in losses) + "; grad norms "
           + ", ".join(f"{x:.4f}" for x in norms))
 
@@ -351,6 +427,14 @@ def main():
               seed=1337)
     make_case(args.out_dir, "tiny_v200", Config(1, 2, 32, 16, 200), B=3, T=11, grad_clip=0.5,
               seed=2024)
+    # LoRA on three of a block's four Linears (attn.c_proj stays plain), the base frozen.
+    make_case(args.out_dir, "tiny_lora",
+              Config(2, 2, 32, 16, 200, lora_rank=4, lora_alpha=8.0,
+                     lora_targets=("attn.c_attn", "mlp.c_fc", "mlp.c_proj")),
+              B=3, T=16, grad_clip=0.0, seed=7)
+    # optim.freeze: the embeddings (so the tied LM head too) and block 0; clipping on the rest.
+    make_case(args.out_dir, "tiny_freeze", Config(2, 2, 32, 16, 200), B=3, T=16, grad_clip=0.05,
+              seed=11, freeze=("wte", "wpe", "h.0"))
 
 
 if __name__ == "__main__":

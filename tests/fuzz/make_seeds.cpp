@@ -76,6 +76,15 @@ void safetensors_seeds(const fs::path& dir) {
     save_checkpoint((dir / "weights.safetensors").string(), model, nullptr);
     AdamW opt(model, AdamWConfig{});
     save_checkpoint((dir / "with_optimizer.safetensors").string(), model, &opt);
+    // A LoRA model's checkpoint: adapters, lora_* metadata, the adapters' moments only.
+    ModelOptions lora;
+    lora.trainable.lora.rank = 2;
+    lora.trainable.lora.alpha = 4.0f;
+    lora.trainable.lora.targets = {LoraTarget::attn_c_attn, LoraTarget::mlp_c_proj};
+    GPT lora_model(*backend, tiny_config(), lora);
+    lora_model.init_weights(1);
+    AdamW lora_opt(lora_model, AdamWConfig{});
+    save_checkpoint((dir / "lora_with_optimizer.safetensors").string(), lora_model, &lora_opt);
     write_state_dict((dir / "state_dict.safetensors").string(), true);
     write_state_dict((dir / "state_dict_no_config.safetensors").string(), false);
     SafeTensorsWriter w;  // every reader path: scalars, empty tensors, integers

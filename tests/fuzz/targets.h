@@ -46,15 +46,17 @@ inline void read_every_tensor(const SafeTensorsFile& f) {
 // weights only and with an AdamW to restore.
 inline void load_into_model(const SafeTensorsFile& f) {
     const GPTConfig c = read_checkpoint_config(f);
-    // read_checkpoint_config checked every parameter against the file, so the model is no larger
-    // than the input; this bound only keeps each execution fast.
-    if (ParameterTable(c).total_count() > (size_t{1} << 20)) return;
+    ModelOptions options;  // with the file's LoRA adapters, if it has any
+    options.trainable.lora = read_checkpoint_lora(f, c);
+    // read_checkpoint_config and read_checkpoint_lora checked every parameter against the file,
+    // so the model is no larger than the input; this bound only keeps each execution fast.
+    if (ParameterTable(c, options.trainable).total_count() > (size_t{1} << 20)) return;
     static const auto backend = [] {
         BackendOptions o;
         o.num_threads = 1;
         return create_backend(BackendKind::cpu, o);
     }();
-    GPT model(*backend, c);
+    GPT model(*backend, c, options);
     try {
         load_checkpoint(f, model);
     } catch (const CheckpointError&) {
