@@ -122,7 +122,11 @@ void GradientSync::gradients_ready(size_t offset, size_t count) {
     const auto it = range_bucket_.find(offset);
     if (it == range_bucket_.end())
         throw std::logic_error("GradientSync: a gradient range the plan does not know");
-    if (--ranges_left_[it->second] == 0 && config_.overlap) issue(it->second);
+    if (--ranges_left_[it->second] == 0 && config_.overlap) {
+        issue(it->second);
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.buckets_issued_in_backward;
+    }
 }
 
 void GradientSync::end_backward() {

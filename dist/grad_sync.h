@@ -95,6 +95,10 @@ class GradientSync {
     struct StepStats {
         double busy_ms = 0;  // the link was busy (collectives running, incl. simulated time)
         double bytes = 0;    // bytes this rank sent
+        // Buckets issued from gradients_ready(), i.e. while backward still ran (dist.overlap:
+        // true issues every bucket there; false none). Whether their reduction then hides
+        // under backward's compute is a matter of time, measured by comm_busy_ms - comm.
+        int buckets_issued_in_backward = 0;
     };
     // This step's totals, reset for the next step. Call after the last wait of the step.
     StepStats take_step_stats();

@@ -560,6 +560,7 @@ void TrainingSession::optimizer_step_data_parallel(StepRecord& rec) {
     const GradientSync::StepStats st = grad_sync_->take_step_stats();
     rec.comm_busy_ms = st.busy_ms;
     rec.comm_bytes = st.bytes;
+    rec.comm_buckets_in_backward = st.buckets_issued_in_backward;
 }
 
 double TrainingSession::probe_all_reduce_gbps(size_t max_bytes) {

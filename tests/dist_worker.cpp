@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
             j["comm_ms"].push_back(rec.times[Phase::comm]);
             j["busy_ms"].push_back(rec.comm_busy_ms);
             j["bytes"].push_back(rec.comm_bytes);
+            j["buckets_in_backward"].push_back(rec.comm_buckets_in_backward);
         }
         if (world->rank() == 0) {
             const std::vector<float> p = session.model().get_params();

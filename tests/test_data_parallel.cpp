@@ -152,19 +152,23 @@ TEST(DataParallel, CommPhaseIsPositiveUnderASimulatedLinkAndZeroOnOneRank) {
     EXPECT_NEAR(static_cast<double>(slow.info["bytes"][0]), n * 4, 1.0);
 }
 
-TEST(DataParallel, OverlapHidesCommunicationUnderBackward) {
+// What overlap changes is when a bucket is issued: on, each one as soon as backward has produced
+// all of it (so its reduction can run under the rest of backward); off, all of them after
+// backward. How much of the link time that then hides is a speed, measured by the report's
+// comm_overlapped_ms and by bench/dp_scaling.sh, never asserted here: on CI's 2 cores the two
+// ranks' compute threads and MPI's polling share the cores, and the hidden time is noise.
+TEST(DataParallel, OverlapIssuesEveryBucketWhileBackwardRunsAndOffIssuesNone) {
     REQUIRE_MPI();
     TempDir dir("mt_dp");
-    const std::string link = "dist.simulate_link_gbps=0.2 model.n_layer=4 ";
-    const WorkerRun on = run_worker(dir, "on", 2, 2, 4, link + "dist.overlap=true");
-    const WorkerRun off = run_worker(dir, "off", 2, 2, 4, link + "dist.overlap=false");
-    double on_ms = 0, off_ms = 0;
-    for (size_t s = 1; s < 4; ++s) {
-        on_ms += on.info["comm_ms"][s].get<double>();
-        off_ms += off.info["comm_ms"][s].get<double>();
+    const std::string sets = "model.n_layer=4 ";
+    const WorkerRun on = run_worker(dir, "on", 2, 2, 3, sets + "dist.overlap=true");
+    const WorkerRun off = run_worker(dir, "off", 2, 2, 3, sets + "dist.overlap=false");
+    const int buckets = on.info["buckets"];
+    ASSERT_GT(buckets, 1);
+    for (size_t s = 0; s < 3; ++s) {
+        EXPECT_EQ(on.info["buckets_in_backward"][s].get<int>(), buckets) << "step " << s;
+        EXPECT_EQ(off.info["buckets_in_backward"][s].get<int>(), 0) << "step " << s;
     }
-    EXPECT_LT(on_ms, off_ms) << "exposed comm with overlap " << on_ms << " ms vs without " << off_ms
-                             << " ms";
 }
 
 // An experiment file for microtrain run under mpirun.
