@@ -568,6 +568,11 @@ void add_kernel_and_profile_keys(std::vector<KeyDef>& t) {
         "kernels.layernorm", [](RunConfig& c) -> LayerNormImpl& { return c.kernels.layernorm; }));
     t.push_back(
         bool_key("kernels.matmul_gelu", [](RunConfig& c) -> bool& { return c.kernels.fuse_gelu; }));
+    t.push_back(enum_key<MatmulImpl>(
+        "kernels.matmul", [](RunConfig& c) -> MatmulImpl& { return c.kernels.matmul; }));
+    t.push_back(enum_key<LayerNormForwardImpl>(
+        "kernels.layernorm_forward",
+        [](RunConfig& c) -> LayerNormForwardImpl& { return c.kernels.layernorm_forward; }));
 
     t.push_back(
         bool_key("profile.kernels", [](RunConfig& c) -> bool& { return c.profile.kernels; }));
@@ -1275,6 +1280,7 @@ struct Resolver {
         if (preset && !(*preset == c.model)) c.model_preset.clear();
         check_validation_split(c);
         check_host_sync(c);
+        check_kernel_ladders(c);
         // data.seq_len's default (64) follows a shorter model: unless given, it is capped at
         // model.max_seq_len (the tiny preset has 32).
         if (!s.count("data.seq_len"))
@@ -1302,6 +1308,29 @@ struct Resolver {
             error("data.val_path", "expected a readable file, got '" + c.data.val_path +
                                        "' which does not exist or is not a file; check the path "
                                        "(relative paths resolve against the experiment file)");
+    }
+
+    // kernels.matmul / kernels.layernorm_forward: each backend has its own ladder steps. With
+    // backend: auto the backend refuses a step it does not have when it is created.
+    void check_kernel_ladders(const RunConfig& c) const {
+        if (c.backend == BackendChoice::cpu && !is_cpu_matmul(c.kernels.matmul))
+            error(blame({"kernels.matmul", "backend"}),
+                  std::string("expected a CPU matmul (naive, blocked, packed, blas or auto) with "
+                              "backend: cpu, got kernels.matmul: ") +
+                      to_string(c.kernels.matmul) +
+                      ", a CUDA implementation; use backend: cuda or a CPU step of the ladder");
+        if (c.backend == BackendChoice::cuda && !is_cuda_matmul(c.kernels.matmul))
+            error(blame({"kernels.matmul", "backend"}),
+                  std::string("expected a CUDA matmul (naive, tiled, cublas, cublaslt or auto) "
+                              "with backend: cuda, got kernels.matmul: ") +
+                      to_string(c.kernels.matmul) +
+                      ", a CPU implementation; use backend: cpu or a CUDA step of the ladder");
+        if (c.backend == BackendChoice::cpu &&
+            c.kernels.layernorm_forward == LayerNormForwardImpl::thread_per_row)
+            error(blame({"kernels.layernorm_forward", "backend"}),
+                  "expected two_pass or welford with backend: cpu, got "
+                  "kernels.layernorm_forward: thread_per_row, a CUDA thread layout (a CPU "
+                  "thread already walks whole rows); use backend: cuda");
     }
 
     // run.host_sync: none leaves the device running steps ahead of the host, which two other
@@ -1540,6 +1569,10 @@ std::vector<std::string> cuda_only_features(const RunConfig& c) {
     // flash attention has a CPU implementation too; cuDNN's exists only on CUDA. pin_memory is
     // a no-op on the CPU backend (host memory is already where the compute is), not an error.
     if (c.kernels.attention == AttentionImpl::cudnn) f.push_back("kernels.attention cudnn");
+    if (c.kernels.matmul != MatmulImpl::naive && !is_cpu_matmul(c.kernels.matmul))
+        f.push_back(std::string("kernels.matmul ") + to_string(c.kernels.matmul));
+    if (c.kernels.layernorm_forward == LayerNormForwardImpl::thread_per_row)
+        f.push_back("kernels.layernorm_forward thread_per_row");
     // Offload moves state between device memory and pinned host memory over a copy stream: on
     // the CPU backend both sides are the same memory.
     if (c.run.offload != OffloadMode::none)

@@ -173,6 +173,13 @@ class Backend {
     // deliberately wrong variant); production code never does.
     KernelTable& kernels() { return kernels_; }
 
+    // Which implementation this backend runs for the op named `op_name` (an OpRecord name of
+    // kernels/ops.h), as the per-op table prints it: "packed" / "cublaslt" for the matmuls,
+    // "flash" for attention, "welford" for the LayerNorm forward...; "" for an op with one.
+    std::string implementation(std::string_view op_name) const;
+    // kernels.matmul resolved: auto becomes this backend's fastest GEMM.
+    virtual MatmulImpl matmul_impl() const { return options_.kernels.matmul; }
+
     // Per-op profiling hook (profile.kernels): every run() reports to it; nullptr disables.
     void set_op_observer(OpObserver* observer) { observer_ = observer; }
     OpObserver* op_observer() const { return observer_; }

@@ -21,6 +21,15 @@ enum class ClassifierImpl { unfused, fused };
 enum class AdamWImpl { unfused, multi_tensor, fused };
 enum class LayerNormImpl { separate, fused_residual };  // fused_residual: residual add + LN
 enum class MatmulEpilogue { none, gelu };               // gelu: out = gelu(x W^T + b)
+// The GEMM under the matmul ops (kernels.matmul), a ladder per backend. auto: the backend's
+// fastest (packed on the CPU where AVX-512 is compiled, else blas; cublaslt on CUDA).
+// CPU: naive | blocked | packed | blas.  CUDA: naive | tiled | cublas | cublaslt.
+enum class MatmulImpl { auto_, naive, blocked, packed, blas, tiled, cublas, cublaslt };
+// How the LayerNorm forward computes a row's statistics (kernels.layernorm_forward).
+// two_pass: mean, then the variance from a second read of the row (the row is in cache);
+// welford: one read, a running (count, mean, M2) merged across lanes; thread_per_row (CUDA
+// only): one thread walks a whole row, two-pass: uncoalesced loads, the coalescing lesson.
+enum class LayerNormForwardImpl { two_pass, welford, thread_per_row };
 
 // Every allocation is tagged with one of these; current and peak bytes are tracked per category.
 enum class MemoryCategory : int { params, grads, optimizer, activations, workspace, data };
@@ -52,6 +61,16 @@ struct EnumSpelling<LayerNormImpl> {
     static constexpr std::array<std::string_view, 2> names{"separate", "fused_residual"};
 };
 template <>
+struct EnumSpelling<MatmulImpl> {
+    static constexpr std::array<std::string_view, 8> names{
+        "auto", "naive", "blocked", "packed", "blas", "tiled", "cublas", "cublaslt"};
+};
+template <>
+struct EnumSpelling<LayerNormForwardImpl> {
+    static constexpr std::array<std::string_view, 3> names{"two_pass", "welford",
+                                                           "thread_per_row"};
+};
+template <>
 struct EnumSpelling<MemoryCategory> {
     static constexpr std::array<std::string_view, kMemoryCategoryCount> names{
         "params", "grads", "optimizer", "activations", "workspace", "data"};
@@ -71,7 +90,19 @@ struct KernelChoice {
     ClassifierImpl classifier = ClassifierImpl::fused;
     LayerNormImpl layernorm = LayerNormImpl::separate;
     bool fuse_gelu = false;  // matmul with the GELU epilogue for c_fc
+    MatmulImpl matmul = MatmulImpl::auto_;
+    LayerNormForwardImpl layernorm_forward = LayerNormForwardImpl::two_pass;
 };
+
+// The ladder steps each backend has (the others are refused with the list of these).
+inline bool is_cpu_matmul(MatmulImpl m) {
+    return m == MatmulImpl::auto_ || m == MatmulImpl::naive || m == MatmulImpl::blocked ||
+           m == MatmulImpl::packed || m == MatmulImpl::blas;
+}
+inline bool is_cuda_matmul(MatmulImpl m) {
+    return m == MatmulImpl::auto_ || m == MatmulImpl::naive || m == MatmulImpl::tiled ||
+           m == MatmulImpl::cublas || m == MatmulImpl::cublaslt;
+}
 
 // The most CPU threads any entry may ask for (run.threads, --threads): far above any machine's
 // cores, far below what makes the OpenMP runtime fail to create its team.
