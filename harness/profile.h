@@ -98,6 +98,7 @@ double roofline_attainable(double flops_per_byte, const MachinePeaks& peaks);
 // Aggregated per-op statistics over the measured steps.
 struct KernelStat {
     std::string name;
+    std::string impl;  // Backend::implementation of the op ("packed", "flash"...; "" if one)
     long long calls = 0;
     double total_ms = 0;
     double flops = 0;  // total analytic flops over all calls
@@ -170,7 +171,7 @@ class KernelProfiler final : public OpObserver {
 
   private:
     struct Pending {
-        std::string name;
+        std::string name, impl;
         double flops, bytes;
         size_t begin_event, end_event;
         bool closed = false;

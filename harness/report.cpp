@@ -926,16 +926,22 @@ void write_kernels(std::ostringstream& o, const Results& res) {
           << "\n\nPer op over the measured steps (analytic FLOPs and bytes / measured time); "
              "bound = arithmetic intensity vs the ridge point ("
           << f("%.2f", v.roofline.ridge_flops_per_byte)
-          << " FLOP/byte).\n\n| op | calls | total ms | ms/step | % of step | GFLOP/s | GB/s | "
-             "FLOP/byte | bound | % of roofline "
-             "|\n|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n";
+          << " FLOP/byte); implementation = what the op ran (kernels.*); % of peak = achieved "
+             "GFLOP/s / the measured peak ("
+          << f("%.1f", v.roofline.peak_flops_per_s / 1e9)
+          << " GFLOP/s).\n\n| op | implementation | calls | total ms | ms/step | % of step | "
+             "GFLOP/s | % of peak | GB/s | FLOP/byte | bound | % of roofline "
+             "|\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n";
         for (size_t i = 0; i < v.kernels.size() && i < 12; ++i) {
             const KernelRecord& k = v.kernels[i];
-            o << "| " << k.name << " | " << k.calls << " | " << f("%.2f", k.total_ms) << " | "
-              << f("%.3f", k.ms_per_step) << " | " << f("%.1f", k.pct_of_step) << " | "
-              << f("%.2f", k.gflops_per_s) << " | " << f("%.2f", k.gb_per_s) << " | "
-              << f("%.2f", k.intensity) << " | " << to_string(k.bound) << " | "
-              << f("%.0f", k.pct_of_roofline) << " |\n";
+            const double peak = v.roofline.peak_flops_per_s;
+            o << "| " << k.name << " | " << (k.impl.empty() ? "–" : k.impl) << " | " << k.calls
+              << " | " << f("%.2f", k.total_ms) << " | " << f("%.3f", k.ms_per_step) << " | "
+              << f("%.1f", k.pct_of_step) << " | " << f("%.2f", k.gflops_per_s) << " | "
+              << (peak > 0 && k.flops > 0 ? f("%.1f", 100.0 * k.gflops_per_s * 1e9 / peak)
+                                          : std::string("–"))
+              << " | " << f("%.2f", k.gb_per_s) << " | " << f("%.2f", k.intensity) << " | "
+              << to_string(k.bound) << " | " << f("%.0f", k.pct_of_roofline) << " |\n";
         }
     }
 }

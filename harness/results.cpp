@@ -92,9 +92,21 @@ MemoryRecord memory_record(const RunResult& r) {
 }
 
 KernelRecord kernel_record(const KernelStat& k) {
-    return {k.name,        k.calls,       k.total_ms, k.ms_per_step,
-            k.pct_of_step, k.flops,       k.bytes,    k.gflops_per_s(),
-            k.gb_per_s(),  k.intensity(), k.bound,    k.pct_of_roofline};
+    KernelRecord r;
+    r.name = k.name;
+    r.impl = k.impl;
+    r.calls = k.calls;
+    r.total_ms = k.total_ms;
+    r.ms_per_step = k.ms_per_step;
+    r.pct_of_step = k.pct_of_step;
+    r.flops = k.flops;
+    r.bytes = k.bytes;
+    r.gflops_per_s = k.gflops_per_s();
+    r.gb_per_s = k.gb_per_s();
+    r.intensity = k.intensity();
+    r.bound = k.bound;
+    r.pct_of_roofline = k.pct_of_roofline;
+    return r;
 }
 
 StepRow step_row(const StepRecord& s) {
@@ -365,6 +377,7 @@ json memory_json(const MemoryRecord& m) {
 
 json kernel_json(const KernelRecord& k) {
     return {{"name", k.name},
+            {"impl", k.impl},
             {"calls", k.calls},
             {"total_ms", k.total_ms},
             {"ms_per_step", k.ms_per_step},
@@ -723,6 +736,7 @@ MemoryRecord read_memory(const Node& n) {
 KernelRecord read_kernel(const Node& n) {
     KernelRecord k;
     k.name = n["name"].string();
+    k.impl = n["impl"].string();
     k.calls = n["calls"].integer();
     k.total_ms = n["total_ms"].number();
     k.ms_per_step = n["ms_per_step"].number();

@@ -37,7 +37,7 @@
 
 namespace mt {
 
-inline constexpr int kResultsSchemaVersion = 5;
+inline constexpr int kResultsSchemaVersion = 6;
 
 // Thrown for a results.json that cannot be used; the message names the file and the key.
 struct ReportError : std::runtime_error {
@@ -124,6 +124,7 @@ struct MemoryRecord {
 // One row of the per-op table (KernelStat with its derived rates).
 struct KernelRecord {
     std::string name;
+    std::string impl;  // the implementation the op ran (Backend::implementation; "" if one)
     long long calls = 0;
     double total_ms = 0, ms_per_step = 0, pct_of_step = 0, flops = 0, bytes = 0;
     double gflops_per_s = 0, gb_per_s = 0, intensity = 0;

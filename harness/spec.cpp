@@ -568,8 +568,8 @@ void add_kernel_and_profile_keys(std::vector<KeyDef>& t) {
         "kernels.layernorm", [](RunConfig& c) -> LayerNormImpl& { return c.kernels.layernorm; }));
     t.push_back(
         bool_key("kernels.matmul_gelu", [](RunConfig& c) -> bool& { return c.kernels.fuse_gelu; }));
-    t.push_back(enum_key<MatmulImpl>(
-        "kernels.matmul", [](RunConfig& c) -> MatmulImpl& { return c.kernels.matmul; }));
+    t.push_back(enum_key<MatmulImpl>("kernels.matmul",
+                                     [](RunConfig& c) -> MatmulImpl& { return c.kernels.matmul; }));
     t.push_back(enum_key<LayerNormForwardImpl>(
         "kernels.layernorm_forward",
         [](RunConfig& c) -> LayerNormForwardImpl& { return c.kernels.layernorm_forward; }));

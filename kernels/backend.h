@@ -179,6 +179,11 @@ class Backend {
     std::string implementation(std::string_view op_name) const;
     // kernels.matmul resolved: auto becomes this backend's fastest GEMM.
     virtual MatmulImpl matmul_impl() const { return options_.kernels.matmul; }
+    // Sets kernels.matmul and returns the previous choice: the peak probes measure the
+    // machine with the fastest step (auto), whatever step the run teaches, then restore it.
+    MatmulImpl exchange_matmul_impl(MatmulImpl m) {
+        return std::exchange(options_.kernels.matmul, m);
+    }
 
     // Per-op profiling hook (profile.kernels): every run() reports to it; nullptr disables.
     void set_op_observer(OpObserver* observer) { observer_ = observer; }

@@ -1,4 +1,5 @@
-// The CPU GEMM engine (kernels/cpu/gemm.h): both implementations against a plain
+// The CPU GEMM engine (kernels/cpu/gemm.h): every step of the kernels.matmul ladder (naive,
+// blocked, packed, eigen = blas) against a plain
 // double-precision product, for every operand layout (A and B each plain or transposed), with and
 // without accumulation, on shapes that hit every edge of the packed GEMM's blocking (partial
 // 12-row and 32-column tiles, K not a multiple of 16, K split into several chunks, N split into
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
@@ -123,8 +125,52 @@ TEST(CpuGemm, PackedMatchesDoubleReferenceForEveryLayout) {
     for (const Shape& s : kShapes) check_against_reference("gemm_packed", mt::cpu::gemm_packed, s);
 }
 
+// The ladder's first two steps: same contract, same tolerance; gemm_blocked's tiles (32 rows,
+// 256 columns, 256 of K) are crossed by the shapes with M > 32, N > 256 and K > 256.
+TEST(CpuGemm, NaiveMatchesDoubleReferenceForEveryLayout) {
+    for (const Shape& s : kShapes) check_against_reference("gemm_naive", mt::cpu::gemm_naive, s);
+}
+
+TEST(CpuGemm, BlockedMatchesDoubleReferenceForEveryLayout) {
+    for (const Shape& s : kShapes)
+        check_against_reference("gemm_blocked", mt::cpu::gemm_blocked, s);
+}
+
+// gemm(impl, ...) runs the step it names: bitwise the named function's result (the steps sum in
+// different orders, so a wrong dispatch shows up as differing bits), and refuses a CUDA step.
+TEST(CpuGemm, LadderDispatchRunsTheNamedStepAndRefusesCudaSteps) {
+    using mt::MatmulImpl;
+    std::mt19937 rng(5);
+    const int M = 37, N = 300, K = 700;
+    const Vec a = random_vec(static_cast<size_t>(M) * K, rng);
+    const Vec b = random_vec(static_cast<size_t>(N) * K, rng);
+    const GemmOperand A{a.data(), K, false}, B{b.data(), K, true};  // x W^T, the forward's form
+    std::vector<std::pair<MatmulImpl, GemmFn>> steps = {
+        {MatmulImpl::naive, mt::cpu::gemm_naive},
+        {MatmulImpl::blocked, mt::cpu::gemm_blocked},
+        {MatmulImpl::blas, mt::cpu::gemm_eigen},
+        {MatmulImpl::auto_, mt::cpu::gemm}};
+    if (mt::cpu::gemm_packed_available())
+        steps.push_back({MatmulImpl::packed, mt::cpu::gemm_packed});
+    std::vector<Vec> results;
+    for (const auto& [impl, fn] : steps) {
+        Vec via_impl(static_cast<size_t>(M) * N), via_fn(via_impl.size());
+        mt::cpu::gemm(impl, M, N, K, A, B, via_impl.data(), N, false);
+        fn(M, N, K, A, B, via_fn.data(), N, false);
+        EXPECT_EQ(via_impl, via_fn) << mt::to_string(impl);
+        results.push_back(via_impl);
+    }
+    EXPECT_NE(results[0], results[1]) << "naive and blocked sum in the same order: the check above "
+                                         "could not tell them apart";
+    for (MatmulImpl cuda : {MatmulImpl::tiled, MatmulImpl::cublas, MatmulImpl::cublaslt}) {
+        Vec c(static_cast<size_t>(M) * N);
+        EXPECT_THROW(mt::cpu::gemm(cuda, M, N, K, A, B, c.data(), N, false), std::logic_error);
+    }
+}
+
 TEST(CpuGemm, ZeroKOverwritesWithZerosOrLeavesAccumulatorAlone) {
-    for (GemmFn fn : {mt::cpu::gemm_eigen, mt::cpu::gemm}) {
+    for (GemmFn fn :
+         {mt::cpu::gemm_eigen, mt::cpu::gemm, mt::cpu::gemm_naive, mt::cpu::gemm_blocked}) {
         Vec c(6, 3.0f);
         const float dummy = 0;
         fn(2, 3, 0, {&dummy, 1, false}, {&dummy, 1, false}, c.data(), 3, true);
@@ -140,16 +186,18 @@ TEST(CpuGemm, ResultIsBitwiseTheSameForAnyThreadCount) {
     std::mt19937 rng(7);
     const Vec a = random_vec(size_t(M) * K, rng), b = random_vec(size_t(N) * K, rng);
     const int saved = omp_get_max_threads();
-    std::vector<Vec> results;
-    for (int threads : {1, 2, 3, 4}) {
-        omp_set_num_threads(threads);
-        Vec c(size_t(M) * N, 0.5f);
-        mt::cpu::gemm(M, N, K, {a.data(), K, false}, {b.data(), K, true}, c.data(), N, true);
-        results.push_back(std::move(c));
+    for (GemmFn fn : {mt::cpu::gemm, mt::cpu::gemm_naive, mt::cpu::gemm_blocked}) {
+        std::vector<Vec> results;
+        for (int threads : {1, 2, 3, 4}) {
+            omp_set_num_threads(threads);
+            Vec c(size_t(M) * N, 0.5f);
+            fn(M, N, K, {a.data(), K, false}, {b.data(), K, true}, c.data(), N, true);
+            results.push_back(std::move(c));
+        }
+        for (size_t i = 1; i < results.size(); i++)
+            EXPECT_EQ(results[i], results[0]) << "threads " << i + 1 << " vs 1";
     }
     omp_set_num_threads(saved);
-    for (size_t i = 1; i < results.size(); i++)
-        EXPECT_EQ(results[i], results[0]) << "threads " << i + 1 << " vs 1";
 }
 
 // gemm() is bitwise the implementation gemm_impl_name() reports (the two implementations sum in

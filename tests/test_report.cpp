@@ -467,7 +467,7 @@ TEST(LoadResults, BadFilesGiveClearErrors) {
     expect_error((dir / "other.json").string(), "not a microtrain results.json");
     { std::ofstream(dir / "v1.json") << R"({"schema_version": 1, "variants": []})"; }
     expect_error((dir / "v1.json").string(),
-                 "has schema_version 1, this microtrain reads schema_version 5");
+                 "has schema_version 1, this microtrain reads schema_version 6");
     json j = results_to_json(make_experiment());
     j["variants"][1].erase("stats");
     { std::ofstream(dir / "nostats.json") << j.dump(); }
@@ -504,7 +504,7 @@ TEST(ResultsSchema, ResultsJsonRoundTripsThroughTheSchema) {
 
 TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
     const json j = results_to_json(make_experiment());
-    EXPECT_EQ(j["schema_version"], 5);
+    EXPECT_EQ(j["schema_version"], 6);
     for (const char* key : {"tool", "experiment", "started_utc", "interrupted", "environment",
                             "units", "variants", "comparison"})
         EXPECT_TRUE(j.contains(key)) << key;

@@ -148,6 +148,7 @@ class CpuBackend final : public Backend {
             throw BackendError(
                 "kernels.attention: cudnn needs backend: cuda; the CPU backend has attention "
                 "naive or flash");
+        check_ladder_steps(o.kernels);
         if (o.num_threads < 0 || o.num_threads > kMaxThreads)
             throw BackendError("num_threads (run.threads, --threads) must be in 0.." +
                                std::to_string(kMaxThreads) +
@@ -175,6 +176,25 @@ class CpuBackend final : public Backend {
 
     BackendKind kind() const override {
         return BackendKind::cpu;
+    }
+    MatmulImpl matmul_impl() const override {
+        const MatmulImpl m = options_.kernels.matmul;
+        return m == MatmulImpl::auto_ ? cpu::gemm_fastest() : m;
+    }
+    // kernels.matmul and kernels.layernorm_forward: the CPU steps of each ladder.
+    static void check_ladder_steps(const KernelChoice& k) {
+        if (!is_cpu_matmul(k.matmul))
+            throw BackendError(std::string("kernels.matmul: ") + to_string(k.matmul) +
+                               " is a CUDA implementation; the CPU backend's ladder is naive, "
+                               "blocked, packed, blas (or auto)");
+        if (k.matmul == MatmulImpl::packed && !cpu::gemm_packed_available())
+            throw BackendError(
+                "kernels.matmul: packed needs a build for AVX-512F (configure with MT_NATIVE=ON on "
+                "an AVX-512 machine); this build has naive, blocked and blas");
+        if (k.layernorm_forward == LayerNormForwardImpl::thread_per_row)
+            throw BackendError(
+                "kernels.layernorm_forward: thread_per_row is a CUDA thread layout; the CPU "
+                "backend has two_pass and welford");
     }
     std::string device_name() const override {
         return name_;
@@ -266,8 +286,8 @@ class CpuBackend final : public Backend {
         cpu::encoder_backward(a.dwte, a.dwpe, f(a.dout), a.inp, a.B, a.T, a.C);
     }
     void kernel(const op::LayerNormForward& a) {
-        cpu::layernorm_forward(f(a.out), a.mean, a.rstd, f(a.inp), f(a.weight), f(a.bias), a.N,
-                               a.C);
+        cpu::layernorm_forward(f(a.out), a.mean, a.rstd, f(a.inp), f(a.weight), f(a.bias), a.N, a.C,
+                               options_.kernels.layernorm_forward);
     }
     void kernel(const op::LayerNormBackward& a) {
         cpu::layernorm_backward(f(a.dinp), a.dweight, a.dbias, f(a.dout), f(a.inp), f(a.weight),
@@ -275,18 +295,20 @@ class CpuBackend final : public Backend {
     }
     void kernel(const op::FusedResidualLayerNormForward& a) {
         cpu::fused_residual_layernorm_forward(f(a.residual), f(a.out), a.mean, a.rstd, f(a.inp1),
-                                              f(a.inp2), f(a.weight), f(a.bias), a.N, a.C);
+                                              f(a.inp2), f(a.weight), f(a.bias), a.N, a.C,
+                                              options_.kernels.layernorm_forward);
     }
     void kernel(const op::MatmulForward& a) {
         if (a.epilogue == MatmulEpilogue::gelu)
             cpu::matmul_forward_gelu(f(a.out), f(a.pre_act), f(a.inp), f(a.weight), f(a.bias), a.N,
-                                     a.C, a.OC);
+                                     a.C, a.OC, matmul_impl());
         else
-            cpu::matmul_forward(f(a.out), f(a.inp), f(a.weight), f(a.bias), a.N, a.C, a.OC);
+            cpu::matmul_forward(f(a.out), f(a.inp), f(a.weight), f(a.bias), a.N, a.C, a.OC,
+                                matmul_impl());
     }
     void kernel(const op::MatmulBackward& a) {
         cpu::matmul_backward(f(a.dinp), a.dweight, a.dbias, f(a.dout), f(a.inp), f(a.weight), a.N,
-                             a.C, a.OC);
+                             a.C, a.OC, matmul_impl());
     }
     void kernel(const op::MatmulInt8Forward& a) {
         cpu::matmul_int8_forward(f(a.out), f(a.inp), a.weight, a.scale, f(a.bias), a.N, a.C, a.OC);

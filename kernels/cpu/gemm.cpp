@@ -1,7 +1,23 @@
 // The CPU GEMM engine: C (M,N) (+)= A (M,K) B (K,N) in fp32. See gemm.h for the interface.
 //
 // Almost all of GPT-2's FLOPs are GEMMs (the Linear layers and the LM head), so this file is
-// where the CPU step time is decided. Two implementations live here side by side.
+// where the CPU step time is decided. The four steps of the kernels.matmul ladder live here side
+// by side, in the order a student climbs it: naive, blocked, packed, eigen ("blas"). Each step
+// keeps the one before's correctness and removes its bottleneck; configs/labs/kernel_ladder.yaml
+// times them inside a training step and docs/labs.md explains each jump with its figures.
+//
+// gemm_naive — C[i,j] = sum_k A[i,k] B[k,j], one output at a time, threads over rows of C.
+//   Nothing is reused on purpose: every multiply-add loads both operands from wherever they
+//   are, and for a (K,N) B that is a stride-N walk down a column (a new cache line, often a new
+//   page, per element). The scalar sum has one dependency chain (no SIMD, one FMA in flight).
+//
+// gemm_blocked — the same sum with the loops reordered and tiled for the cache: a KB x NB block
+//   of B is reused by all rows of a row block, and the innermost loop is unit-stride so the
+//   compiler vectorises it (C row segment += a_ik * B row segment: a broadcast and a vector FMA
+//   per 16 floats). For the forward's W^T (B stored transposed) the unit-stride form is a dot
+//   product of an A row with a W row instead. Still missing, and what packing adds: the C
+//   segment is loaded and stored for every k (no register tile: bound by L1 load/store ports,
+//   not FMAs), and B is read with its own stride (TLB and prefetcher misses).
 //
 // gemm_packed — the BLIS/GotoBLAS recipe, written for AVX-512 (32 zmm registers, 16 floats each):
 //
@@ -51,6 +67,7 @@
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
+#include <string>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -62,6 +79,54 @@ namespace {
 // Zeroes C (M,N) for the K = 0 product.
 void zero_rows(float* C, long ldc, int M, int N) {
     for (int i = 0; i < M; i++) std::fill_n(C + i * ldc, N, 0.0f);
+}
+
+// Logical A[i,k] and B[k,j] of an operand, whatever its storage.
+inline float at_a(const GemmOperand& A, long i, long k) {
+    return A.transposed ? A.data[k * A.ld + i] : A.data[i * A.ld + k];
+}
+inline float at_b(const GemmOperand& B, long k, long j) {
+    return B.transposed ? B.data[j * B.ld + k] : B.data[k * B.ld + j];
+}
+
+// gemm_blocked's tiles: a row block of C is one thread's; a B block of kBlockK x kBlockN floats
+// (256 x 256 x 4 = 256 KiB) stays in L2 while all kBlockM rows use it.
+constexpr int kBlockM = 32, kBlockK = 256, kBlockN = 256;
+
+// C rows [i0, i1), columns [j0, j1) (+)= A B over k in [k0, k1), the axpy form: for each
+// (i, k), C[i, j0:j1] += A[i,k] B[k, j0:j1] (unit stride in j when B is stored (K,N)).
+void blocked_axpy(const GemmOperand& A, const GemmOperand& B, float* C, long ldc, int i0, int i1,
+                  int j0, int j1, int k0, int k1) {
+    for (int i = i0; i < i1; i++) {
+        float* c = C + i * ldc;
+        for (int k = k0; k < k1; k++) {
+            const float aik = at_a(A, i, k);
+            if (B.transposed) {
+                for (int j = j0; j < j1; j++) c[j] += aik * at_b(B, k, j);
+            } else {
+                const float* b = B.data + static_cast<long>(k) * B.ld;
+#pragma omp simd
+                for (int j = j0; j < j1; j++) c[j] += aik * b[j];
+            }
+        }
+    }
+}
+
+// The dot form for A stored (M,K) and B stored transposed (N,K), the forward's x W^T: C[i,j] +=
+// A[i, k0:k1] . W[j, k0:k1], both rows unit-stride (the vectorised sum runs in a fixed order).
+void blocked_dot(const GemmOperand& A, const GemmOperand& B, float* C, long ldc, int i0, int i1,
+                 int j0, int j1, int k0, int k1) {
+    for (int i = i0; i < i1; i++) {
+        const float* a = A.data + i * A.ld;
+        float* c = C + i * ldc;
+        for (int j = j0; j < j1; j++) {
+            const float* w = B.data + static_cast<long>(j) * B.ld;
+            float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int k = k0; k < k1; k++) acc += a[k] * w[k];
+            c[j] += acc;
+        }
+    }
 }
 
 // ---- gemm_eigen -------------------------------------------------------------------------------
@@ -130,6 +195,44 @@ void gemm_eigen(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, lon
             });
         });
     });
+}
+
+// ---- gemm_naive, gemm_blocked ------------------------------------------------------------------
+
+void gemm_naive(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
+                bool accumulate) {
+    if (M <= 0 || N <= 0) return;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc += at_a(A, i, k) * at_b(B, k, j);
+            float& c = C[i * ldc + j];
+            c = accumulate ? c + acc : acc;
+        }
+}
+
+void gemm_blocked(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
+                  bool accumulate) {
+    if (M <= 0 || N <= 0) return;
+    const bool dot_form = B.transposed && !A.transposed;
+    const int row_blocks = (M + kBlockM - 1) / kBlockM;
+#pragma omp parallel for schedule(static)
+    for (int rb = 0; rb < row_blocks; rb++) {
+        const int i0 = rb * kBlockM, i1 = std::min(M, i0 + kBlockM);
+        if (!accumulate)
+            for (int i = i0; i < i1; i++) std::fill_n(C + i * ldc, N, 0.0f);
+        for (int j0 = 0; j0 < N; j0 += kBlockN) {
+            const int j1 = std::min(N, j0 + kBlockN);
+            for (int k0 = 0; k0 < K; k0 += kBlockK) {  // k blocks in order: deterministic
+                const int k1 = std::min(K, k0 + kBlockK);
+                if (dot_form)
+                    blocked_dot(A, B, C, ldc, i0, i1, j0, j1, k0, k1);
+                else
+                    blocked_axpy(A, B, C, ldc, i0, i1, j0, j1, k0, k1);
+            }
+        }
+    }
 }
 
 // ---- gemm_packed --------------------------------------------------------------------------------
@@ -500,6 +603,34 @@ void gemm(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
 }
 
 #endif
+
+MatmulImpl gemm_fastest() {
+#if defined(__AVX512F__) && !defined(EIGEN_USE_BLAS)
+    return MatmulImpl::packed;
+#else
+    return MatmulImpl::blas;
+#endif
+}
+
+void gemm(MatmulImpl impl, int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
+          bool accumulate) {
+    switch (impl) {
+        case MatmulImpl::auto_:
+            return gemm(M, N, K, A, B, C, ldc, accumulate);
+        case MatmulImpl::naive:
+            return gemm_naive(M, N, K, A, B, C, ldc, accumulate);
+        case MatmulImpl::blocked:
+            return gemm_blocked(M, N, K, A, B, C, ldc, accumulate);
+        case MatmulImpl::packed:
+            return gemm_packed(M, N, K, A, B, C, ldc, accumulate);
+        case MatmulImpl::blas:
+            return gemm_eigen(M, N, K, A, B, C, ldc, accumulate);
+        default:
+            throw std::logic_error(std::string("gemm: kernels.matmul ") + to_string(impl) +
+                                   " is a CUDA step; the CPU ladder is naive, blocked, packed, "
+                                   "blas");
+    }
+}
 
 #if !defined(__AVX512F__)
 

@@ -1,15 +1,19 @@
 // The CPU GEMM engine under matmul.cpp: C (M,N) (+)= A (M,K) B (K,N), fp32, row-major buffers.
 //
-// Two implementations, side by side in gemm.cpp:
-// - gemm_packed: our own cache-blocked GEMM with an AVX-512 12x32 register micro-kernel
-//   (compiled where the compiler targets AVX-512F; the default there);
-// - gemm_eigen: Eigen's GEMM on shape-determined pieces (the portable fallback, and the peer
-//   bench/cpu_gemm.cpp measures the packed one against).
-// Both give results that do not depend on the thread count (the sum over k is split into
-// chunks that depend only on K, and threads split only M and N).
+// The ladder of kernels.matmul, side by side in gemm.cpp, each step what the next one fixes:
+// - gemm_naive: one output at a time, a dot product straight from memory (no reuse);
+// - gemm_blocked: cache-blocked loops the compiler vectorises (reuse from L1/L2, no packing);
+// - gemm_packed: our own packed GEMM with an AVX-512 12x32 register micro-kernel (compiled
+//   where the compiler targets AVX-512F; the default there);
+// - gemm_eigen ("blas"): Eigen's GEMM on shape-determined pieces, what a framework would call
+//   (the portable fallback, and the peer bench/cpu_gemm.cpp measures the packed one against).
+// All give results that do not depend on the thread count (the sum over k is split into chunks
+// that depend only on K, and threads split only M and N).
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/types.h"
 
 namespace mt::cpu {
 
@@ -40,6 +44,18 @@ void gemm(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
 
 void gemm_eigen(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
                 bool accumulate);
+void gemm_naive(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
+                bool accumulate);
+void gemm_blocked(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
+                  bool accumulate);
+
+// The ladder step `impl` (naive, blocked, packed or blas; auto = gemm()). Throws
+// std::logic_error for a CUDA step or packed where it is not compiled.
+void gemm(MatmulImpl impl, int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
+          bool accumulate);
+// What `auto` resolves to in this build: packed where it is compiled (and no BLAS was asked
+// for), else blas.
+MatmulImpl gemm_fastest();
 
 // C (+)= A B with an int8 B, dequantised where B is read: gemm_packed converts int8 to fp32 and
 // applies the scales while packing B's panels (the weight crosses memory at 1 byte per element

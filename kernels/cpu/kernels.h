@@ -31,27 +31,33 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* in
 
 // ---- layernorm.cpp --------------------------------------------------------------------------
 // out (N,C) = (inp - mean) * rstd * w + b, eps = math::kLayerNormEps; mean (N), rstd (N) saved.
+// `impl`: how the row statistics are computed (kernels.layernorm_forward: two_pass or welford).
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                       const float* b, int N, int C);
+                       const float* b, int N, int C,
+                       LayerNormForwardImpl impl = LayerNormForwardImpl::two_pass);
 // dinp (N,C) += ..., dw (C) += ..., db (C) += ...
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int N, int C);
 // residual (N,C) = inp1 + inp2;  out = layernorm(residual)  (one pass over the rows)
 void fused_residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd,
                                       const float* inp1, const float* inp2, const float* w,
-                                      const float* b, int N, int C);
+                                      const float* b, int N, int C,
+                                      LayerNormForwardImpl impl = LayerNormForwardImpl::two_pass);
 
 // ---- matmul.cpp -----------------------------------------------------------------------------
+// `impl`: the GEMM of the kernels.matmul ladder (gemm.h; auto = the build's fastest).
 // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC)   [bias may be null]
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC);
+                    int C, int OC, MatmulImpl impl = MatmulImpl::auto_);
 // pre_act (N,OC) = inp @ weight^T + bias;  out (N,OC) = gelu(pre_act)   (GELU epilogue)
 void matmul_forward_gelu(float* out, float* pre_act, const float* inp, const float* weight,
-                         const float* bias, int N, int C, int OC);
+                         const float* bias, int N, int C, int OC,
+                         MatmulImpl impl = MatmulImpl::auto_);
 // dinp (N,C) += dout (N,OC) @ weight (OC,C);  dweight (OC,C) += dout^T @ inp;
 // dbias (OC) += sum_n dout[n,:].  dinp and dbias may be null.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC);
+                     const float* weight, int N, int C, int OC,
+                     MatmulImpl impl = MatmulImpl::auto_);
 void matmul_int8_forward(float* out, const float* inp, const int8_t* weight, const float* scale,
                          const float* bias, int N, int C, int OC);
 void matmul_int8_backward(float* dinp, float* dbias, const float* dout, const int8_t* weight,

@@ -1,6 +1,7 @@
 // Matmul: the PyTorch Linear layer, out = inp W^T + b, where almost all of GPT-2's FLOPs are.
 //
-// The three products are GEMMs of gemm.h (our packed AVX-512 GEMM where compiled, else Eigen's),
+// The three products are GEMMs of gemm.h: the kernels.matmul ladder step the backend passes
+// (naive, blocked, packed, blas; auto = our packed AVX-512 GEMM where compiled, else Eigen's),
 // reading our row-major buffers in place: the forward reads the weight (OC,C) as W^T, dW reads
 // dout (N,OC) as dout^T; the GEMM's packing absorbs both transposes. The backward GEMMs
 // accumulate (beta = 1), exactly the += convention of the backward.
@@ -18,16 +19,17 @@ namespace mt::cpu {
 namespace {
 
 // out (N,OC) = inp (N,C) W(OC,C)^T   (overwrites)
-inline void gemm_xwt(float* out, const float* inp, const float* weight, int N, int C, int OC) {
-    gemm(N, OC, C, {inp, C, false}, {weight, C, true}, out, OC, /*accumulate=*/false);
+inline void gemm_xwt(float* out, const float* inp, const float* weight, int N, int C, int OC,
+                     MatmulImpl impl) {
+    gemm(impl, N, OC, C, {inp, C, false}, {weight, C, true}, out, OC, /*accumulate=*/false);
 }
 
 }  // namespace
 
 // GEMM, then the bias added row by row.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC) {
-    gemm_xwt(out, inp, weight, N, C, OC);
+                    int C, int OC, MatmulImpl impl) {
+    gemm_xwt(out, inp, weight, N, C, OC, impl);
     if (!bias) return;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -40,8 +42,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 // GELU epilogue: the bias add and the GELU share one pass over the GEMM result (the unfused
 // path reads and writes the (N,OC) tensor once more for the GELU).
 void matmul_forward_gelu(float* out, float* pre_act, const float* inp, const float* weight,
-                         const float* bias, int N, int C, int OC) {
-    gemm_xwt(pre_act, inp, weight, N, C, OC);
+                         const float* bias, int N, int C, int OC, MatmulImpl impl) {
+    gemm_xwt(pre_act, inp, weight, N, C, OC, impl);
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float* p = pre_act + static_cast<long long>(n) * OC;
@@ -75,11 +77,11 @@ static void bias_backward(float* dbias, const float* dout, int N, int OC) {
 // Up to three accumulating products: dinp += dout W, dW += dout^T inp, db += column sums of
 // dout; a null output is not computed (a frozen weight skips the dW GEMM).
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC) {
+                     const float* weight, int N, int C, int OC, MatmulImpl impl) {
     if (dinp)  // dinp (N,C) += dout (N,OC) W (OC,C)
-        gemm(N, C, OC, {dout, OC, false}, {weight, C, false}, dinp, C, /*accumulate=*/true);
+        gemm(impl, N, C, OC, {dout, OC, false}, {weight, C, false}, dinp, C, /*accumulate=*/true);
     if (dweight)  // dweight (OC,C) += dout^T (OC,N) inp (N,C)
-        gemm(OC, C, N, {dout, OC, true}, {inp, C, false}, dweight, C, /*accumulate=*/true);
+        gemm(impl, OC, C, N, {dout, OC, true}, {inp, C, false}, dweight, C, /*accumulate=*/true);
     if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
