@@ -192,7 +192,8 @@ void matmul_backward_cublaslt(BlasContext& ctx, void* dinp, float* dweight, floa
 // Both load compute-precision elements (fp32 or bf16), multiply and accumulate in fp32 — also
 // under run.precision: tf32, which only cuBLAS's tensor cores honour — and store D in its type
 // (compute precision, fp32 for dW). The bias and GELU are a separate pass (bias_gelu_epilogue,
-// bias_backward): what cuBLASLt's epilogues save is visible as its own kernel in the profile.
+// bias_backward): what cuBLASLt's epilogues save is a kernel of its own in an nsys trace (in the
+// per-op table it is part of the matmul op's time).
 namespace {
 
 // Element (r, k) of an (R x K) operand stored K-contiguous or K-strided (see above).
