@@ -92,6 +92,7 @@ const CudaStreamEvent& cuda_event(const StreamEvent& e) {
 class CudaBackend final : public Backend {
   public:
     explicit CudaBackend(const BackendOptions& opt) : Backend(opt) {
+        check_matmul_impl(opt.kernels.matmul);  // a config error on any machine: before the device
         std::string why;
         if (!cuda_device_available(&why)) throw BackendError("backend 'cuda': " + why);
         int count = 0;
@@ -349,24 +350,36 @@ class CudaBackend final : public Backend {
                                enc_ws_bytes_, stream());
     }
     void kernel(const op::LayerNormForward& a) {
-        cuda::layernorm_forward(dt(), a.out, a.mean, a.rstd, a.inp, a.weight, a.bias, a.N, a.C,
-                                stream());
+        cuda::layernorm_forward(dt(), options_.kernels.layernorm_forward, a.out, a.mean, a.rstd,
+                                a.inp, a.weight, a.bias, a.N, a.C, stream());
     }
     void kernel(const op::LayerNormBackward& a) {
         cuda::layernorm_backward(dt(), a.dinp, a.dweight, a.dbias, a.dout, a.inp, a.weight, a.mean,
                                  a.rstd, a.N, a.C, stream());
     }
     void kernel(const op::FusedResidualLayerNormForward& a) {
-        cuda::fused_residual_layernorm_forward(dt(), a.residual, a.out, a.mean, a.rstd, a.inp1,
-                                               a.inp2, a.weight, a.bias, a.N, a.C, stream());
+        cuda::fused_residual_layernorm_forward(dt(), options_.kernels.layernorm_forward, a.residual,
+                                               a.out, a.mean, a.rstd, a.inp1, a.inp2, a.weight,
+                                               a.bias, a.N, a.C, stream());
+    }
+    // -- matmul: the ladder step of kernels.matmul (LoRA, int8 and attention keep theirs) --
+    MatmulImpl matmul_impl() const override {
+        const MatmulImpl m = options_.kernels.matmul;
+        return m == MatmulImpl::auto_ ? MatmulImpl::cublaslt : m;
+    }
+    static void check_matmul_impl(MatmulImpl impl) {
+        if (!is_cuda_matmul(impl))
+            throw BackendError(std::string("kernels.matmul: ") + to_string(impl) +
+                               " is a step of the CPU backend's ladder; the CUDA backend has "
+                               "naive, tiled, cublas and cublaslt (auto = cublaslt)");
     }
     void kernel(const op::MatmulForward& a) {
-        cuda::matmul_forward(ctx_, a.out, a.inp, a.weight, a.bias, a.N, a.C, a.OC,
+        cuda::matmul_forward(ctx_, matmul_impl(), a.out, a.inp, a.weight, a.bias, a.N, a.C, a.OC,
                              a.epilogue == MatmulEpilogue::gelu, a.pre_act, stream());
     }
     void kernel(const op::MatmulBackward& a) {
-        cuda::matmul_backward(ctx_, a.dinp, a.dweight, a.dbias, a.dout, a.inp, a.weight, a.N, a.C,
-                              a.OC, stream());
+        cuda::matmul_backward(ctx_, matmul_impl(), a.dinp, a.dweight, a.dbias, a.dout, a.inp,
+                              a.weight, a.N, a.C, a.OC, stream());
     }
     void kernel(const op::MatmulInt8Forward& a) {
         cuda::matmul_int8_forward(dt(), a.out, a.inp, a.weight, a.scale, a.bias, a.N, a.C, a.OC,

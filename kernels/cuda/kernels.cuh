@@ -28,14 +28,17 @@ void encoder_backward(DType dt, float* dwte, float* dwpe, const void* dout, cons
                       int T, int C, void* workspace, size_t workspace_bytes, cudaStream_t s);
 
 // ---- layernorm.cu ----
-void layernorm_forward(DType dt, void* out, float* mean, float* rstd, const void* inp,
-                       const void* weight, const void* bias, int N, int C, cudaStream_t s);
+// The forward by kernels.layernorm_forward: two_pass, welford or thread_per_row (layernorm.cu).
+void layernorm_forward(DType dt, LayerNormForwardImpl impl, void* out, float* mean, float* rstd,
+                       const void* inp, const void* weight, const void* bias, int N, int C,
+                       cudaStream_t s);
 void layernorm_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
                         const void* inp, const void* weight, const float* mean, const float* rstd,
                         int N, int C, cudaStream_t s);
-void fused_residual_layernorm_forward(DType dt, void* residual, void* out, float* mean, float* rstd,
-                                      const void* inp1, const void* inp2, const void* weight,
-                                      const void* bias, int N, int C, cudaStream_t s);
+void fused_residual_layernorm_forward(DType dt, LayerNormForwardImpl impl, void* residual,
+                                      void* out, float* mean, float* rstd, const void* inp1,
+                                      const void* inp2, const void* weight, const void* bias, int N,
+                                      int C, cudaStream_t s);
 
 // ---- pointwise.cu ----
 void gelu_forward(DType dt, void* out, const void* inp, size_t n, cudaStream_t s);

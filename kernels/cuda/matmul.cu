@@ -1,4 +1,5 @@
-// Linear layers through cuBLASLt. Row-major (N,C) activations are column-major (C x N)
+// Linear layers: the matmul ladder (kernels.matmul: naive | tiled | cublas | cublaslt, further
+// down) and its default step, cuBLASLt, first. Row-major (N,C) activations are column-major (C x N)
 // matrices to cuBLAS, and a row-major PyTorch weight (OC,C) is a column-major (C x OC) matrix,
 // so every product is written "transposed":
 //   forward   out^T (OC x N)  = W (OC x C)    . inp^T (C x N)     A = W,   op T
@@ -118,11 +119,21 @@ bool lt_matmul(BlasContext& ctx, cudaStream_t s, bool transa, bool transb, int m
                        "aligned");
 }
 
-}  // namespace
+// D (m x n) (+)= op(A) op(B) through the classic cublasGemmEx (on the backend's stream, set
+// once by the backend): no epilogue, any leading dimension.
+void cublas_gemm(BlasContext& ctx, bool transa, bool transb, int m, int n, int k, const void* A,
+                 cudaDataType_t ta, int lda, const void* B, cudaDataType_t tb, int ldb, void* D,
+                 cudaDataType_t td, int ldd, float beta) {
+    const float alpha = 1.0f;
+    CUBLAS_CHECK(cublasGemmEx(ctx.blas, transa ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              transb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, A, ta, lda, B,
+                              tb, ldb, &beta, D, td, ldd, ctx.compute_type(), CUBLAS_GEMM_DEFAULT));
+}
 
-void matmul_forward(BlasContext& ctx, void* out, const void* inp, const void* weight,
-                    const void* bias, int N, int C, int OC, bool gelu, void* pre_act,
-                    cudaStream_t s) {
+// cublaslt: the Linear forward with cuBLASLt's BIAS / GELU_AUX_BIAS epilogues (the default).
+void matmul_forward_cublaslt(BlasContext& ctx, void* out, const void* inp, const void* weight,
+                             const void* bias, int N, int C, int OC, bool gelu, void* pre_act,
+                             cudaStream_t s) {
     const cudaDataType_t t = ctx.act_type();
     const DType dt = dtype_of(ctx.precision);
     // cuBLASLt reads the bias with vector loads: only hand it a 16-byte aligned one.
@@ -150,8 +161,10 @@ void matmul_forward(BlasContext& ctx, void* out, const void* inp, const void* we
     if (bias) bias_gelu_epilogue(dt, out, nullptr, bias, N, OC, s);
 }
 
-void matmul_backward(BlasContext& ctx, void* dinp, float* dweight, float* dbias, const void* dout,
-                     const void* inp, const void* weight, int N, int C, int OC, cudaStream_t s) {
+// cublaslt: the backward's two GEMMs through cuBLASLt with beta = 1 (accumulate).
+void matmul_backward_cublaslt(BlasContext& ctx, void* dinp, float* dweight, float* dbias,
+                              const void* dout, const void* inp, const void* weight, int N, int C,
+                              int OC, cudaStream_t s) {
     const cudaDataType_t t = ctx.act_type();
     // dinp^T (C x N) += W^T . dout^T: A = W stored (C x OC) op N, B = dout stored (OC x N) op N.
     if (dinp && !lt_matmul(ctx, s, false, false, C, N, OC, weight, t, C, dout, t, OC, dinp, t, C,
@@ -162,6 +175,246 @@ void matmul_backward(BlasContext& ctx, void* dinp, float* dweight, float* dbias,
                               CUDA_R_32F, C, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0))
         no_algorithm("matmul_backward (dweight)", C, OC, N);
     if (dbias) bias_backward(dtype_of(ctx.precision), dbias, dout, N, OC, s);
+}
+
+}  // namespace
+
+// ---- the matmul ladder (kernels.matmul: naive | tiled | cublas | cublaslt) -------------------
+// The same three products of a Linear layer, four ways, from no reuse to cuBLASLt's fused
+// epilogues. Our own kernels (naive, tiled) see each product as one row-major GEMM
+//   D (M x Ncol) (+)= A (M x K) . B^T (K x Ncol)       D[i,j] = sum_k A(i,k) B(j,k)
+// with each operand an (R x K) matrix stored either K-contiguous (element (r,k) at r*K + k) or
+// K-strided (at k*R + r), so no operand is ever copied or transposed in memory:
+//   forward   out (N,OC)    = inp . W^T     A = inp (N,C)   K-contig,  B = W (OC,C)   K-contig
+//   dinp      dinp (N,C)   += dout . W      A = dout (N,OC) K-contig,  B = W as (C,OC) K-strided
+//   dweight   dW (OC,C)    += dout^T . inp  A = dout as (OC,N) K-strided, B = inp as (C,N)
+//   K-strided
+// Both load compute-precision elements (fp32 or bf16), multiply and accumulate in fp32 — also
+// under run.precision: tf32, which only cuBLAS's tensor cores honour — and store D in its type
+// (compute precision, fp32 for dW). The bias and GELU are a separate pass (bias_gelu_epilogue,
+// bias_backward): what cuBLASLt's epilogues save is a kernel of its own in an nsys trace (in the
+// per-op table it is part of the matmul op's time).
+namespace {
+
+// Element (r, k) of an (R x K) operand stored K-contiguous or K-strided (see above).
+template <bool kKContiguous, class T>
+__device__ __forceinline__ float operand_at(const T* X, int R, int K, int r, int k) {
+    return to_float(kKContiguous ? X[size_t(r) * K + k] : X[size_t(k) * R + r]);
+}
+
+// naive: one thread per output element, a dot product over K straight from global memory.
+// What it teaches: no reuse — every operand element is fetched again by each of the Ncol (or M)
+// threads that need it, K loads per output, so the GEMM runs at the speed of L1/L2, not of the
+// FMA units. A warp is 32 adjacent columns j of one row i: A(i,k) is one broadcast load, B(j,k)
+// is 32 loads (coalesced when B is K-strided, 32 separate lines when it is K-contiguous).
+template <class T, class TD, bool kAContig, bool kBContig>
+__global__ void matmul_naive_kernel(TD* D, const T* A, const T* B, int M, int Ncol, int K,
+                                    bool accumulate) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= Ncol) return;
+    for (int i = blockIdx.y * blockDim.y + threadIdx.y; i < M; i += gridDim.y * blockDim.y) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k)
+            acc += operand_at<kAContig>(A, M, K, i, k) * operand_at<kBContig>(B, Ncol, K, j, k);
+        TD* d = D + size_t(i) * Ncol + j;
+        if (accumulate) acc += to_float(*d);
+        *d = from_float<TD>(acc);
+    }
+}
+
+constexpr int kTile = 64;      // output tile per block: kTile x kTile
+constexpr int kTileK = 16;     // slice of K staged per step
+constexpr int kTileSide = 16;  // 16 x 16 = 256 threads, each a 4 x 4 register block
+constexpr int kTileThreads = kTileSide * kTileSide;
+constexpr int kPerThread = kTile / kTileSide;  // 4
+
+// Stages the (kTile x kTileK) slice of an operand at rows r0.., columns k0.. into s[k][r] as fp32
+// (zero outside the matrix). Consecutive threads read consecutive addresses of whichever index is
+// contiguous in memory (coalesced loads either way); the +1 column keeps the shared-memory
+// stores of the K-contiguous case off a single bank.
+template <bool kKContiguous, class T>
+__device__ __forceinline__ void stage_tile(float (*s)[kTile + 1], const T* X, int R, int K, int r0,
+                                           int k0) {
+    for (int idx = threadIdx.x; idx < kTile * kTileK; idx += kTileThreads) {
+        const int r = kKContiguous ? idx / kTileK : idx % kTile;
+        const int k = kKContiguous ? idx % kTileK : idx / kTile;
+        const bool inside = r0 + r < R && k0 + k < K;
+        s[k][r] = inside ? operand_at<kKContiguous>(X, R, K, r0 + r, k0 + k) : 0.0f;
+    }
+}
+
+// tiled: a 64 x 64 block of D per thread block, the K dimension walked in slices of 16 that are
+// staged in shared memory. What it teaches: reuse — each element of A and B is read from global
+// memory once per tile and then used 64 times from shared memory (by the 16 threads of its row
+// or column, 4 outputs each), and each thread keeps its 4 x 4 outputs in registers, so one
+// shared-memory load feeds 4 FMAs: 64x fewer global loads than naive. Thread (tx, ty) owns rows
+// ty + 16 a and columns tx + 16 b (a, b < 4): adjacent threads read adjacent shared words (no
+// bank conflicts) and store adjacent columns (coalesced). No tensor cores: that is cuBLAS's step.
+template <class T, class TD, bool kAContig, bool kBContig>
+__global__ void __launch_bounds__(kTileThreads)
+    matmul_tiled_kernel(TD* D, const T* A, const T* B, int M, int Ncol, int K, bool accumulate) {
+    __shared__ float as[kTileK][kTile + 1];  // A tile, as[k][i]
+    __shared__ float bs[kTileK][kTile + 1];  // B tile, bs[k][j]
+    const int i0 = blockIdx.y * kTile, j0 = blockIdx.x * kTile;
+    const int tx = threadIdx.x % kTileSide, ty = threadIdx.x / kTileSide;
+    float acc[kPerThread][kPerThread] = {};
+    for (int k0 = 0; k0 < K; k0 += kTileK) {
+        stage_tile<kAContig>(as, A, M, K, i0, k0);
+        stage_tile<kBContig>(bs, B, Ncol, K, j0, k0);
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < kTileK; ++k) {
+            float a[kPerThread], b[kPerThread];
+#pragma unroll
+            for (int u = 0; u < kPerThread; ++u) {
+                a[u] = as[k][ty + kTileSide * u];
+                b[u] = bs[k][tx + kTileSide * u];
+            }
+#pragma unroll
+            for (int u = 0; u < kPerThread; ++u)
+#pragma unroll
+                for (int v = 0; v < kPerThread; ++v) acc[u][v] += a[u] * b[v];
+        }
+        __syncthreads();  // the tile is overwritten by the next slice
+    }
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+        const int i = i0 + ty + kTileSide * u;
+        if (i >= M) continue;
+#pragma unroll
+        for (int v = 0; v < kPerThread; ++v) {
+            const int j = j0 + tx + kTileSide * v;
+            if (j >= Ncol) continue;
+            TD* d = D + size_t(i) * Ncol + j;
+            *d = from_float<TD>(acc[u][v] + (accumulate ? to_float(*d) : 0.0f));
+        }
+    }
+}
+
+// D (M x Ncol) (+)= A . B^T with the naive or the tiled kernel.
+template <bool kAContig, bool kBContig, class T, class TD>
+void own_gemm(bool tiled, TD* D, const T* A, const T* B, int M, int Ncol, int K, bool accumulate,
+              cudaStream_t s) {
+    if (tiled) {
+        if (ceil_div(M, kTile) > 65535u)
+            throw BackendError("kernels.matmul: tiled: " + std::to_string(M) +
+                               " rows are more than its grid covers (65535 tiles of 64)");
+        const dim3 grid(ceil_div(Ncol, kTile), ceil_div(M, kTile));
+        matmul_tiled_kernel<T, TD, kAContig, kBContig>
+            <<<grid, kTileThreads, 0, s>>>(D, A, B, M, Ncol, K, accumulate);
+        CUDA_CHECK_LAUNCH("matmul_tiled_kernel");
+    } else {
+        const dim3 block(32, 8);  // 32 adjacent columns per warp: coalesced stores
+        const dim3 grid(ceil_div(Ncol, 32), std::min(ceil_div(M, 8), 65535u));
+        matmul_naive_kernel<T, TD, kAContig, kBContig>
+            <<<grid, block, 0, s>>>(D, A, B, M, Ncol, K, accumulate);
+        CUDA_CHECK_LAUNCH("matmul_naive_kernel");
+    }
+}
+
+// naive / tiled forward: the GEMM into out (or pre_act under GELU), then one pass adds the bias
+// and applies GELU.
+void matmul_forward_own(bool tiled, DType dt, void* out, const void* inp, const void* weight,
+                        const void* bias, int N, int C, int OC, bool gelu, void* pre_act,
+                        cudaStream_t s) {
+    void* gemm_out = gelu ? pre_act : out;
+    dispatch(dt, [&](auto tag) {
+        using T = decltype(tag);
+        own_gemm<true, true>(tiled, static_cast<T*>(gemm_out), static_cast<const T*>(inp),
+                             static_cast<const T*>(weight), N, OC, C, false, s);
+    });
+    if (gelu || bias) bias_gelu_epilogue(dt, gemm_out, gelu ? out : nullptr, bias, N, OC, s);
+}
+
+// naive / tiled backward: dinp += dout W; dW += dout^T inp (fp32); dbias += column sums.
+void matmul_backward_own(bool tiled, DType dt, void* dinp, float* dweight, float* dbias,
+                         const void* dout, const void* inp, const void* weight, int N, int C,
+                         int OC, cudaStream_t s) {
+    dispatch(dt, [&](auto tag) {
+        using T = decltype(tag);
+        const T* g = static_cast<const T*>(dout);
+        if (dinp)
+            own_gemm<true, false>(tiled, static_cast<T*>(dinp), g, static_cast<const T*>(weight), N,
+                                  C, OC, true, s);
+        if (dweight)
+            own_gemm<false, false>(tiled, dweight, g, static_cast<const T*>(inp), OC, C, N, true,
+                                   s);
+    });
+    if (dbias) bias_backward(dt, dbias, dout, N, OC, s);
+}
+
+// cublas: the classic cublasGemmEx, as a framework without cuBLASLt calls it — tensor cores
+// (tf32 / bf16), but the bias and GELU are a separate pass over the (N,OC) output (one more
+// read and write of it, two with GELU): what cuBLASLt's epilogues save. The products are the
+// cuBLASLt path's (column-major view at the top of this file).
+void matmul_forward_cublas(BlasContext& ctx, void* out, const void* inp, const void* weight,
+                           const void* bias, int N, int C, int OC, bool gelu, void* pre_act,
+                           cudaStream_t s) {
+    const cudaDataType_t t = ctx.act_type();
+    void* gemm_out = gelu ? pre_act : out;
+    cublas_gemm(ctx, true, false, OC, N, C, weight, t, C, inp, t, C, gemm_out, t, OC, 0.0f);
+    if (gelu || bias)
+        bias_gelu_epilogue(dtype_of(ctx.precision), gemm_out, gelu ? out : nullptr, bias, N, OC, s);
+}
+
+void matmul_backward_cublas(BlasContext& ctx, void* dinp, float* dweight, float* dbias,
+                            const void* dout, const void* inp, const void* weight, int N, int C,
+                            int OC, cudaStream_t s) {
+    const cudaDataType_t t = ctx.act_type();
+    if (dinp) cublas_gemm(ctx, false, false, C, N, OC, weight, t, C, dout, t, OC, dinp, t, C, 1.0f);
+    if (dweight)
+        cublas_gemm(ctx, false, true, C, OC, N, inp, t, C, dout, t, OC, dweight, CUDA_R_32F, C,
+                    1.0f);
+    if (dbias) bias_backward(dtype_of(ctx.precision), dbias, dout, N, OC, s);
+}
+
+[[noreturn]] void not_a_cuda_step(MatmulImpl impl) {
+    throw BackendError(std::string("kernels.matmul: ") + to_string(impl) +
+                       " is a CPU step of the ladder; the CUDA backend has naive, tiled, cublas "
+                       "and cublaslt (auto = cublaslt)");
+}
+
+}  // namespace
+
+void matmul_forward(BlasContext& ctx, MatmulImpl impl, void* out, const void* inp,
+                    const void* weight, const void* bias, int N, int C, int OC, bool gelu,
+                    void* pre_act, cudaStream_t s) {
+    if (gelu && !pre_act)
+        throw BackendError("matmul_forward: the gelu epilogue needs a pre_act buffer (N,OC)");
+    const DType dt = dtype_of(ctx.precision);
+    switch (impl) {
+        case MatmulImpl::naive:
+        case MatmulImpl::tiled:
+            return matmul_forward_own(impl == MatmulImpl::tiled, dt, out, inp, weight, bias, N, C,
+                                      OC, gelu, pre_act, s);
+        case MatmulImpl::cublas:
+            return matmul_forward_cublas(ctx, out, inp, weight, bias, N, C, OC, gelu, pre_act, s);
+        case MatmulImpl::auto_:
+        case MatmulImpl::cublaslt:
+            return matmul_forward_cublaslt(ctx, out, inp, weight, bias, N, C, OC, gelu, pre_act, s);
+        default:
+            not_a_cuda_step(impl);
+    }
+}
+
+void matmul_backward(BlasContext& ctx, MatmulImpl impl, void* dinp, float* dweight, float* dbias,
+                     const void* dout, const void* inp, const void* weight, int N, int C, int OC,
+                     cudaStream_t s) {
+    switch (impl) {
+        case MatmulImpl::naive:
+        case MatmulImpl::tiled:
+            return matmul_backward_own(impl == MatmulImpl::tiled, dtype_of(ctx.precision), dinp,
+                                       dweight, dbias, dout, inp, weight, N, C, OC, s);
+        case MatmulImpl::cublas:
+            return matmul_backward_cublas(ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC,
+                                          s);
+        case MatmulImpl::auto_:
+        case MatmulImpl::cublaslt:
+            return matmul_backward_cublaslt(ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC,
+                                            s);
+        default:
+            not_a_cuda_step(impl);
+    }
 }
 
 // ---- int8 weights ---------------------------------------------------------------------------
@@ -274,10 +527,7 @@ void gemm_any(BlasContext& ctx, cudaStream_t s, bool transa, bool transb, int m,
     if (lt_matmul(ctx, s, transa, transb, m, n, k, A, ta, lda, B, tb, ldb, D, td, ldd, beta,
                   CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0))
         return;
-    const float alpha = 1.0f;
-    CUBLAS_CHECK(cublasGemmEx(ctx.blas, transa ? CUBLAS_OP_T : CUBLAS_OP_N,
-                              transb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, A, ta, lda, B,
-                              tb, ldb, &beta, D, td, ldd, ctx.compute_type(), CUBLAS_GEMM_DEFAULT));
+    cublas_gemm(ctx, transa, transb, m, n, k, A, ta, lda, B, tb, ldb, D, td, ldd, beta);
 }
 }  // namespace
 

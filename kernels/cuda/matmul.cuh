@@ -1,4 +1,4 @@
-// cuBLAS / cuBLASLt context of the CUDA backend and the Linear-layer GEMMs.
+// cuBLAS / cuBLASLt context of the CUDA backend and the Linear-layer GEMMs (the matmul ladder).
 #pragma once
 
 #include <map>
@@ -32,13 +32,17 @@ struct BlasContext {
     }
 };
 
+// The Linear layer, by the step of the matmul ladder `impl` (kernels.matmul; auto = cublaslt):
+// naive and tiled are our own kernels (fp32 math whatever the precision), cublas the classic
+// cublasGemmEx, cublaslt cuBLASLt with its epilogues (matmul.cu says what each teaches).
 // out (N,OC) = inp (N,C) W^T (+ bias); with gelu: pre_act = inp W^T + bias, out = gelu(pre_act).
-void matmul_forward(BlasContext& ctx, void* out, const void* inp, const void* weight,
-                    const void* bias, int N, int C, int OC, bool gelu, void* pre_act,
-                    cudaStream_t s);
-// dinp += dout W; dweight += dout^T inp (fp32); dbias += sum_n dout.
-void matmul_backward(BlasContext& ctx, void* dinp, float* dweight, float* dbias, const void* dout,
-                     const void* inp, const void* weight, int N, int C, int OC, cudaStream_t s);
+void matmul_forward(BlasContext& ctx, MatmulImpl impl, void* out, const void* inp,
+                    const void* weight, const void* bias, int N, int C, int OC, bool gelu,
+                    void* pre_act, cudaStream_t s);
+// dinp += dout W; dweight += dout^T inp (fp32); dbias += sum_n dout. Null pointers are skipped.
+void matmul_backward(BlasContext& ctx, MatmulImpl impl, void* dinp, float* dweight, float* dbias,
+                     const void* dout, const void* inp, const void* weight, int N, int C, int OC,
+                     cudaStream_t s);
 
 // model.quantize_frozen: int8. W = scale * q (OC,C), dequantised inside a tiled kernel.
 void matmul_int8_forward(DType dt, void* out, const void* inp, const int8_t* weight,
