@@ -98,7 +98,7 @@ stage configure 120 configure || true
 # ---- 3. build (Release, sm_$ARCH only) ----
 TESTS=(test_peak_flops test_backend_ops test_cuda_backend test_cuda_attention test_cuda_training
        test_cuda_determinism test_nccl_collectives test_data_jitter_cache
-       test_cuda_host_sync test_cuda_offload)
+       test_cuda_host_sync test_cuda_offload test_cuda_kernel_ladder)
 export TESTS_STR="${TESTS[*]}"
 build() {
     # shellcheck disable=SC2086
@@ -106,7 +106,7 @@ build() {
     # Registers / spills of the hot kernels, for kernels/cuda/README.md.
     local f
     # shellcheck disable=SC2046
-    for f in attention layernorm classifier adamw encoder; do
+    for f in attention layernorm classifier adamw encoder matmul; do
         nvcc -I"$ROOT" -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_"$ARCH" -Xptxas -v \
             $([[ $f == adamw ]] && echo --fmad=false) -c "$ROOT/kernels/cuda/$f.cu" \
             -o /tmp/mt_ptxas_$f.o 2>&1 | grep -E "Compiling entry|registers|spill" || true
@@ -143,6 +143,11 @@ fi
 # run.host_sync: a host sync only costs something when the device runs asynchronously.
 stage lab-host-sync 180 "$BUILD/microtrain" run "$ROOT/configs/labs/host_sync.yaml" \
     --set backend=cuda --out-dir "$LOGDIR/runs-host-sync" || true
+
+# kernels.matmul / kernels.layernorm_forward: the CUDA ladders (7 variants x 8 steps; naive is the
+# slow one). Its own folder, not runs-*: the ratio table compares the GPT-2 124M runs only.
+stage lab-kernel-ladder-gpu 240 "$BUILD/microtrain" run "$ROOT/configs/labs/kernel_ladder_gpu.yaml" \
+    --out-dir "$LOGDIR/lab-kernel-ladder-gpu" || true
 
 # ---- summary ----
 ratio_table() {
