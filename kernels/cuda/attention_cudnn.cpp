@@ -160,7 +160,10 @@ BuiltGraph build_forward(cudnnHandle_t handle, int B, int T, int C, int NH) {
     return finish(std::move(g), handle, shape_text(B, T, C, NH));
 }
 
-// dQ, dK, dV = SDPA_backward(Q, K, V, O, dO, Stats), written in qkv's packed layout.
+// dQ, dK, dV = SDPA_backward(Q, K, V, O, dO, Stats), written in qkv's packed layout. The
+// deterministic algorithm: cuDNN's default backward adds dQ partial sums with atomics, in an
+// order that changes from run to run; like every reduction here (docs/design.md, Contracts), the
+// chosen one has a fixed order, so two runs give bitwise the same gradients.
 BuiltGraph build_backward(cudnnHandle_t handle, int B, int T, int C, int NH) {
     const SdpaLayout l(B, T, C, NH);
     auto g = new_bf16_graph();
@@ -174,6 +177,7 @@ BuiltGraph build_backward(cudnnHandle_t handle, int B, int T, int C, int NH) {
     auto options = fe::graph::SDPA_backward_attributes()
                        .set_name("attention_backward")
                        .set_causal_mask(true)
+                       .set_deterministic_algorithm(true)
                        .set_attn_scale(1.0f / std::sqrt(static_cast<float>(C / NH)));
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
     dq->set_output(true).set_uid(kDQ).set_dim(l.dims).set_stride(l.qkv_strides);

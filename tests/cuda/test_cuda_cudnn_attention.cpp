@@ -1,10 +1,10 @@
 // kernels.attention: cudnn (cuDNN 9's fused SDPA, kernels/cuda/attention_cudnn.cpp) against our
 // flash kernels on the same GPU, bf16: forward output, the saved logsumexp, the accumulated
-// input gradient, for shapes with T not a multiple of any tile and head sizes 64 (GPT-2's) and
-// 32; and a short training run whose losses track flash's. Built in every CUDA build; the GPU
-// cases need a device AND a build configured with MT_ENABLE_CUDNN=ON (the `cudnn` preset),
-// and skip naming which one is missing. The build/config checks run without a device: the
-// backend refuses cudnn before it looks for one.
+// input gradient (bitwise the same on a second run), for shapes with T not a multiple of any tile
+// and head sizes 64 (GPT-2's) and 32; and a short training run whose losses track flash's. Built in
+// every CUDA build; the GPU cases need a device AND a build configured with MT_ENABLE_CUDNN=ON (the
+// `cudnn` preset), and skip naming which one is missing. The build/config checks run without a
+// device: the backend refuses cudnn before it looks for one.
 //
 // Tolerance (bf16): both sides read the same bf16 q, k, v and round their outputs to bf16
 // (relative step 2^-8 = 0.4%); they differ in tiling and summation order (and cuDNN rounds P to
@@ -121,7 +121,7 @@ class CudnnAttention : public ::testing::TestWithParam<int> {
 };
 INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttention, ::testing::Values(0, 1, 2));
 
-TEST_P(CudnnAttention, ForwardStatsAndAccumulatedBackwardMatchFlash) {
+TEST_P(CudnnAttention, ForwardStatsAndAccumulatedBackwardMatchFlashAndRepeatBitwise) {
     const Shape s = kShapes[GetParam()];
     const uint32_t seed = 40 + 10 * static_cast<uint32_t>(GetParam());
     const Result f = run_attention(AttentionImpl::flash, s, seed);
@@ -131,6 +131,10 @@ TEST_P(CudnnAttention, ForwardStatsAndAccumulatedBackwardMatchFlash) {
     EXPECT_TRUE(close(c.out, f.out, test::kBf16Tol, "cudnn vs flash out"));
     EXPECT_TRUE(close(c.saved, f.saved, test::Tol{0, 1e-2}, "cudnn stats vs flash logsumexp"));
     EXPECT_TRUE(close(c.dqkv, f.dqkv, test::kBf16Tol, "cudnn vs flash dqkv (accumulated)"));
+    // The deterministic backward (no atomics): a second run gives bitwise the same numbers.
+    const Result again = run_attention(AttentionImpl::cudnn, s, seed);
+    EXPECT_EQ(again.out, c.out);
+    EXPECT_EQ(again.dqkv, c.dqkv);
 }
 
 // A head size cuDNN cannot load (not a multiple of 8) is a clear error naming the other
