@@ -1418,6 +1418,12 @@ struct Resolver {
                   "expected optim.offload: false with dist.zero: 1, got both on; ZeRO-1 shards the "
                   "AdamW state across the ranks' devices and offload keeps all of it in host "
                   "memory: use one or the other");
+        if (c.kernels.attention == AttentionImpl::cudnn && c.run.precision != Precision::bf16)
+            error(blame({"kernels.attention", "run.precision"}),
+                  std::string("expected run.precision: bf16 with kernels.attention: cudnn, got ") +
+                      to_string(c.run.precision) +
+                      "; cuDNN's fused attention computes in 16-bit: set run.precision: bf16 "
+                      "or use kernels.attention: flash");
         if (c.data.source == DataSource::synthetic) return;
 
         const char* what = c.data.source == DataSource::tokens ? "an llm.c token file (.bin)"

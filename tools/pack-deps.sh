@@ -17,6 +17,10 @@
 #                                                  device-check.sh builds it there first.
 #   .deps/cmake/<Pkg>/<Pkg>Config.cmake            small hand-written CMake package configs
 #                                                  (the Debian ones hard-code /usr paths).
+#   .deps/cudnn-frontend/include                   NVIDIA's cudnn-frontend headers, for the
+#                                                  optional `cudnn` preset (fetched from PyPI by
+#                                                  tools/fetch-cudnn-frontend.sh; skipped with a
+#                                                  warning when that fails).
 # --check: configure the project against .deps only (each <Pkg>_DIR forced into .deps) and
 # verify every find_package resolved there.
 set -euo pipefail
@@ -109,6 +113,11 @@ CEOF
         echo "googletest $(ver googletest) (source)"
         echo "gcc: $(gcc -dumpfullversion 2>/dev/null || echo ?), glibc: $(ldd --version | head -1)"
     } > "$tmp/MANIFEST"
+    if bash "$ROOT/tools/fetch-cudnn-frontend.sh" && cp -r "$ROOT/.cudnn-frontend" "$tmp/cudnn-frontend"; then
+        echo "cudnn-frontend $(cat "$tmp/cudnn-frontend/VERSION") (headers)" >> "$tmp/MANIFEST"
+    else
+        echo "pack-deps: warning: no cudnn-frontend headers in .deps; the cudnn preset will not configure there" >&2
+    fi
     rm -rf "$DEPS"
     mv "$tmp" "$DEPS"
     trap - EXIT

@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/ops.h"
@@ -89,10 +90,19 @@ const CudaStreamEvent& cuda_event(const StreamEvent& e) {
     return *c;
 }
 
+#if !defined(MT_HAVE_CUDNN)
+constexpr const char* kCudnnNotBuilt =
+    "kernels.attention: cudnn is not available in this build: configure with "
+    "-DMT_ENABLE_CUDNN=ON (cmake --preset cudnn, after tools/fetch-cudnn-frontend.sh fetches "
+    "the cudnn-frontend headers; needs cuDNN 9); or use naive or flash";
+#endif
+
 class CudaBackend final : public Backend {
   public:
     explicit CudaBackend(const BackendOptions& opt) : Backend(opt) {
-        check_matmul_impl(opt.kernels.matmul);  // a config error on any machine: before the device
+        // Config and build questions, answered on any machine: before the device.
+        check_matmul_impl(opt.kernels.matmul);
+        check_attention_impl(opt.kernels.attention);
         std::string why;
         if (!cuda_device_available(&why)) throw BackendError("backend 'cuda': " + why);
         int count = 0;
@@ -101,7 +111,6 @@ class CudaBackend final : public Backend {
             throw BackendError("backend 'cuda': device_index " + std::to_string(opt.device_index) +
                                " does not exist (this machine has " + std::to_string(count) +
                                " device(s))");
-        check_attention_impl(opt.kernels.attention);
 #define MT_BIND_CUDA_KERNEL(table_name, Op)                 \
     kernels_.table_name = [](Backend& b, const op::Op& a) { \
         static_cast<CudaBackend&>(b).kernel(a);             \
@@ -399,12 +408,29 @@ class CudaBackend final : public Backend {
     }
 
     // -- attention --
-    static size_t attention_workspace_needed(AttentionImpl impl, DType dt, int B, int T, int C,
-                                             int NH) {
+    size_t attention_workspace_needed(AttentionImpl impl, DType dt, int B, int T, int C, int NH) {
+#if defined(MT_HAVE_CUDNN)
+        // [cuDNN's plan workspace | the backward's dQ|dK|dV (B,T,3C) bf16]
+        if (impl == AttentionImpl::cudnn)
+            return cudnn_plan_bytes(B, T, C, NH) + size_t(B) * T * 3 * C * sizeof(cuda::bf16);
+#endif
         return impl == AttentionImpl::flash
                    ? cuda::flash_attention_workspace_bytes(B, T, C, NH)
                    : cuda::naive_attention_workspace_bytes(dt, B, T, C, NH);
     }
+#if defined(MT_HAVE_CUDNN)
+    // The cuDNN handle and plan cache, made on first use (cuDNN loads its libraries then).
+    // Building a shape's plans happens in reserve_attention_workspace, outside the timed step;
+    // a shape first seen in an op (data.seq_len_jitter's shorter batches) is built there.
+    // (Without MT_HAVE_CUDNN, check_attention_impl refuses cudnn before any of this.)
+    cuda::CudnnAttention& cudnn_attention() {
+        if (!cudnn_) cudnn_ = std::make_unique<cuda::CudnnAttention>(stream());
+        return *cudnn_;
+    }
+    size_t cudnn_plan_bytes(int B, int T, int C, int NH) {
+        return (cudnn_attention().workspace_bytes(B, T, C, NH) + 255) / 256 * 256;
+    }
+#endif
     // Grows the attention workspace to fit (B,T,C,NH). Called outside the timed step (see the
     // workspace policy at the top of this file).
     void reserve_attention_workspace(AttentionImpl impl, int B, int T, int C, int NH) override {
@@ -429,14 +455,28 @@ class CudaBackend final : public Backend {
                                "(GPT::allocate_activations does) so ops never allocate");
         return attn_ws_;
     }
-    static void check_attention_impl(AttentionImpl impl) {
-        if (impl == AttentionImpl::cudnn)
-            throw BackendError(
-                "kernels.attention: cudnn is not available in this build (the cuDNN variant is "
-                "not implemented yet); use naive or flash");
+    void check_attention_impl(AttentionImpl impl) const {
+        if (impl != AttentionImpl::cudnn) return;
+#if defined(MT_HAVE_CUDNN)
+        if (options_.precision != Precision::bf16)
+            throw BackendError(std::string("kernels.attention: cudnn needs run.precision bf16 "
+                                           "(cuDNN's fused attention computes in 16-bit), got ") +
+                               to_string(options_.precision) +
+                               "; set run.precision: bf16 or use kernels.attention: flash");
+#else
+        throw BackendError(kCudnnNotBuilt);
+#endif
     }
     void kernel(const op::AttentionForward& a) {
         check_attention_impl(a.impl);
+#if defined(MT_HAVE_CUDNN)
+        if (a.impl == AttentionImpl::cudnn) {
+            void* ws = attention_workspace(a.impl, a.B, a.T, a.C, a.NH, "attention_forward");
+            cudnn_attention().forward(a.out, a.saved, a.qkv, a.B, a.T, a.C, a.NH, ws,
+                                      attn_ws_bytes_);
+            return;
+        }
+#endif
         if (a.impl == AttentionImpl::flash) {
             cuda::flash_attention_forward(dt(), a.out, a.saved, a.qkv, a.B, a.T, a.C, a.NH,
                                           stream());
@@ -449,6 +489,19 @@ class CudaBackend final : public Backend {
     void kernel(const op::AttentionBackward& a) {
         check_attention_impl(a.impl);
         void* ws = attention_workspace(a.impl, a.B, a.T, a.C, a.NH, "attention_backward");
+#if defined(MT_HAVE_CUDNN)
+        if (a.impl == AttentionImpl::cudnn) {
+            // cuDNN overwrites dQ|dK|dV: into the scratch behind its plan workspace, then
+            // dqkv += scratch (the op's accumulate; 3 x (B,T,3C) bf16 of extra traffic).
+            const size_t plan = cudnn_plan_bytes(a.B, a.T, a.C, a.NH);
+            void* grad = static_cast<char*>(ws) + plan;
+            cudnn_attention().backward(grad, a.dout, a.qkv, a.out, a.saved, a.B, a.T, a.C, a.NH, ws,
+                                       plan);
+            cuda::residual_forward(dt(), a.dqkv, a.dqkv, grad, size_t(a.B) * a.T * 3 * a.C,
+                                   stream());
+            return;
+        }
+#endif
         if (a.impl == AttentionImpl::flash)
             cuda::flash_attention_backward(dt(), a.dqkv, a.dout, a.qkv, a.out, a.saved, a.B, a.T,
                                            a.C, a.NH, ws, stream());
@@ -525,6 +578,9 @@ class CudaBackend final : public Backend {
     float* partials_ = nullptr;
     void* attn_ws_ = nullptr;
     size_t attn_ws_bytes_ = 0;
+#if defined(MT_HAVE_CUDNN)
+    std::unique_ptr<cuda::CudnnAttention> cudnn_;  // kernels.attention: cudnn (after compute_)
+#endif
     void* enc_ws_ = nullptr;  // encoder_backward's sort scratch
     size_t enc_ws_bytes_ = 0;
 };
