@@ -2,7 +2,7 @@
 # ONE script for a machine with an NVIDIA GPU (H100/H200-class image: nvcc, CMake, ninja, Python
 # with PyTorch; no Debian -dev packages, no network). Builds microtrain from what travels with
 # the tree (.deps/, filled beforehand on a development machine by tools/pack-deps.sh), runs the
-# GPU tests, a short GPT-2 124M benchmark (fp32 and bf16; naive vs flash attention; the AdamW
+# GPU tests (and the cuDNN attention build's), the GPU labs, a short GPT-2 124M benchmark (fp32 and bf16; naive vs flash attention; the AdamW
 # variants) and the same model in PyTorch on the same GPU, and writes every log into LOGDIR.
 #
 #   tools/device-check.sh LOGDIR            (about 6-8 minutes on an H200)
@@ -120,6 +120,25 @@ for t in "${TESTS[@]}"; do
     stage "$t" 240 "$BUILD/$t" --gtest_output="xml:$LOGDIR/$t.xml" || true
 done
 
+# ---- 4b. cuDNN attention: the cudnn preset's configuration, headers from .deps/cudnn-frontend ----
+CUDNN_BUILD="$ROOT/build/device-cudnn"
+export CUDNN_BUILD
+build_cudnn() {
+    cmake -S "$ROOT" -B "$CUDNN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMT_ENABLE_CUDA=ON \
+        -DMT_ENABLE_CUDNN=ON -DMT_CUDNN_FRONTEND_INCLUDE_DIR="$DEPS/cudnn-frontend/include" \
+        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_FIND_PACKAGE_PREFER_CONFIG=ON \
+        -DEigen3_DIR="$DEPS/cmake/Eigen3" -DCLI11_DIR="$DEPS/cmake/CLI11" \
+        -Dnlohmann_json_DIR="$DEPS/cmake/nlohmann_json" -Dyaml-cpp_DIR="$DEPS/cmake/yaml-cpp" \
+        -DGTest_DIR="$GT_PREFIX/lib/cmake/GTest"
+    # cuDNN: the toolkit's or PyTorch's wheel (nvidia-cudnn-cu13); the frontend from .deps.
+    grep -E "^MT_CUDNN_(FRONTEND_INCLUDE_DIR|INCLUDE_DIR|LIBRARY):" "$CUDNN_BUILD/CMakeCache.txt"
+    cmake --build "$CUDNN_BUILD" -j"$JOBS" --target test_cuda_cudnn_attention
+}
+export -f build_cudnn
+stage build-cudnn 420 build_cudnn || true
+stage test_cuda_cudnn_attention 240 "$CUDNN_BUILD/test_cuda_cudnn_attention" \
+    --gtest_output="xml:$LOGDIR/test_cuda_cudnn_attention.xml" || true
+
 # ---- 5. lab: offload (run.offload activations, optim.offload), GPT-2 124M, ~10 steps each ----
 # Its own folder (not runs-*): the ratio table below compares the benchmark runs with PyTorch.
 stage lab-offload 150 "$BUILD/microtrain" run "$ROOT/configs/labs/offload.yaml" \
@@ -190,7 +209,7 @@ PYEOF
     echo "| --- | --- | --- |"
     for i in "${!NAMES[@]}"; do echo "| ${NAMES[$i]} | ${STATUS[$i]} | ${SECS[$i]} |"; done
     echo
-    for t in "${TESTS[@]}"; do
+    for t in "${TESTS[@]}" test_cuda_cudnn_attention; do
         f="$LOGDIR/$t.xml"
         [[ -f $f ]] && echo "$t: $(grep -o '<testsuites[^>]*' "$f" | grep -oE '(tests|failures|disabled|errors)="[0-9]+"' | tr '\n' ' ')"
         [[ -f $f ]] && echo "  skipped: $(grep -c '<skipped' "$f" || true)"
