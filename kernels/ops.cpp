@@ -51,8 +51,9 @@ math::AdamWScalars adamw_scalars(const AdamWParams& hp) {
 
 size_t attention_saved_elems(AttentionImpl impl, int B, int T, int NH) {
     const size_t bnh = static_cast<size_t>(B) * static_cast<size_t>(NH);
-    return impl == AttentionImpl::flash || impl == AttentionImpl::cudnn ? bnh * static_cast<size_t>(T)
-                                        : bnh * static_cast<size_t>(T) * static_cast<size_t>(T);
+    return impl == AttentionImpl::flash || impl == AttentionImpl::cudnn
+               ? bnh * static_cast<size_t>(T)
+               : bnh * static_cast<size_t>(T) * static_cast<size_t>(T);
 }
 
 namespace op {
