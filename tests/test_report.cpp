@@ -638,7 +638,7 @@ TEST(ResultsSchema, VersionOneIsRefusedNamingBothVersions) {
     } catch (const ReportError& e) {
         EXPECT_EQ(std::string(e.what()),
                   "'old/results.json' has schema_version 1, this microtrain reads schema_version "
-                  "5; re-run the experiment with this version");
+                  "6; re-run the experiment with this version");
     }
 }
 
