@@ -4,6 +4,7 @@
 // test: it prints numbers and asserts nothing about them.
 //
 //   cpu_gemm [--threads 2] [--reps 7] [--preset gpt2-124M -B 4 -T 128] [--json out.json]
+//            [--ladder [--ladder-reps 3]]
 //
 // Shapes: for every distinct linear layer of the preset (qkv, attn proj, fc, fc proj, LM head)
 // the three GEMMs of matmul.cpp — forward  out (N,OC) = inp (N,C) W^T,
@@ -16,6 +17,10 @@
 // Then the int8 weight (model.quantize_frozen: int8): the forward and dinp GEMMs of each linear
 // layer with the weight as an int8 operand (gemm_int8: dequantised while gemm_packed packs it)
 // beside the same GEMM on the fp32 weight, alternating; ratio int8 / fp32 of the medians.
+//
+// --ladder: then the whole kernels.matmul ladder (naive, blocked, packed, eigen = blas) on the
+// same shapes, each step timed `--ladder-reps` times (naive is slow: 3 by default), rotating
+// which step goes first; GFLOP/s per step and each step's speed-up over the one before.
 //
 // The compute roof: before the GEMMs, an FMA probe runs 12 independent chains of AVX-512 FMAs
 // per thread on registers only (no memory traffic at all: the most any fp32 kernel can issue on
@@ -30,6 +35,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/atomic_file.h"
@@ -145,6 +151,56 @@ void time_int8_weights(const std::vector<Shape>& shapes, int reps) {
     }
 }
 
+// The ladder table (--ladder): every step of kernels.matmul on every shape; the rotation of the
+// order spreads a slow-then-fast machine over all steps. Returns the rows for --json.
+nlohmann::json time_ladder(const std::vector<Shape>& shapes, int reps) {
+    using Fn = void (*)(int, int, int, GemmOperand, GemmOperand, float*, long, bool);
+    const std::pair<const char*, Fn> steps[] = {{"naive", mt::cpu::gemm_naive},
+                                                {"blocked", mt::cpu::gemm_blocked},
+                                                {"packed", mt::cpu::gemm_packed},
+                                                {"blas", mt::cpu::gemm_eigen}};
+    constexpr int kSteps = 4;
+    std::printf(
+        "\nthe kernels.matmul ladder, GFLOP/s (median of %d; x = speed-up over the step "
+        "before):\n%-18s %6s %6s %6s |",
+        reps, "gemm", "M", "N", "K");
+    for (const auto& st : steps) std::printf(" %16s |", st.first);
+    std::printf("\n");
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uni(-1.f, 1.f);
+    nlohmann::json rows = nlohmann::json::array();
+    for (const Shape& s : shapes) {
+        std::vector<float> a(static_cast<size_t>(s.M) * s.K), b(static_cast<size_t>(s.K) * s.N);
+        for (float& x : a) x = uni(rng);
+        for (float& x : b) x = uni(rng);
+        std::vector<float> c(static_cast<size_t>(s.M) * s.N, 0.f);
+        const GemmOperand A{a.data(), s.lda, s.a_transposed}, B{b.data(), s.ldb, s.b_transposed};
+        Series series[kSteps];
+        auto time_one = [&](int i) {
+            const auto t0 = Clock::now();
+            steps[i].second(s.M, s.N, s.K, A, B, c.data(), s.N, s.accumulate);
+            series[i].ms.push_back(
+                std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        };
+        for (int i = 0; i < kSteps; ++i) time_one(i);  // warm-up
+        for (Series& se : series) se.ms.clear();
+        for (int r = 0; r < reps; ++r)
+            for (int i = 0; i < kSteps; ++i) time_one((i + r) % kSteps);
+        const double flops = 2.0 * s.M * s.N * s.K;
+        std::printf("%-18s %6d %6d %6d |", s.name.c_str(), s.M, s.N, s.K);
+        nlohmann::json row = {{"gemm", s.name}, {"M", s.M}, {"N", s.N}, {"K", s.K}};
+        for (int i = 0; i < kSteps; ++i) {
+            const double g = flops / series[i].median() * 1e-6;
+            const double x = i > 0 ? series[i - 1].median() / series[i].median() : 1.0;
+            std::printf(" %7.1f (%5.1fx) |", g, x);
+            row[std::string(steps[i].first) + "_ms"] = series[i].ms;
+        }
+        std::printf("\n");
+        rows.push_back(row);
+    }
+    return rows;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,6 +213,11 @@ int main(int argc, char** argv) {
     app.add_option("-B", B, "batch size")->check(CLI::PositiveNumber);
     app.add_option("-T", T, "sequence length")->check(CLI::PositiveNumber);
     app.add_option("--json", json_path, "also write the results here (atomically)");
+    bool ladder = false;
+    int ladder_reps = 3;
+    app.add_flag("--ladder", ladder, "also time every step of kernels.matmul on the same shapes");
+    app.add_option("--ladder-reps", ladder_reps, "timed calls per (shape, step) of the ladder")
+        ->check(CLI::Range(1, 1000));
     CLI11_PARSE(app, argc, argv);
 
     if (!mt::cpu::gemm_packed_available()) {
@@ -259,6 +320,7 @@ int main(int argc, char** argv) {
         step_flops / total_eigen * 1e-6, 100 * step_flops / total_eigen * 1e-6 / fma_peak,
         total_packed / total_eigen);
     time_int8_weights(shapes, reps);
+    const nlohmann::json ladder_rows = ladder ? time_ladder(shapes, ladder_reps) : nlohmann::json();
     if (!json_path.empty()) {
         nlohmann::json out = {{"preset", preset},
                               {"B", B},
@@ -268,7 +330,8 @@ int main(int argc, char** argv) {
                               {"gemms", rows},
                               {"fma_peak_gflops", fma_peak},
                               {"step_gemm_ms_packed", total_packed},
-                              {"step_gemm_ms_eigen", total_eigen}};
+                              {"step_gemm_ms_eigen", total_eigen},
+                              {"ladder", ladder_rows}};
         mt::write_file_atomic(json_path, out.dump(2) + "\n");
     }
     return 0;
