@@ -30,10 +30,10 @@ struct StepRecord {
     double grad_norm = 0;  // global L2 norm before clipping (0 when clipping is off)
     double lr = 0;         // learning rate used by this step
     // Data parallel (world > 1; zero otherwise). The exposed wait is times[Phase::comm].
-    double comm_busy_ms = 0;  // time the link was busy with this step's collectives
-    double comm_bytes = 0;    // bytes this rank sent for them (ring algorithm)
+    double comm_busy_ms = 0;           // time the link was busy with this step's collectives
+    double comm_bytes = 0;             // bytes this rank sent for them (ring algorithm)
     int comm_buckets_in_backward = 0;  // of them, buckets issued while backward ran (overlap)
-    int stop_signal = 0;      // a stop signal seen by any rank (agreed, so all ranks stop)
+    int stop_signal = 0;               // a stop signal seen by any rank (agreed, so all ranks stop)
     // What the step trained: tokens of the global batch (every rank's micro-batches) and this
     // rank's analytic model FLOPs, at the batches' real lengths (data.seq_len_jitter shortens
     // them; without it every step is world x B x T x grad_accum tokens).

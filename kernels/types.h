@@ -62,13 +62,12 @@ struct EnumSpelling<LayerNormImpl> {
 };
 template <>
 struct EnumSpelling<MatmulImpl> {
-    static constexpr std::array<std::string_view, 8> names{
-        "auto", "naive", "blocked", "packed", "blas", "tiled", "cublas", "cublaslt"};
+    static constexpr std::array<std::string_view, 8> names{"auto", "naive", "blocked", "packed",
+                                                           "blas", "tiled", "cublas",  "cublaslt"};
 };
 template <>
 struct EnumSpelling<LayerNormForwardImpl> {
-    static constexpr std::array<std::string_view, 3> names{"two_pass", "welford",
-                                                           "thread_per_row"};
+    static constexpr std::array<std::string_view, 3> names{"two_pass", "welford", "thread_per_row"};
 };
 template <>
 struct EnumSpelling<MemoryCategory> {
