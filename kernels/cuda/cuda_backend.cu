@@ -64,6 +64,10 @@ class CudaTimingEvent final : public TimingEvent {
     double elapsed_ms_since(const TimingEvent& start) const override {
         const auto* s = dynamic_cast<const CudaTimingEvent*>(&start);
         if (!s) throw BackendError("elapsed_ms_since: the start event is not a CUDA event");
+        // A just-recorded event may not have been reached yet even on an idle stream
+        // (cudaEventElapsedTime then fails with cudaErrorNotReady): wait for both first.
+        CUDA_CHECK(cudaEventSynchronize(s->ev_.get()));
+        CUDA_CHECK(cudaEventSynchronize(ev_.get()));
         float ms = 0.0f;
         CUDA_CHECK(cudaEventElapsedTime(&ms, s->ev_.get(), ev_.get()));
         return ms;
