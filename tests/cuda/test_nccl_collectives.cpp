@@ -216,9 +216,19 @@ TEST_F(OneRankNcclPlain, WaitTimesOutWithACommErrorNamingRankSizeAndTimeout) {
     coll->reserve_slots(1);
     DeviceBuffer buf(*gpu, 1024 * sizeof(float), MemoryCategory::grads);
     ComputeGate gate(*gpu);
+    // On the timeout, wait() aborts the communicator, and ncclCommAbort waits for the device
+    // (it frees device memory), which the gate holds: it returns only once the gate opens. So
+    // another thread opens it well after the 0.5 s timeout (a peer that hangs is not a host
+    // function on our own stream; this is the test's stand-in for one). Seen on an H200: without
+    // the opener the test hung.
+    std::thread opener([&gate] {
+        std::this_thread::sleep_for(std::chrono::seconds(3));
+        gate.release();
+    });
     coll->fence(0);
     const size_t counts[] = {1024};
     coll->reduce_scatter_sum(buf.as<float>(), counts, 0);
+    const auto t0 = std::chrono::steady_clock::now();
     try {
         coll->wait();
         FAIL() << "no CommError";
@@ -228,7 +238,9 @@ TEST_F(OneRankNcclPlain, WaitTimesOutWithACommErrorNamingRankSizeAndTimeout) {
         EXPECT_NE(m.find("reduce-scatter"), std::string::npos) << m;
         EXPECT_NE(m.find("within 0.5 s"), std::string::npos) << m;
     }
-    gate.release();
+    std::printf("  wait() threw after %.2f s (timeout 0.5 s, the gate opens at 3 s)\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    opener.join();
     gpu->synchronize();
     // Aborted: later calls say so instead of touching a dead communicator.
     EXPECT_THROW(coll->wait(), CommError);
