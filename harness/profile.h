@@ -171,7 +171,8 @@ class KernelProfiler final : public OpObserver {
 
   private:
     struct Pending {
-        std::string name, impl;
+        std::string name;
+        std::string_view op;  // the op's own name (an OpRecord name: a string literal)
         double flops, bytes;
         size_t begin_event, end_event;
         bool closed = false;

@@ -1575,7 +1575,7 @@ std::vector<std::string> cuda_only_features(const RunConfig& c) {
     // flash attention has a CPU implementation too; cuDNN's exists only on CUDA. pin_memory is
     // a no-op on the CPU backend (host memory is already where the compute is), not an error.
     if (c.kernels.attention == AttentionImpl::cudnn) f.push_back("kernels.attention cudnn");
-    if (c.kernels.matmul != MatmulImpl::naive && !is_cpu_matmul(c.kernels.matmul))
+    if (!is_cpu_matmul(c.kernels.matmul))  // naive and auto: both backends have them
         f.push_back(std::string("kernels.matmul ") + to_string(c.kernels.matmul));
     if (c.kernels.layernorm_forward == LayerNormForwardImpl::thread_per_row)
         f.push_back("kernels.layernorm_forward thread_per_row");

@@ -582,6 +582,10 @@ const char* gemm_impl_name() {
     return "packed-avx512";
 }
 
+MatmulImpl gemm_fastest() {
+    return MatmulImpl::packed;
+}
+
 void gemm(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc, bool accumulate) {
     gemm_packed(M, N, K, A, B, C, ldc, accumulate);
 }
@@ -598,19 +602,15 @@ const char* gemm_impl_name() {
 }
 #endif
 
+MatmulImpl gemm_fastest() {
+    return MatmulImpl::blas;
+}
+
 void gemm(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc, bool accumulate) {
     gemm_eigen(M, N, K, A, B, C, ldc, accumulate);
 }
 
 #endif
-
-MatmulImpl gemm_fastest() {
-#if defined(__AVX512F__) && !defined(EIGEN_USE_BLAS)
-    return MatmulImpl::packed;
-#else
-    return MatmulImpl::blas;
-#endif
-}
 
 void gemm(MatmulImpl impl, int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
           bool accumulate) {
