@@ -5,9 +5,9 @@
 //   cpu_step --preset gpt2-mini -B 4 -T 256 --threads 2 --warmup 2 --steps 5 [--json out.json]
 //            [--probe] [--profile]
 //
-// One step is harness/training.h's TrainingSession step — the same code `microtrain run` times —
-// on one repeated synthetic batch (B*T+1 uniform tokens from the seed, targets shifted by one),
-// with global-norm clipping and fused AdamW. Its phases are timed by the harness's PhaseTimer
+// One step is engine/training_session.h's TrainingSession step — the same code `microtrain run`
+// times — on one repeated synthetic batch (B*T+1 uniform tokens from the seed, targets shifted by
+// one), with global-norm clipping and fused AdamW. Its phases are timed by the harness's PhaseTimer
 // (steady_clock on the CPU backend; CPU ops are synchronous, so a clock read after a call is when
 // its work is done). The JSON's phases:
 //   forward   = the forward phase (model.forward, to the per-token losses and their mean)
@@ -22,7 +22,7 @@
 // independently by the PyTorch script, so both sides are divided by the same work.
 //
 // --probe measures, in this process, after the steps and with the same thread count, with the
-// harness's probes (harness/profile.h; the same ones `microtrain run` uses for MFU and its
+// harness's probes (engine/profile.h; the same ones `microtrain run` uses for MFU and its
 // roofline, and this measurement goes into their cache when it beats the cached figure):
 //   sgemm: the backend's own matmul_forward (kernels/cpu/gemm.h — the packed AVX-512 GEMM, or
 //          Eigen's where that is not compiled — exactly the GEMM the model runs) on
@@ -55,10 +55,10 @@
 #include <string>
 #include <vector>
 
-#include "harness/memory.h"
-#include "harness/profile.h"
-#include "harness/timing.h"
-#include "harness/training.h"
+#include "engine/memory.h"
+#include "engine/profile.h"
+#include "engine/timing.h"
+#include "engine/training_session.h"
 #include "io/atomic_file.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/enum_names.h"
@@ -67,7 +67,7 @@ namespace {
 
 using json = nlohmann::json;
 
-// The harness's statistics (harness/timing.h), the ones `microtrain run` reports.
+// The harness's statistics (engine/timing.h), the ones `microtrain run` reports.
 double median(const std::vector<double>& v) {
     return mt::compute_stats(v).median;
 }

@@ -1,6 +1,6 @@
 // The safetensors file format (https://github.com/huggingface/safetensors): a reader that
 // validates the whole file before touching any tensor, and an atomic writer. microtrain uses it
-// for checkpoints (model/checkpoint.h), for the batches and outputs of `microtrain step`, and
+// for checkpoints (checkpoint/checkpoint.h), for the batches and outputs of `microtrain step`, and
 // for the PyTorch fixtures of the parity tests.
 //
 // Layout:

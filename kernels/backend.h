@@ -109,7 +109,7 @@ class Backend {
     // The two ways the host waits for the device, as non-virtual fronts (like run()): each call
     // is counted and the host time spent inside it is added up (HostSyncStats), so the harness
     // can say how often a step stopped the host and how long it waited there (run.host_sync,
-    // harness/training.h). CUDA: a cudaStreamSynchronize, so the wait is the enqueued work's
+    // engine/training_session.h). CUDA: a cudaStreamSynchronize, so the wait is the enqueued work's
     // remaining time; CPU: ops are synchronous, so the wait is ~0 — but the call is still
     // counted, being where a device would stall the host.
     // copy_to_host: a blocking device-to-host copy (waits for the work enqueued before it).

@@ -1,8 +1,8 @@
 // Collectives: the communication data parallelism needs, over the ranks of one job, on a
 // backend's memory. Two implementations:
-//   dist/mpi_collectives.cpp          MPI on host memory (the CPU backend)
+//   distributed/mpi_collectives.cpp          MPI on host memory (the CPU backend)
 //   kernels/cuda/nccl_collectives.cu  NCCL on device memory, on its own stream (the CUDA backend)
-// The gradient synchroniser (dist/grad_sync.h) is written once against this interface.
+// The gradient synchroniser (distributed/grad_sync.h) is written once against this interface.
 //
 // A rank's piece. Every operation works on one contiguous range buf[0, n) that is cut into
 // size() consecutive pieces, piece r = [offset_r, offset_r + counts[r]) with offset_r the sum

@@ -277,7 +277,7 @@ class GPT {
     // Backpropagates the last forward; ACCUMULATES into grads(). Needs targets in forward.
     void backward();
 
-    // Where backward finishes each parameter gradient, for data parallel (dist/grad_sync.h):
+    // Where backward finishes each parameter gradient, for data parallel (distributed/grad_sync.h):
     // ranges [offset, offset + count) of grads() in the order backward completes them: ln_f
     // (after the LM head), blocks n_layer-1 .. 0, then wte and wpe (the encoder backward adds the
     // last term of the tied wte's gradient); a stage with nothing trainable has no range.

@@ -40,8 +40,8 @@ struct AdamWConfig {
     bool offload = false;
 };
 
-// Data parallel (dist/grad_sync.h): which part of the flat buffers this rank updates, and how
-// many ranges the gradient norm may be cut into.
+// Data parallel (distributed/grad_sync.h): which part of the flat buffers this rank updates, and
+// how many ranges the gradient norm may be cut into.
 struct AdamWPartition {
     // Ranges of the flat buffers this rank updates, ascending and disjoint. Empty: every
     // parameter (one rank, or ZeRO stage 0). Non-empty (ZeRO-1): m and v hold only these

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/world.h"
-#include "harness/spec.h"
-#include "harness/training.h"
+#include "distributed/world.h"
+#include "engine/training_session.h"
+#include "experiment/spec.h"
 
 int main(int argc, char** argv) {
     using namespace mt;

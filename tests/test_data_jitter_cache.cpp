@@ -19,12 +19,16 @@
 #include <string>
 #include <vector>
 
-#include "harness/data.h"
-#include "harness/report.h"
-#include "harness/results.h"
-#include "harness/spec.h"
-#include "harness/training.h"
+#include "engine/data.h"
+#include "engine/training_session.h"
+#include "experiment/spec.h"
 #include "model/gpt.h"
+#include "report/comparison.h"
+#include "report/render.h"
+#include "report/results.h"
+#include "report/run_folder.h"
+#include "report/step_files.h"
+#include "report/suggestions.h"
 #include "test_util.h"
 
 namespace mt {

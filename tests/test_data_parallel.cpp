@@ -1,4 +1,4 @@
-// Data parallel over MPI ranks (dist/): the semantics (N ranks x B = one rank x N*B), the
+// Data parallel over MPI ranks (distributed/): the semantics (N ranks x B = one rank x N*B), the
 // bitwise guarantees (ZeRO-1 = ZeRO-0, overlap on = off), the comm phase, and the faults (a
 // config mismatch, a rank that dies, hangs or throws). Each test starts tests/dist_worker.cpp or
 // microtrain itself under mpirun with 2 ranks of 1 thread (CI has 2 cores); without MPI in the

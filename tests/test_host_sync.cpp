@@ -1,9 +1,9 @@
-// run.host_sync (harness/training.h): where a training step makes the host wait for the device.
-// Pinned here without any timing: the number of host synchronisation points each setting makes
-// per step (counted by the backend's fronts, Backend::host_sync_stats), the loss and grad norm
-// bitwise the same under all four settings, `none`'s windowed read-back through the runner (every
-// step's record, a stop signal and a non-finite loss), and the refusals of what `none` cannot
-// live with.
+// run.host_sync (engine/training_session.h): where a training step makes the host wait for the
+// device. Pinned here without any timing: the number of host synchronisation points each setting
+// makes per step (counted by the backend's fronts, Backend::host_sync_stats), the loss and grad
+// norm bitwise the same under all four settings, `none`'s windowed read-back through the runner
+// (every step's record, a stop signal and a non-finite loss), and the refusals of what `none`
+// cannot live with.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/runner.h"
-#include "harness/spec.h"
-#include "harness/training.h"
+#include "engine/training_session.h"
+#include "experiment/runner.h"
+#include "experiment/spec.h"
 
 namespace mt {
 namespace {

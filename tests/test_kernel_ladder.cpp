@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/profile.h"
-#include "harness/spec.h"
+#include "engine/profile.h"
+#include "experiment/spec.h"
 #include "kernels/backend.h"
 #include "tests/test_util.h"
 

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "io/safetensors.h"
 #include "kernels/quantize.h"
-#include "model/checkpoint.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
 #include "tests/test_util.h"

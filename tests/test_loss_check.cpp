@@ -12,12 +12,16 @@
 #include <map>
 #include <vector>
 
-#include "harness/report.h"
-#include "harness/results.h"
-#include "harness/runner.h"
-#include "harness/spec.h"
-#include "harness/synthetic.h"
+#include "engine/synthetic.h"
+#include "experiment/runner.h"
+#include "experiment/spec.h"
 #include "kernels/ops.h"
+#include "report/comparison.h"
+#include "report/render.h"
+#include "report/results.h"
+#include "report/run_folder.h"
+#include "report/step_files.h"
+#include "report/suggestions.h"
 
 namespace mt {
 namespace {

@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/runner.h"
-#include "harness/spec.h"
-#include "harness/training.h"
+#include "engine/training_session.h"
+#include "experiment/runner.h"
+#include "experiment/spec.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
 #include "optim/optimizer_offload.h"

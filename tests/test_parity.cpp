@@ -33,9 +33,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "io/safetensors.h"
 #include "kernels/backend.h"
-#include "model/checkpoint.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
 

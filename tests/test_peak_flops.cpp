@@ -1,11 +1,11 @@
 // CPU-side tests of what the GPU path needs but no GPU to check: the peak-FLOP/s table (MFU's
-// denominator), the analytic FLOP/byte formulas of the op table (kernels/ops.h) on small known cases, and
-// the wording of CUDA error / out-of-memory messages.
+// denominator), the analytic FLOP/byte formulas of the op table (kernels/ops.h) on small known
+// cases, and the wording of CUDA error / out-of-memory messages.
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "harness/peak_flops.h"
+#include "engine/peak_flops.h"
 #include "kernels/cuda_error_format.h"
 #include "kernels/ops.h"
 

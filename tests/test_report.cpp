@@ -10,7 +10,11 @@
 #include <functional>
 #include <sstream>
 
-#include "harness/report.h"
+#include "report/comparison.h"
+#include "report/render.h"
+#include "report/run_folder.h"
+#include "report/step_files.h"
+#include "report/suggestions.h"
 
 namespace mt {
 namespace {

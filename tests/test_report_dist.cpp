@@ -7,7 +7,11 @@
 #include <set>
 #include <sstream>
 
-#include "harness/report.h"
+#include "report/comparison.h"
+#include "report/render.h"
+#include "report/run_folder.h"
+#include "report/step_files.h"
+#include "report/suggestions.h"
 
 namespace mt {
 namespace {

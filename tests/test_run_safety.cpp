@@ -20,14 +20,17 @@
 #include <thread>
 #include <vector>
 
-#include "harness/profile.h"
-#include "harness/report.h"
-#include "harness/run_folder.h"
-#include "harness/runner.h"
-#include "harness/signals.h"
-#include "harness/spec.h"
-#include "harness/training.h"
+#include "engine/profile.h"
+#include "engine/signals.h"
+#include "engine/training_session.h"
+#include "experiment/runner.h"
+#include "experiment/spec.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "report/comparison.h"
+#include "report/render.h"
+#include "report/run_folder.h"
+#include "report/step_files.h"
+#include "report/suggestions.h"
 #include "tests/test_util.h"
 
 namespace mt {

@@ -12,9 +12,13 @@
 #include <fstream>
 #include <sstream>
 
-#include "harness/report.h"
-#include "harness/runner.h"
-#include "harness/spec.h"
+#include "experiment/runner.h"
+#include "experiment/spec.h"
+#include "report/comparison.h"
+#include "report/render.h"
+#include "report/run_folder.h"
+#include "report/step_files.h"
+#include "report/suggestions.h"
 #include "tests/test_util.h"
 
 namespace mt {

@@ -11,8 +11,8 @@
 #include <regex>
 #include <string>
 
-#include "harness/data.h"
-#include "harness/spec.h"
+#include "engine/data.h"
+#include "experiment/spec.h"
 
 namespace fs = std::filesystem;
 using namespace mt;

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <string>
 
-#include "harness/spec.h"
+#include "experiment/spec.h"
 
 namespace fs = std::filesystem;
 using namespace mt;

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/spec.h"
-#include "harness/spec_text.h"
+#include "experiment/spec.h"
+#include "experiment/spec_text.h"
 #include "model/gpt.h"
 
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/spec.h"
+#include "experiment/spec.h"
 
 namespace fs = std::filesystem;
 using namespace mt;

@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "harness/memory.h"
-#include "harness/profile.h"
-#include "harness/timing.h"
+#include "engine/memory.h"
+#include "engine/profile.h"
+#include "engine/timing.h"
 #include "kernels/backend.h"
 
 namespace mt {

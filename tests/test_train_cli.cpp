@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "harness/data.h"
+#include "engine/data.h"
 #include "io/safetensors.h"
 #include "tests/test_util.h"
 

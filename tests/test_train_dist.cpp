@@ -1,4 +1,4 @@
-// `mpirun -np N microtrain train FILE.yaml` end to end (harness/trainer.cpp): 2 ranks of 1
+// `mpirun -np N microtrain train FILE.yaml` end to end (cli/training_run.cpp): 2 ranks of 1
 // thread on a tiny synthetic config, a few seconds each. Pins the semantics (2 ranks x B train
 // like one process of 2B, validation included), that rank 0 alone writes the run directory,
 // that a ZeRO-1 checkpoint holds the full AdamW moments (bitwise those of ZeRO-0) and resumes in

@@ -1,4 +1,4 @@
-// The one training-step core (harness/training.h): a TrainingSession step gives the runner's
+// The one training-step core (engine/training_session.h): a TrainingSession step gives the runner's
 // losses bit for bit (with and without gradient accumulation), the gradients hook sees complete
 // gradients before the optimizer update, given weights replace the seeded init, a batch of the
 // wrong shape is refused, and the per-op profiler labels matmuls by layer when asked. Also the
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/runner.h"
-#include "harness/spec.h"
-#include "harness/training.h"
+#include "engine/training_session.h"
+#include "experiment/runner.h"
+#include "experiment/spec.h"
 
 namespace mt {
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/data.h"
+#include "engine/data.h"
 #include "tests/test_util.h"
 
 namespace mt {

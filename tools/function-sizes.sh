@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Lists every function in kernels/, model/, optim/, io/, dist/ and harness/ longer than the threshold
+# Lists every function in kernels/, model/, optim/, io/, distributed/, checkpoint/,
+# engine/, experiment/, report/ and cli/ longer than the threshold
 # (default 100 lines, whitespace and comments included) with clang-tidy's
 # readability-function-size check, and exits 1 when there is one. A function whose length is
 # the algorithm says so with `// NOLINT(readability-function-size): <why>` on its first line.
@@ -17,7 +18,8 @@ threshold=${2:-100}
 command -v clang-tidy >/dev/null ||
     { echo "function-sizes: clang-tidy not found (apt-get install clang-tidy)" >&2; exit 2; }
 config="{CheckOptions: [{key: readability-function-size.LineThreshold, value: $threshold}]}"
-mapfile -t files < <(git ls-files 'kernels/*.cpp' 'model/*.cpp' 'optim/*.cpp' 'io/*.cpp' 'harness/*.cpp' 'dist/*.cpp')
+mapfile -t files < <(git ls-files 'kernels/*.cpp' 'model/*.cpp' 'optim/*.cpp' 'io/*.cpp' 'distributed/*.cpp' 'checkpoint/*.cpp' \
+    'engine/*.cpp' 'experiment/*.cpp' 'report/*.cpp' 'cli/*.cpp')
 # clang-tidy exits non-zero when it finds something; the listing below is the verdict.
 out=$(printf '%s\n' "${files[@]}" |
       { xargs -P "$(nproc)" -n 4 clang-tidy -p "$build" --quiet -checks='-*,readability-function-size' \
@@ -30,4 +32,4 @@ if [[ -n "$out" ]]; then
     echo "$out"
     exit 1
 fi
-echo "function-sizes: no function in kernels/ model/ optim/ io/ dist/ harness/ is longer than $threshold lines"
+echo "function-sizes: no function in kernels/ model/ optim/ io/ distributed/ checkpoint/ engine/ experiment/ report/ cli/ is longer than $threshold lines"

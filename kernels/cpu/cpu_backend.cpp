@@ -158,7 +158,7 @@ class CpuBackend final : public Backend {
         if (o.num_threads > 0) omp_set_num_threads(o.num_threads);
         threads_ = omp_get_max_threads();
         // The GEMM implementation is part of the name: it decides the step time and the
-        // measured sgemm peak, which harness/profile.cpp caches per device name.
+        // measured sgemm peak, which engine/profile.cpp caches per device name.
         // The op table's entries, each calling this class's kernel() for that op.
 #define MT_BIND_CPU_KERNEL(table_name, Op)                  \
     kernels_.table_name = [](Backend& b, const op::Op& a) { \

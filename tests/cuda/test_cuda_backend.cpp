@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "harness/peak_flops.h"
+#include "engine/peak_flops.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace mt {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/training.h"
+#include "engine/training_session.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace mt {

@@ -1,4 +1,4 @@
-// run.host_sync on the CUDA backend (harness/training.h), where a host wait is a real
+// run.host_sync on the CUDA backend (engine/training_session.h), where a host wait is a real
 // cudaStreamSynchronize: the waits per step each setting makes (the same counts as on the CPU,
 // tests/test_host_sync.cpp), every step's loss and grad norm bitwise the same under all four
 // settings, and `none`'s deferred events read back into complete records. No timing is asserted
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/training.h"
+#include "engine/training_session.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace mt {

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "harness/data.h"
+#include "checkpoint/checkpoint.h"
+#include "engine/data.h"
 #include "io/safetensors.h"
 #include "kernels/backend.h"
-#include "model/checkpoint.h"
 #include "optim/adamw.h"
 
 namespace fs = std::filesystem;

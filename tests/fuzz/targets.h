@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "harness/commands.h"
-#include "harness/data.h"
-#include "harness/spec.h"
+#include "checkpoint/checkpoint.h"
+#include "cli/commands.h"
+#include "engine/data.h"
+#include "experiment/spec.h"
 #include "io/safetensors.h"
 #include "kernels/backend.h"
-#include "model/checkpoint.h"
 #include "optim/adamw.h"
 
 namespace mt::fuzz {

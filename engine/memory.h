@@ -1,0 +1,90 @@
+// Memory tracking for a run: the backend allocator's per-category bytes, sampled per phase.
+//
+// Two views, reported side by side:
+// - tracked: what went through Backend::allocate, per MemoryCategory (params, grads, optimizer,
+//   activations, workspace, data). At each phase begin the allocator's peaks are reset, at each
+//   phase end they are read, so a transient peak inside a phase is attributed to that phase and
+//   never missed by sampling.
+// - device: Backend::device_memory_info() sampled at every phase boundary — cudaMemGetInfo on
+//   CUDA (context, cuBLAS workspaces and fragmentation included), the process RSS on CPU. Plus
+//   on CPU the kernel's own high-water mark getrusage(RUSAGE_SELF).ru_maxrss (whole process,
+//   monotonic: it includes earlier variants of the same run).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string>
+
+#include "engine/timing.h"
+#include "kernels/backend.h"
+
+namespace mt {
+
+// Peak resident set size of this process in bytes (getrusage ru_maxrss); 0 if unavailable.
+size_t process_peak_rss_bytes();
+// Current resident set size in bytes (/proc/self/statm); 0 if unavailable.
+size_t process_current_rss_bytes();
+// Physical memory of the machine in bytes (sysconf); 0 if unknown.
+size_t physical_memory_bytes();
+// Host memory available to a new allocation: MemAvailable of /proc/meminfo; 0 if unknown. (The
+// CPU backend's device_memory_info() also applies a container's limit; this is for the host side
+// of a GPU run: the sample cache of data.cache.)
+size_t host_available_bytes();
+
+inline constexpr double kMiB = 1024.0 * 1024.0;
+inline double to_mib(double bytes) {
+    return bytes / kMiB;
+}
+
+struct PhaseMemory {
+    bool seen = false;              // the phase ran at least once
+    size_t tracked_peak_total = 0;  // allocator peak of the sum inside the phase
+    std::array<size_t, kMemoryCategoryCount> tracked_peak{};  // per category inside the phase
+    size_t device_used_peak = 0;  // max device_memory_info().used_bytes at its boundaries
+    // Max over occurrences of (peak inside the phase - bytes live when it began): what the phase
+    // allocates transiently (or keeps, on first use) on top of what was already there.
+    size_t transient_peak = 0;
+};
+
+struct MemorySummary {
+    // After setup (model, optimizer, loader allocated), before the first step.
+    MemoryStats at_setup;
+    // Over setup and every step (warm-up included: memory is claimed there).
+    std::array<size_t, kMemoryCategoryCount> tracked_peak{};
+    size_t tracked_peak_total = 0;
+    std::array<PhaseMemory, kPhaseCount> phases{};
+    bool device_available = false;
+    std::string device_kind;  // "cudaMemGetInfo" or "RSS"
+    size_t device_total = 0;  // device capacity (CUDA) or physical RAM (CPU); 0 if unknown
+    size_t device_used_peak = 0;
+    size_t process_peak_rss = 0;  // CPU: ru_maxrss (whole process); 0 on CUDA
+    // The phase whose tracked peak is highest (nullopt before any step).
+    // (Precisely: among the phases whose peak equals the highest, the one that allocated the most
+    // on top of what was live when it began; nullopt when no phase allocates anything, i.e. the
+    // peak is what setup allocated, held through every phase.)
+    std::optional<Phase> peak_phase() const;
+    // The category with the most bytes at its peak.
+    MemoryCategory largest_category() const;
+};
+
+// Wraps a backend and accumulates a MemorySummary. Usage: after setup call setup_done(); then
+// phase_begin(p) / phase_end(p) around each phase (the runner does this next to the PhaseTimer).
+class MemoryTracker {
+  public:
+    explicit MemoryTracker(Backend& backend);
+    void setup_done();
+    void phase_begin(Phase p);
+    void phase_end(Phase p);
+    const MemorySummary& summary() const { return summary_; }
+    // Refreshes process_peak_rss (call at the end of the run).
+    void finish();
+
+  private:
+    void sample_device(Phase* p);
+    Backend& backend_;
+    size_t phase_begin_total_ = 0;
+    MemorySummary summary_;
+};
+
+}  // namespace mt

@@ -1,0 +1,58 @@
+// ExperimentSpec: a YAML experiment file parsed and validated. One base config plus variants,
+// each a list of dotted-key overrides; resolve() turns each variant into a RunConfig.
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/run_config.h"
+
+namespace mt {
+
+// Every spec error names file:line:column, the key, what was expected and (for an unknown key)
+// the nearest valid one. what() is the full human message.
+struct SpecError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// The `train:` section: what `microtrain train FILE` does (the other commands ignore it).
+struct TrainSpec {
+    int steps = 100;            // optimizer steps of the whole run (--steps overrides)
+    int eval_every = 10;        // validation loss every N steps; 0 = never
+    int eval_batches = 4;       // validation batches per evaluation (the same ones every time)
+    int checkpoint_every = 50;  // checkpoint every N steps; 0 = only at the end and on a signal
+    int keep_checkpoints = 2;   // newest N kept; older ones deleted once a new one is whole
+};
+
+struct ExperimentSpec {
+    std::string name;
+    std::string source_path;          // the YAML file
+    std::vector<RunConfig> variants;  // resolved, in file order; variants[i].changed filled
+    RunConfig base;                   // the file's config with --set applied, before variants
+    std::string baseline;             // compare.baseline (a variant name)
+    // compare.loss_tolerance (relative, on the mean and the final loss); nullopt when the file
+    // gives none: the comparison then derives one from the baseline's step-to-step spread.
+    std::optional<double> loss_tolerance;
+    std::string out_dir = "runs";                             // report.out_dir
+    TrainSpec train;                                          // train.*
+    const RunConfig& variant(const std::string& name) const;  // throws SpecError if absent
+};
+
+// Parses and validates `path`; `overrides` are "key=value" strings from --set, applied to the
+// base before the variants. Throws SpecError.
+ExperimentSpec load_experiment(const std::string& path,
+                               const std::vector<std::string>& overrides = {});
+
+// The effective config as a flat list of (dotted key, value) in a stable order, for reports.
+std::vector<std::pair<std::string, std::string>> flatten(const RunConfig& config);
+
+// The settings of `config` only the CUDA backend provides, as "key value" text ("backend cuda",
+// "run.precision bf16", "kernels.attention flash", "data.pin_memory true"). Empty when the config
+// runs on the CPU backend as written. (pin_memory is listed though the CPU backend merely
+// ignores it: pinned batches only mean something with a device.)
+std::vector<std::string> cuda_only_features(const RunConfig& config);
+
+}  // namespace mt

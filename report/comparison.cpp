@@ -1,0 +1,447 @@
+// The comparison, the loss check and the comparison table (see comparison.h).
+#include "report/comparison.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "report/format.h"
+
+namespace mt {
+
+using nlohmann::json;
+using namespace report_text;
+
+// ---- the comparison -----------------------------------------------------------------------------
+
+namespace {
+
+std::string changed_text(const std::map<std::string, std::string>& changed) {
+    if (changed.empty()) return "(nothing: baseline config)";
+    std::string s;
+    for (const auto& [key, value] : changed) s += (s.empty() ? "" : ", ") + key + "=" + value;
+    return s;
+}
+
+// The measurements of one variant that the comparison table shows.
+ComparisonRow row_from(const VariantResult& v) {
+    ComparisonRow r;
+    r.name = v.name;
+    r.status = v.status;
+    r.message = v.message;
+    r.changed = changed_text(v.changed);
+    r.knobs_changed = v.knobs_changed;
+    const SeriesSummary& step = v.stats.step_ms;
+    r.has_stats = step.n > 0;
+    r.median_ms = step.median;
+    r.p90_ms = step.p90;
+    r.iqr_ms = step.iqr;
+    r.jitter = step.iqr_over_median;
+    if (const std::string j = v.config_value("data.seq_len_jitter"); !j.empty() && j != "0")
+        r.jitter_cause = "data.seq_len_jitter=" + j;
+    r.samples_per_s = v.stats.samples_per_s;
+    r.tokens_per_s = v.stats.tokens_per_s;
+    r.mfu = v.flops.mfu;
+    r.tracked_peak = static_cast<double>(v.memory.tracked_peak_total);
+    r.device_peak = static_cast<double>(v.memory.device.peak_used_bytes);
+    r.device_kind = v.memory.device.kind;
+    r.final_loss = v.loss.final;
+    r.mean_loss = v.loss.mean_measured;
+    for (const StepRow& s : v.steps)
+        if (!s.warmup && s.loss) r.measured_losses.emplace_back(s.step, *s.loss);
+    return r;
+}
+
+// ---- the loss check ---------------------------------------------------------------------------
+//
+// A variant keeps the baseline's loss when, over the measured steps both ran (same seed, so the
+// same batches on the same steps), neither the mean loss nor the last common step's loss differs
+// from the baseline's by more than a tolerance in nats. A variant that computes the same thing
+// another way differs by rounding only; one whose math is wrong learns differently and drifts.
+
+constexpr double kFallbackRelativeTolerance = 0.02;  // too few steps to measure a spread
+constexpr double kSpreadFloorRelative = 1e-4;        // a derived tolerance is never below this
+
+// The robust standard deviation (1.4826 x median absolute deviation) of xs around their median.
+double robust_std(std::vector<double> xs) {
+    auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        const size_t n = v.size();
+        return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    };
+    const double m = median(xs);
+    for (double& x : xs) x = std::fabs(x - m);
+    return 1.4826 * median(xs);
+}
+
+// The tolerance of the loss check. Given compare.loss_tolerance: that fraction of the baseline's
+// mean measured loss. Otherwise the baseline's own step-to-step spread: the robust std of its
+// successive loss changes around their median change (the median removes the downward trend),
+// over sqrt(2), since a change between two steps carries the noise of both: the noise of one
+// step's loss from one batch to the next.
+void set_loss_tolerance(Comparison& c, const ComparisonRow& b) {
+    c.tolerance_nats.reset();
+    if (!b.mean_loss || b.measured_losses.empty()) {
+        c.tolerance_basis = "no measured baseline loss";
+        return;
+    }
+    const double scale = std::fabs(*b.mean_loss);
+    if (c.loss_tolerance) {
+        c.tolerance_nats = *c.loss_tolerance * scale;
+        c.tolerance_basis =
+            "compare.loss_tolerance " + pct(*c.loss_tolerance) + " of the baseline's mean loss";
+        return;
+    }
+    const auto& L = b.measured_losses;
+    if (L.size() < 4) {
+        c.tolerance_nats = kFallbackRelativeTolerance * scale;
+        c.tolerance_basis = pct(kFallbackRelativeTolerance) +
+                            " of the baseline's mean loss (fewer than 4 measured steps: too few "
+                            "to measure its spread; set compare.loss_tolerance)";
+        return;
+    }
+    std::vector<double> changes;
+    for (size_t i = 1; i < L.size(); ++i) changes.push_back(L[i].second - L[i - 1].second);
+    const double spread = robust_std(changes) / std::sqrt(2.0);
+    const double floor = kSpreadFloorRelative * scale;
+    c.tolerance_nats = std::max(spread, floor);
+    c.tolerance_basis = spread >= floor
+                            ? "the baseline's step-to-step loss spread (robust std over " +
+                                  std::to_string(L.size()) + " measured steps)"
+                            : "the floor " + f("%g", kSpreadFloorRelative) +
+                                  " x the baseline's mean loss (its step-to-step spread is "
+                                  "smaller)";
+}
+
+// dmean_loss, dfinal_loss and loss_ok of r against b over the steps both measured.
+void check_loss(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol_nats) {
+    std::map<int, double> base(b.measured_losses.begin(), b.measured_losses.end());
+    double sum_b = 0, sum_r = 0;
+    size_t n = 0;
+    for (const auto& [step, loss] : r.measured_losses) {
+        const auto it = base.find(step);
+        if (it == base.end()) continue;
+        sum_b += it->second, sum_r += loss, ++n;
+        r.dfinal_loss = it->second - loss;
+    }
+    if (n == 0) return;
+    r.dmean_loss = (sum_b - sum_r) / static_cast<double>(n);
+    if (tol_nats)
+        r.loss_ok = std::fabs(*r.dmean_loss) <= *tol_nats && std::fabs(*r.dfinal_loss) <= *tol_nats;
+}
+
+std::string loss_deltas_text(const ComparisonRow& r, std::optional<double> tol_nats) {
+    return "mean loss " + signed_f("%.4f", -*r.dmean_loss) + ", final " +
+           signed_f("%.4f", -*r.dfinal_loss) + " nats vs the baseline; tolerance ±" +
+           f("%.4f", tol_nats.value_or(0)) + " nats";
+}
+
+std::string failure_short(const ComparisonRow& r) {
+    // The first clause of the runner's message is enough for a table cell.
+    std::string m = r.message;
+    if (auto p = m.find(';'); p != std::string::npos) m = m.substr(0, p);
+    if (m.size() > 140) m = m.substr(0, 137) + "...";
+    return m;
+}
+
+void set_verdict(ComparisonRow& r, Decision d, std::string text) {
+    r.decision = d;
+    r.verdict = std::move(text);
+}
+
+// The verdict of a row that has nothing to measure against: the baseline itself, a skipped or
+// failed variant, or no measured steps on either side. Returns false when the row is measurable.
+bool judge_unmeasurable(ComparisonRow& r, const ComparisonRow& b, bool baseline_present) {
+    const std::string status = to_string(r.status);
+    if (r.is_baseline) {
+        std::string v = r.status == RunStatus::ok ? "baseline" : "baseline (" + status + ")";
+        if (r.status == RunStatus::failed || r.status == RunStatus::skipped)
+            v += ": " + failure_short(r);
+        set_verdict(r, Decision::baseline, v);
+    } else if (r.status == RunStatus::skipped) {
+        // Results written before the runner's message lost its own "not run: " say it already.
+        const std::string why = failure_short(r);
+        set_verdict(r, Decision::not_run, why.rfind("not run", 0) == 0 ? why : "not run: " + why);
+    } else if (r.status == RunStatus::failed) {
+        set_verdict(r, Decision::reject, "reject: " + failure_short(r));
+    } else if (!r.has_stats) {
+        set_verdict(r, Decision::not_applicable, "n/a: no measured steps");
+    } else if (!baseline_present || !b.has_stats) {
+        set_verdict(r, Decision::not_applicable,
+                    "n/a: the baseline has no measured steps to compare with");
+    } else {
+        return false;
+    }
+    return true;
+}
+
+// Deltas against the baseline: time (median), memory (tracked peak), noise and loss.
+void measure_against(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol) {
+    r.dtime_ms = b.median_ms - r.median_ms;
+    r.speedup = r.median_ms > 0 ? b.median_ms / r.median_ms : 0;
+    r.dmem_bytes = b.tracked_peak - r.tracked_peak;
+    const double noise = std::max(b.iqr_ms, r.iqr_ms);
+    r.within_noise = std::fabs(*r.dtime_ms) <= noise;
+    check_loss(r, b, tol);
+}
+
+// keep / trade-off / reject from the measured deltas (measure_against ran).
+void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol) {
+    const bool faster = !r.within_noise && *r.dtime_ms > 0;
+    const bool slower = !r.within_noise && *r.dtime_ms < 0;
+    // Tracked bytes are deterministic; count a change only above 1% of the baseline or 64 KiB.
+    const double mem_eps = std::max(0.01 * b.tracked_peak, 64.0 * 1024.0);
+    const bool leaner = *r.dmem_bytes > mem_eps;
+    const bool fatter = *r.dmem_bytes < -mem_eps;
+    const std::string speed = f("%.2f", *r.speedup) + "x " + (faster ? "faster" : "slower");
+    const std::string mem_gain = mib(*r.dmem_bytes) + " MiB less tracked memory";
+    const std::string mem_cost = "costs +" + mib(-*r.dmem_bytes) + " MiB tracked memory";
+    const std::string time_cost =
+        "costs +" + f("%.2f", -*r.dtime_ms) + " ms/step (" + f("%.2f", 1.0 / *r.speedup) + "x)";
+
+    Decision d = Decision::reject;
+    std::string v;
+    if (r.loss_ok && !*r.loss_ok) {
+        v = "reject: loss not within tolerance: do not keep (" + loss_deltas_text(r, tol) + ")";
+        if (faster) v += ", although " + speed;
+    } else if (faster && !fatter) {
+        d = Decision::keep;
+        v = "keep: " + speed + (leaner ? ", and " + mem_gain : "");
+    } else if (faster && fatter) {
+        d = Decision::trade_off;
+        v = "trade-off: " + speed + ", " + mem_cost;
+    } else if (leaner && !slower) {
+        d = Decision::keep;
+        v = "keep: " + mem_gain + ", time within noise";
+    } else if (leaner && slower) {
+        d = Decision::trade_off;
+        v = "trade-off: " + mem_gain + ", " + time_cost;
+    } else if (slower) {
+        v = "reject: " + speed + (fatter ? " and " + mem_cost : "");
+    } else {
+        v = "reject: no measurable gain (time within noise" +
+            std::string(fatter ? ", " + mem_cost : ", memory unchanged") + ")";
+    }
+    if (!r.loss_ok) v += " (loss not comparable)";
+    // Shape jitter shortens the variant's batches, so its steps are shorter by construction: the
+    // work-normalised comparison is tokens/s.
+    if (!r.jitter_cause.empty() && b.tokens_per_s > 0)
+        v += "; its batches are shorter (" + r.jitter_cause + "): per token it runs at " +
+             f("%.2f", r.tokens_per_s / b.tokens_per_s) + "x the baseline's tokens/s";
+    if (r.status == RunStatus::interrupted) v += " [interrupted: partial measurement]";
+    if (r.knobs_changed > 1)
+        v += "; changes " + std::to_string(r.knobs_changed) + " knobs: not attributable";
+    set_verdict(r, d, v);
+}
+
+void judge(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol,
+           bool baseline_present) {
+    if (judge_unmeasurable(r, b, baseline_present)) return;
+    measure_against(r, b, tol);
+    judge_measured(r, b, tol);
+}
+
+// The notes on step-time spread. A variant whose own config varies its shapes
+// (data.seq_len_jitter) is named as the cause of its spread, measured against the baseline's;
+// any other high spread is blamed on the run (warm-up, machine load).
+void add_notes(Comparison& c) {
+    bool jittery = false;
+    const ComparisonRow* base = nullptr;
+    for (const ComparisonRow& r : c.rows)
+        if (r.is_baseline && r.has_stats) base = &r;
+    for (const ComparisonRow& r : c.rows) {
+        if (!r.has_stats) continue;
+        if (!r.jitter_cause.empty()) {
+            c.notes.push_back(
+                "shape jitter: '" + r.name + "' sets " + r.jitter_cause +
+                " (each batch's length drawn between (1 - j) x data.seq_len and data.seq_len), "
+                "so its step times vary by design: step-time spread (IQR/median) " +
+                pct(r.jitter) +
+                (base && base != &r ? " against the baseline's " + pct(base->jitter) : "") + "; " +
+                (r.jitter > kJitterWarnThreshold
+                     ? "the cause of its jitter is variable shapes, not the machine; its "
+                       "tokens/s counts the tokens of the shorter batches"
+                     : "variable shapes did not raise it above " + pct(kJitterWarnThreshold)));
+            continue;
+        }
+        if (r.jitter <= kJitterWarnThreshold) continue;
+        jittery = true;
+        c.notes.push_back("warning: '" + r.name + "' step times jitter " + pct(r.jitter) +
+                          " (IQR/median > " + pct(kJitterWarnThreshold) +
+                          "): deltas smaller than its spread are noise; more warm-up or "
+                          "measured steps, and a quiet machine, help");
+    }
+    if (jittery)
+        c.notes.push_back(
+            "caution: variants run one after another, so a change in machine load between them "
+            "(other processes) looks like a difference between variants that no within-variant "
+            "spread can reveal; with jitter this high, re-run on a quiet machine before keeping a "
+            "variant");
+}
+
+const VariantResult& find_variant(const Results& r, const std::string& name,
+                                  const std::string& label) {
+    std::string list;
+    for (const VariantResult& v : r.variants) {
+        if (v.name == name) return v;
+        list += (list.empty() ? "" : ", ") + v.name;
+    }
+    throw ReportError(label + ": no variant named '" + name + "' (it has: " + list + ")");
+}
+
+// "What it changed" between two runs: every config key whose value differs (or is set on one
+// side only), plus a device change.
+void describe_config_difference(ComparisonRow& r, const VariantResult& a, const VariantResult& b) {
+    std::set<std::string> keys;
+    for (const auto& kv : a.config) keys.insert(kv.first);
+    for (const auto& kv : b.config) keys.insert(kv.first);
+    std::vector<std::string> diff;
+    for (const std::string& k : keys) {
+        const auto ia = a.config.find(k), ib = b.config.find(k);
+        const bool in_a = ia != a.config.end(), in_b = ib != b.config.end();
+        if (in_a != in_b || (in_a && ia->second != ib->second))
+            diff.push_back(k + "=" + (in_b ? ib->second : std::string("(unset)")));
+    }
+    std::string changed;
+    for (const std::string& d : diff) changed += (changed.empty() ? "" : ", ") + d;
+    if (a.device_name != b.device_name)
+        changed += (changed.empty() ? "" : "; ") + std::string("device ") + b.device_name;
+    r.changed = changed.empty() ? "(same config)" : changed;
+    r.knobs_changed = static_cast<int>(diff.size());
+}
+
+// A note for every shape key that differs: such rows are not like for like.
+void note_shape_differences(Comparison& c, const std::string& row_name, const VariantResult& a,
+                            const VariantResult& b) {
+    for (const char* k : {"model.n_layer", "model.n_embd", "model.n_head", "model.vocab_size",
+                          "data.batch_size", "data.seq_len"}) {
+        const auto ia = a.config.find(k), ib = b.config.find(k);
+        if (ia != a.config.end() && ib != b.config.end() && ia->second != ib->second)
+            c.notes.push_back("note: '" + row_name + "' runs a different " + k + " (" + ia->second +
+                              " vs " + ib->second +
+                              "): time, memory and loss are not like for like");
+    }
+}
+
+}  // namespace
+
+Comparison build_comparison(const Results& results) {
+    Comparison c;
+    c.baseline = results.experiment.baseline;
+    c.loss_tolerance = results.experiment.loss_tolerance;
+    std::vector<ComparisonRow> rows;
+    int base = -1;
+    for (size_t i = 0; i < results.variants.size(); ++i) {
+        rows.push_back(row_from(results.variants[i]));
+        if (rows.back().name == c.baseline) base = static_cast<int>(i);
+    }
+    if (base < 0 && !rows.empty()) {
+        c.notes.push_back("note: compare.baseline '" + c.baseline +
+                          "' is not among the variants; the first variant is the baseline");
+        base = 0;
+        c.baseline = rows[0].name;
+    }
+    if (base >= 0) {
+        rows[base].is_baseline = true;
+        std::rotate(rows.begin(), rows.begin() + base, rows.begin() + base + 1);
+    }
+    if (!rows.empty()) set_loss_tolerance(c, rows.front());
+    for (ComparisonRow& r : rows) judge(r, rows.front(), c.tolerance_nats, base >= 0);
+    c.rows = std::move(rows);
+    add_notes(c);
+    return c;
+}
+
+Comparison compare_results(const Results& a, const std::string& a_label, const Results& b,
+                           const std::string& b_label, const std::string& a_variant,
+                           const std::string& b_variant) {
+    Comparison c;
+    c.loss_tolerance = a.experiment.loss_tolerance;
+    const std::string want_a = a_variant.empty() ? a.experiment.baseline : a_variant;
+    const VariantResult& va = find_variant(a, want_a, a_label);
+    ComparisonRow base = row_from(va);
+    if (!base.has_stats)
+        throw ReportError(a_label + ": the baseline variant '" + want_a +
+                          "' has no measured steps (status " + to_string(base.status) + ")");
+    base.is_baseline = true;
+    base.name = "A:" + base.name;
+    base.changed = "(baseline: " + a_label + ")";
+    c.baseline = base.name;
+    c.rows.push_back(base);
+    for (const VariantResult& vb : b.variants) {
+        if (!b_variant.empty() && vb.name != b_variant) continue;
+        ComparisonRow r = row_from(vb);
+        r.name = "B:" + vb.name;
+        describe_config_difference(r, va, vb);
+        note_shape_differences(c, r.name, va, vb);
+        c.rows.push_back(r);
+    }
+    if (c.rows.size() == 1)
+        throw ReportError(b_label + (b_variant.empty() ? ": has no variants"
+                                                       : ": no variant named '" + b_variant + "'"));
+    set_loss_tolerance(c, c.rows.front());
+    for (ComparisonRow& r : c.rows) judge(r, c.rows.front(), c.tolerance_nats, true);
+    add_notes(c);
+    return c;
+}
+
+json load_results(const std::string& path) {
+    json j = read_json_file(path);
+    results_from_json(j, path);  // checks every key, throws ReportError naming it
+    return j;
+}
+
+std::string render_comparison_md(const Comparison& c) {
+    std::ostringstream o;
+    o << "| Variant | Changed | Step ms (median) | p90 ms | Samples/s | Tokens/s | MFU | "
+         "Peak tracked MiB | Peak device/RSS MiB | Loss final | Loss mean | Δtime ms (speedup) | "
+         "Δmem MiB | Loss within tol. | Verdict |\n";
+    o << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
+    auto cell = [](const std::string& s) {
+        std::string out;
+        for (char ch : s) out += ch == '|' ? std::string("\\|") : std::string(1, ch);
+        return out;
+    };
+    for (const ComparisonRow& r : c.rows) {
+        o << "| " << cell(r.name)
+          << (r.status != RunStatus::ok ? " (" + std::string(to_string(r.status)) + ")" : "")
+          << " | " << cell(r.changed) << " | ";
+        if (r.has_stats) {
+            o << f("%.2f", r.median_ms) << " | " << f("%.2f", r.p90_ms) << " | "
+              << f("%.1f", r.samples_per_s) << " | " << f("%.0f", r.tokens_per_s) << " | "
+              << (r.mfu ? pct(*r.mfu) : "n/a") << " | " << mib(r.tracked_peak) << " | "
+              << (r.device_peak > 0 ? mib(r.device_peak) + " (" + r.device_kind + ")" : "n/a")
+              << " | " << (r.final_loss ? f("%.4f", *r.final_loss) : "n/a") << " | "
+              << (r.mean_loss ? f("%.4f", *r.mean_loss) : "n/a") << " | ";
+        } else {
+            o << "– | – | – | – | – | – | – | – | – | ";
+        }
+        if (r.is_baseline) {
+            o << "0 (1.00x) | 0 | – | ";
+        } else if (r.dtime_ms) {
+            o << signed_f("%.2f", *r.dtime_ms) << " (" << f("%.2f", *r.speedup) << "x"
+              << (r.within_noise ? ", within noise" : "") << ") | "
+              << (std::fabs(*r.dmem_bytes) < 0.05 * kMiB ? std::string("0")
+                                                         : signed_f("%.1f", to_mib(*r.dmem_bytes)))
+              << " | " << (r.loss_ok ? (*r.loss_ok ? "yes" : "no") : "n/a") << " | ";
+        } else {
+            o << "– | – | – | ";
+        }
+        o << cell(r.verdict) << " |\n";
+    }
+    o << "\nΔ = baseline − variant: positive Δtime = the variant is faster, positive Δmem = it "
+         "uses less tracked memory. Speedup = baseline median / variant median. A Δtime no larger "
+         "than the larger IQR of the two is *within noise*. Loss within tolerance: over the "
+         "measured steps both ran, |Δ mean loss| and |Δ loss of the last common step| ≤ "
+      << (c.tolerance_nats ? f("%.4f", *c.tolerance_nats) + " nats (" + c.tolerance_basis + ")"
+                           : std::string("n/a (") + c.tolerance_basis + ")")
+      << ". Throughput from the median step.\n";
+    for (const std::string& n : c.notes) o << "\n- " << n;
+    if (!c.notes.empty()) o << "\n";
+    return o.str();
+}
+
+}  // namespace mt

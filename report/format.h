@@ -1,0 +1,34 @@
+// Number formatting shared by the report writers (report.md, report.html, the comparison
+// table): printf-style values, MiB, signed deltas and percentages.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "engine/memory.h"
+
+namespace mt::report_text {
+
+// `x` printed with the printf conversion `spec` ("%.2f").
+inline std::string f(const char* spec, double x) {
+    char b[64];
+    std::snprintf(b, sizeof b, spec, x);
+    return b;
+}
+// Bytes as MiB (2^20) with one decimal.
+inline std::string mib(double bytes) {
+    return f("%.1f", to_mib(bytes));
+}
+// Like f, with a leading '+' for x >= 0 (deltas).
+inline std::string signed_f(const char* spec, double x) {
+    std::string s;
+    if (x >= 0) s.push_back('+');
+    s += f(spec, x);
+    return s;
+}
+// A fraction as a percentage with one decimal ("12.5%").
+inline std::string pct(double frac) {
+    return f("%.1f%%", 100.0 * frac);
+}
+
+}  // namespace mt::report_text
