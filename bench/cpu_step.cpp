@@ -5,11 +5,12 @@
 //   cpu_step --preset gpt2-mini -B 4 -T 256 --threads 2 --warmup 2 --steps 5 [--json out.json]
 //            [--probe] [--profile]
 //
-// One step is engine/training_session.h's TrainingSession step — the same code `microtrain run`
-// times — on one repeated synthetic batch (B*T+1 uniform tokens from the seed, targets shifted by
-// one), with global-norm clipping and fused AdamW. Its phases are timed by the harness's PhaseTimer
-// (steady_clock on the CPU backend; CPU ops are synchronous, so a clock read after a call is when
-// its work is done). The JSON's phases:
+// One step is engine/training_session.h's TrainingSession step, run through engine/step_loop.h's
+// StepLoop — the same code `microtrain run` times and the same loop — on one repeated synthetic
+// batch (B*T+1 uniform tokens from the seed, targets shifted by one), with global-norm clipping and
+// fused AdamW. Its phases are timed by the harness's PhaseTimer (steady_clock on the CPU backend;
+// CPU ops are synchronous, so a clock read after a call is when its work is done). The JSON's
+// phases:
 //   forward   = the forward phase (model.forward, to the per-token losses and their mean)
 //   backward  = the backward phase: zero_grad + backward   (PyTorch: zero_grad + loss.backward())
 //   optimizer = the optimizer + sync phases: AdamW::step, then the loss and grad-norm read-back
@@ -57,6 +58,7 @@
 
 #include "engine/memory.h"
 #include "engine/profile.h"
+#include "engine/step_loop.h"
 #include "engine/timing.h"
 #include "engine/training_session.h"
 #include "io/atomic_file.h"
@@ -127,28 +129,36 @@ struct StepSeries {
     std::vector<double> forward, backward, optimizer, step, losses;
 };
 
-// Warm-up + measured steps, one line each. Returns false (after saying so) at a non-finite loss.
+// Warm-up + measured steps through a StepLoop (engine/step_loop.h), one line each. Returns false
+// (after saying so) at a non-finite loss or gradient norm, where the loop stops.
 bool run_steps(mt::TrainingSession& session, const Args& a, StepSeries& series) {
     using mt::Phase;
-    for (int s = 0; s < a.warmup + a.steps; ++s) {
-        const bool measured = s >= a.warmup;
-        const mt::StepRecord rec = session.step(s, !measured);
+    mt::StepLoopOptions loop;
+    loop.warmup_steps = a.warmup;
+    loop.after_step = [&](const mt::StepRecord& rec, int) {
+        const bool measured = !rec.warmup;
         const double fwd = rec.times[Phase::forward], bwd = rec.times[Phase::backward];
         const double opt = rec.times[Phase::optimizer] + rec.times[Phase::sync];
-        if (!std::isfinite(rec.loss)) {
-            std::fprintf(stderr, "cpu_step: loss is not finite (%f) at step %d\n", rec.loss, s + 1);
-            return false;
-        }
-        std::printf("  step %2d %-7s loss %.4f  %9.1f ms (fwd %.1f bwd %.1f opt %.1f)\n", s + 1,
-                    measured ? "" : "warmup", rec.loss, rec.times.wall_ms, fwd, bwd, opt);
+        std::printf("  step %2d %-7s loss %.4f  %9.1f ms (fwd %.1f bwd %.1f opt %.1f)\n",
+                    rec.step + 1, measured ? "" : "warmup", rec.loss, rec.times.wall_ms, fwd, bwd,
+                    opt);
         std::fflush(stdout);
         series.losses.push_back(rec.loss);
-        if (!measured) continue;
+        if (!measured) return;
         series.forward.push_back(fwd);
         series.backward.push_back(bwd);
         series.optimizer.push_back(opt);
         series.step.push_back(rec.times.wall_ms);
+    };
+    const mt::LoopOutcome outcome =
+        mt::StepLoop(session, std::move(loop)).run(0, a.warmup + a.steps);
+    if (outcome.end == mt::LoopOutcome::End::non_finite) {
+        std::fprintf(stderr, "cpu_step: %s is not finite (%f) at step %d\n",
+                     outcome.non_finite.in_loss ? "loss" : "gradient norm",
+                     outcome.non_finite.value, outcome.step + 1);
+        return false;
     }
+    // (No stop signal is handled here: Ctrl-C ends the bench the ordinary way.)
     return true;
 }
 

@@ -10,12 +10,13 @@
 //   X (--batch)    int32 `inputs` and `targets`, both (B, T), T <= max_seq_len, ids in [0, V)
 //   O (--out)      `loss` F32 [N] (the loss before each step), `grad.<name>` (gradients of the
 //                  first step, of the tensors that train only), `<name>` (every parameter after
-//                  the last step). Tensors have the
+//                  the last step). The steps run through a StepLoop (engine/step_loop.h): a
+//                  non-finite loss or gradient norm stops it at that step, and O then holds the
+//                  steps that ran (its `loss` is shorter; exit code 1). Tensors have the
 //                  model's shapes, except that wte and its gradient keep W's row count (a
 //                  nanoGPT wte of vocab_size rows stays unpadded). Written atomically.
 #include <sys/stat.h>
 
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -26,6 +27,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
+#include "engine/step_loop.h"
 #include "engine/training_session.h"
 #include "io/safetensors.h"
 #include "kernels/enum_names.h"
@@ -179,21 +181,26 @@ int run_step(const StepArgs& a) {
         std::move(inputs));
 
     // Each step's loss is read back before the next step; the gradients of the first are copied
-    // out once they are complete, before its optimizer update.
-    std::vector<float> losses(a.steps);
+    // out once they are complete, before its optimizer update. A non-finite loss (or gradient
+    // norm) stops the loop at that step: O then holds the steps that ran.
+    std::vector<float> losses;
+    losses.reserve(static_cast<size_t>(a.steps));
     std::vector<float> first_grads;
-    const auto copy_first_grads = [&](GPT& model) { first_grads = model.get_grads(); };
-    for (int s = 0; s < a.steps; ++s) {
-        const StepRecord rec = session.step(
-            s, /*warmup=*/false, s == 0 ? copy_first_grads : TrainingSession::GradientsReady{});
-        losses[s] = static_cast<float>(rec.loss);
-    }
+    StepLoopOptions loop;
+    loop.gradients_ready = [&](int s, GPT& model) {
+        if (s == 0) first_grads = model.get_grads();
+    };
+    loop.on_step = [&](const TrainingSession::CompletedStep& done) {
+        losses.push_back(static_cast<float>(done.record.loss));
+    };
+    const LoopOutcome outcome = StepLoop(session, std::move(loop)).run(0, a.steps);
+    const int ran = static_cast<int>(losses.size());
     GPT& model = session.model();
     const std::vector<float> params = model.get_params();
 
     // O: loss, grad.<name>, <name>. Spans into the host vectors above (alive until write()).
     SafeTensorsWriter out;
-    out.add_f32("loss", {a.steps}, std::span<const float>(losses));
+    out.add_f32("loss", {ran}, std::span<const float>(losses));
     const ParameterTable& table = model.parameter_table();
     auto shape_of = [&](const ParameterInfo& p) {
         std::vector<int64_t> s = p.shape;
@@ -220,7 +227,7 @@ int run_step(const StepArgs& a) {
     out.set_metadata("n_embd", std::to_string(cfg.n_embd));
     out.set_metadata("vocab_size", std::to_string(cfg.vocab_size));
     out.set_metadata("max_seq_len", std::to_string(cfg.max_seq_len));
-    out.set_metadata("steps", std::to_string(a.steps));
+    out.set_metadata("steps", std::to_string(ran));
     out.set_metadata("lr", fmt_float(oc.lr));
     out.set_metadata("beta1", fmt_float(oc.beta1));
     out.set_metadata("beta2", fmt_float(oc.beta2));
@@ -236,15 +243,17 @@ int run_step(const StepArgs& a) {
                 cfg.describe().c_str(), B, T, a.steps, a.steps == 1 ? "" : "s", to_string(oc.impl),
                 static_cast<double>(oc.lr), session.backend().device_name().c_str());
     std::printf("%s", trainable_line(table, rc.trainable).c_str());
-    for (int s = 0; s < a.steps; ++s)
-        std::printf("  loss before step %d: %.6f\n", s + 1, losses[s]);
+    for (int s = 0; s < ran; ++s) std::printf("  loss before step %d: %.6f\n", s + 1, losses[s]);
     std::printf("wrote %s\n", a.out.c_str());
-    for (float l : losses)
-        if (!std::isfinite(l)) {
-            std::fprintf(stderr, "microtrain step: warning: a loss is not finite\n");
-            return 1;
-        }
-    return 0;
+    if (outcome.end == LoopOutcome::End::non_finite) {
+        std::fprintf(stderr,
+                     "microtrain step: warning: %s is not finite at step %d; the steps after it "
+                     "did not run (%s holds %d of %d)\n",
+                     outcome.non_finite.in_loss ? "a loss" : "the gradient norm", outcome.step + 1,
+                     a.out.c_str(), ran, a.steps);
+        return 1;
+    }
+    return 0;  // (no stop signal is handled here: Ctrl-C ends `step` the ordinary way)
 }
 
 }  // namespace

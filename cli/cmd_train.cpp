@@ -1,7 +1,8 @@
 // `microtrain train FILE.yaml`: a real training run of one config of an experiment file, with
 // validation, train.csv, checkpoints and --resume (cli/training_run.h). Without FILE (or with
-// --one-batch): the quickest smoke test, a plain loop on one repeated random batch printing loss
-// and ms/step each step. `microtrain run` is the measured, reported experiment.
+// --one-batch): the quickest smoke test, a StepLoop (engine/step_loop.h) on one repeated random
+// batch printing loss and ms/step each step. `microtrain run` is the measured, reported
+// experiment.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "cli/training_run.h"
+#include "engine/step_loop.h"
 #include "engine/training_session.h"
 
 namespace mt {
@@ -75,16 +77,20 @@ int run_one_batch(const TrainArgs& a) {
                 config->describe().c_str(), session.n_params(), a.batch, a.seq_len,
                 session.backend().device_name().c_str());
     std::printf("initial loss should be near ln(V) = %.3f\n", std::log(double(config->vocab_size)));
-    for (int step = 0; step < a.steps; ++step) {
-        const StepRecord rec = session.step(step, /*warmup=*/false);
-        std::printf("step %4d  loss %.4f  %.1f ms/step\n", step + 1, rec.loss, rec.times.wall_ms);
+    StepLoopOptions steps;
+    steps.on_step = [](const TrainingSession::CompletedStep& done) {
+        const StepRecord& rec = done.record;
+        std::printf("step %4d  loss %.4f  %.1f ms/step\n", rec.step + 1, rec.loss,
+                    rec.times.wall_ms);
         std::fflush(stdout);
-        if (!std::isfinite(rec.loss)) {
-            std::fprintf(stderr, "microtrain train: loss is not finite at step %d\n", step + 1);
-            return 1;
-        }
+    };
+    const LoopOutcome outcome = StepLoop(session, std::move(steps)).run(0, a.steps);
+    if (outcome.end == LoopOutcome::End::non_finite) {
+        std::fprintf(stderr, "microtrain train: %s is not finite at step %d\n",
+                     outcome.non_finite.in_loss ? "loss" : "gradient norm", outcome.step + 1);
+        return 1;
     }
-    return 0;
+    return 0;  // (no stop signal is handled here: Ctrl-C ends the smoke test the ordinary way)
 }
 
 // FILE mode: the flags the one-batch test has and a training run does not are refused (their

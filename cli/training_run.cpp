@@ -1,5 +1,7 @@
-// The training run of `microtrain train FILE.yaml` (see trainer.h, docs/design.md "The training
-// run").
+// The training run of `microtrain train FILE.yaml` (see training_run.h, docs/design.md "The
+// training run"). Its steps run through engine/step_loop.h's StepLoop, which decides what a
+// non-finite loss or a stop signal does; this file validates, writes train.csv, checkpoints and
+// turns the loop's outcome into an exit code.
 //
 // Why a resumed run is bitwise identical to an uninterrupted one: everything that decides the
 // next step is in the checkpoint or is a pure function of the config. The weights and the AdamW
@@ -32,6 +34,7 @@
 #include "distributed/world.h"
 #include "engine/data.h"
 #include "engine/signals.h"
+#include "engine/step_loop.h"
 #include "engine/training_session.h"
 #include "experiment/dist_config_check.h"
 #include "experiment/spec.h"
@@ -809,40 +812,56 @@ int Trainer::run() {
     return loop();
 }
 
-// Steps start+1 .. train.steps: step, (validate), the CSV row, the progress line, (checkpoint).
+// Steps start+1 .. train.steps through a StepLoop (engine/step_loop.h: the non-finite and
+// stop-signal policy): after each step (validate), the CSV row, the progress line; after each
+// finite one (checkpoint) — also after the step that saw a stop signal, under protect_writes.
 // Data parallel: the loss, the validation loss and the stop signal are agreed over the ranks, so
-// every rank validates, checkpoints and stops after the same step.
+// every rank validates, checkpoints and stops after the same step. The loop counts steps from
+// 0, the run from 1: loop step i is the run's step i + 1.
 int Trainer::loop() {
     StopSignals signals;
     t0_ = std::chrono::steady_clock::now();
-    for (int step = start_step_ + 1; step <= train_.steps; ++step) {
-        const StepRecord rec = session_->step(step - 1, /*warmup=*/false);
+    StepLoopOptions steps;
+    steps.on_step = [&](const TrainingSession::CompletedStep& done) {
+        const StepRecord& rec = done.record;
+        const int step = rec.step + 1;
         std::optional<double> val;
         if (!val_.inputs.empty() && step % train_.eval_every == 0) val = evaluate();
         if (leader_) {
             csv_->append(csv_row(step, rec, val));
             print_progress(step, rec, val);
         }
-        if (!std::isfinite(rec.loss))
-            throw TrainError(1,
-                             "the loss is not finite at step " + std::to_string(step) +
-                                 "; no checkpoint of the diverged model is written (the "
-                                 "last one is kept); lower optim.lr or check the data",
-                             /*agreed=*/true);
-        const int sig = world_.distributed() ? rec.stop_signal : stop_signal();
+    };
+    steps.after_step = [&](const StepRecord& rec, int sig) {
+        const int step = rec.step + 1;
         if (sig) signals.protect_writes();  // a second signal cannot cut the checkpoint off
         if (sig || step == train_.steps ||
             (train_.checkpoint_every > 0 && step % train_.checkpoint_every == 0))
             checkpoint(step);
-        if (sig) {
+    };
+    const LoopOutcome outcome =
+        StepLoop(*session_, std::move(steps)).run(start_step_, train_.steps);
+    const int step = outcome.step + 1;
+    switch (outcome.end) {
+        case LoopOutcome::End::non_finite:
+            throw TrainError(1,
+                             std::string("the ") +
+                                 (outcome.non_finite.in_loss ? "loss" : "gradient norm") +
+                                 " is not finite at step " + std::to_string(step) +
+                                 "; no checkpoint of the diverged model is written (the last one "
+                                 "is kept); lower optim.lr or check the data",
+                             /*agreed=*/true);
+        case LoopOutcome::End::interrupted:
             if (leader_)
                 std::fprintf(stderr,
                              "microtrain train: stopped by signal %d after step %d; checkpoint "
                              "%s written; continue with --resume %s\n",
-                             sig, step, (ckdir_ / checkpoint_name(step)).string().c_str(),
+                             outcome.signal, step,
+                             (ckdir_ / checkpoint_name(step)).string().c_str(),
                              dir_.string().c_str());
-            return 128 + sig;
-        }
+            return 128 + outcome.signal;
+        case LoopOutcome::End::completed:
+            break;
     }
     if (leader_) {
         const std::string last = (ckdir_ / checkpoint_name(train_.steps)).string();

@@ -13,7 +13,9 @@
 // SIGPIPE is ignored for the scope: a closed stdout (`microtrain run | head`) must not kill the
 // run before its results are written.
 //
-// Used by `microtrain run` (cli/cmd_run.cpp); reusable by any long command.
+// Installed by `microtrain run` (cli/cmd_run.cpp, experiment/runner.cpp) and `microtrain train`
+// (cli/training_run.cpp); read by the step loop (engine/step_loop.h), which owns what a signal
+// does to the steps. Reusable by any long command.
 #pragma once
 
 #include <csignal>

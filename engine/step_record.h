@@ -1,5 +1,5 @@
-// What one training step measured: the record TrainingSession::step returns and every loop
-// (run, train, step, the bench) consumes.
+// What one training step measured: the record TrainingSession returns and the StepLoop
+// (engine/step_loop.h) hands to run, train, step and the bench.
 #pragma once
 
 #include "engine/timing.h"

@@ -1,4 +1,4 @@
-// The training step, defined once (see training.h).
+// The training step, defined once (see training_session.h).
 #include "engine/training_session.h"
 
 #include <algorithm>
@@ -473,10 +473,10 @@ StepRecord TrainingSession::step(int index, bool warmup, const GradientsReady& g
     return drain().front().record;
 }
 
-void TrainingSession::enqueue_step(int index, bool warmup) {
+void TrainingSession::enqueue_step(int index, bool warmup, const GradientsReady& gradients_ready) {
     if (drain_due())
         throw std::logic_error("TrainingSession::enqueue_step: a full window is not drained");
-    CompletedStep c{run_step(index, warmup, {}), {}, {}};
+    CompletedStep c{run_step(index, warmup, gradients_ready), {}, {}};
     if (!defers_read_back()) {
         c.intervals = timer_.last_intervals();
         c.host_start = timer_.last_step_start();

@@ -1,8 +1,10 @@
 // The training step, defined once. A TrainingSession owns everything one training run needs —
 // the backend, the GPT, its AdamW, the batch source, the device input buffers, the PhaseTimer,
 // the memory tracker and (profile.kernels) the per-op profiler — built from a RunConfig, and
-// runs one step at a time. `microtrain run` (experiment/runner.cpp), `microtrain train`,
-// `microtrain step` and bench/cpu_step all step through it, so the four cannot drift apart.
+// runs one step at a time. The loop around the step is engine/step_loop.h's StepLoop:
+// `microtrain run` (experiment/runner.cpp), `microtrain train` (cli/training_run.cpp and the
+// one-batch smoke test), `microtrain step` and bench/cpu_step all step through one, so they
+// cannot drift apart, neither in the step nor in how a non-finite loss or a stop signal ends it.
 //
 // One step (DESIGN.md); for each micro-step m = 0 .. grad_accum-1 the first four phases repeat:
 //   data      batches.next()                              host clock: the host waits for a batch
@@ -36,7 +38,7 @@
 //                    grad norm are reduced/copied into per-step device slots (the `sync` phase is
 //                    that copy), the step's events are kept (PhaseTimer::end_step_deferred), and
 //                    the host goes straight on to the next step. drain() reads a window of up to
-//                    kHostSyncWindow steps back with one synchronisation: the runner drains at
+//                    kHostSyncWindow steps back with one synchronisation: the StepLoop drains at
 //                    the end of the warm-up, of the measured steps, of a full window and on a
 //                    stop signal. A step's wall time is then on the device clock (PhaseTimer).
 //                    Not with data parallel (its per-step loss all-reduce and stop agreement are
@@ -128,10 +130,12 @@ class TrainingSession {
     // phase times, mean loss over the micro-steps, grad norm (0 without clipping), the LR used.
     // A warm-up step's per-op times are not accumulated into the profiler's table.
     // run.host_sync none: the step is enqueued and drained at once (one wait at its end).
+    // One step on its own, with no policy around it (the tests' form); the commands step
+    // through a StepLoop (engine/step_loop.h).
     StepRecord step(int index, bool warmup, const GradientsReady& gradients_ready = {});
 
-    // The windowed form `run` uses: enqueue_step runs a step's phases; drain() returns the
-    // enqueued steps' records, complete, in order. Only run.host_sync none holds steps back
+    // The windowed form the StepLoop uses: enqueue_step runs a step's phases; drain() returns
+    // the enqueued steps' records, complete, in order. Only run.host_sync none holds steps back
     // (drain then synchronises once for all of them); otherwise each step is complete when
     // enqueued and drain() waits for nothing. Call drain() at latest when drain_due().
     struct CompletedStep {
@@ -140,7 +144,7 @@ class TrainingSession {
         // When the host began it (none: its place on the device's timeline, PhaseTimer).
         std::chrono::steady_clock::time_point host_start{};
     };
-    void enqueue_step(int index, bool warmup);
+    void enqueue_step(int index, bool warmup, const GradientsReady& gradients_ready = {});
     std::vector<CompletedStep> drain();
     bool defers_read_back() const { return cfg_.run.host_sync == HostSync::none; }
     bool drain_due() const { return pending_.size() >= kHostSyncWindow; }
@@ -154,6 +158,7 @@ class TrainingSession {
     // Ends memory tracking (process peak RSS) and returns the summary; detaches the profiler.
     MemorySummary finish();
 
+    const RunConfig& config() const { return cfg_; }
     Backend& backend() { return *backend_; }
     GPT& model() { return model_; }
     const AdamW& optimizer() const { return optim_; }

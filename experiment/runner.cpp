@@ -1,5 +1,7 @@
 // The experiment runner (see runner.h). One step's phases are engine/training_session.h's
-// TrainingSession; this file runs a variant's steps through it and records what they measured.
+// TrainingSession and the loop around them is engine/step_loop.h's StepLoop (the host_sync none
+// windows, what a non-finite loss or a stop signal does); this file configures the loop for a
+// variant, records what its steps measured and prints their progress.
 #include "experiment/runner.h"
 
 #include <omp.h>
@@ -10,13 +12,12 @@
 #include <csignal>
 #include <ctime>
 #include <exception>
-#include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 
 #include "engine/comm_probe.h"
 #include "engine/signals.h"
+#include "engine/step_loop.h"
 #include "engine/training_session.h"
 
 namespace mt {
@@ -184,23 +185,13 @@ void inject_fault(const std::string& fault) {
     throw std::invalid_argument("unknown fault '" + fault + "' (kill, hang or throw)");
 }
 
-// Marks the variant failed at a step whose loss or gradient norm is not finite, with what to try.
-void fail_on_non_finite(const RunConfig& cfg, const StepRecord& rec, RunResult& r) {
-    const bool loss_bad = !std::isfinite(rec.loss);
+// Marks the variant failed at the step whose loss or gradient norm is not finite (the StepLoop
+// stopped there and says which step, the phase that produced it and what to try).
+void fail_on_non_finite(const LoopOutcome& outcome, RunResult& r) {
     r.status = RunStatus::failed;
-    r.failed_step = rec.step;
-    r.failed_phase = loss_bad ? "forward" : "backward";
-    std::ostringstream msg;
-    msg << "variant '" << cfg.variant << "': non-finite "
-        << (loss_bad ? "loss (" + std::to_string(rec.loss) + ")"
-                     : "gradient norm (" + std::to_string(rec.grad_norm) + ")")
-        << " at step " << rec.step << (rec.warmup ? " (warm-up)" : "") << ", produced in the "
-        << r.failed_phase << " phase and detected at the sync read-back; this variant "
-        << "stopped there ("
-        << (loss_bad ? "lower optim.lr or check the data"
-                     : "enable optim.grad_clip or lower optim.lr")
-        << ")";
-    r.message = msg.str();
+    r.failed_step = outcome.step;
+    r.failed_phase = outcome.non_finite.phase;
+    r.message = outcome.non_finite.message;
 }
 
 void mark_interrupted(int step, int sig, RunResult& r) {
@@ -211,20 +202,10 @@ void mark_interrupted(int step, int sig, RunResult& r) {
                 std::to_string(step) + "; " + std::to_string(measured) + " measured step(s) kept";
 }
 
-// run.host_sync none: the steps of a window run without a host wait and are read back together
-// (TrainingSession::drain): at the end of the warm-up, of the measured steps, of a full window,
-// and as soon as a stop signal arrives. Every other setting reads each step back as it ends.
-bool window_ends(const TrainingSession& session, const RunConfig& cfg, const RunnerOptions& opt,
-                 bool inject, int step) {
-    const int total_steps = cfg.run.warmup_steps + cfg.run.measure_steps;
-    return !session.defers_read_back() || session.drain_due() || step + 1 == cfg.run.warmup_steps ||
-           step + 1 == total_steps || stop_signal() != 0 ||
-           (inject && step == opt.interrupt_at_step);
-}
-
-// Warm-up + measured steps until the end, a non-finite loss or an interrupt. `step` is the step
-// running now (for an exception's message). Returns the stop signal's number when interrupted,
-// 0 otherwise.
+// Warm-up + measured steps through a StepLoop (engine/step_loop.h: the windows of run.host_sync
+// none, the non-finite and stop-signal policy), each step recorded with its trace and a progress
+// line. `step` is the step running now (for an exception's message). Returns the stop signal's
+// number when interrupted, 0 otherwise.
 int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOptions& opt, bool inject,
               RunResult& r, int& step) {
     const int total_steps = cfg.run.warmup_steps + cfg.run.measure_steps;
@@ -236,39 +217,42 @@ int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOption
                      "read back after each window (warm-up, measured steps, or %zu steps)\n",
                      TrainingSession::kHostSyncWindow);
     std::optional<std::chrono::steady_clock::time_point> trace_t0;
-    for (step = 0; step < total_steps; ++step) {
-        if (!opt.fault.empty() && step == opt.fault_step && opt.world &&
+    StepLoopOptions loop;
+    loop.warmup_steps = cfg.run.warmup_steps;
+    loop.before_step = [&](int s) {
+        step = s;
+        if (!opt.fault.empty() && s == opt.fault_step && opt.world &&
             opt.world->rank() == opt.fault_rank)
             inject_fault(opt.fault);
-        session.enqueue_step(step, step < cfg.run.warmup_steps);
-        if (!window_ends(session, cfg, opt, inject, step)) continue;
-        for (TrainingSession::CompletedStep& done : session.drain()) {
-            StepRecord& rec = done.record;
-            if (inject && rec.step == opt.inject_nan_at_step)
-                rec.loss = std::numeric_limits<double>::quiet_NaN();
-            record_trace(session, done, cfg, trace_t0, r);
-            r.steps.push_back(rec);
-            // Data parallel: once a stop signal arrived, mpirun stops reading the ranks' output
-            // while it ends the job; a progress line could then block rank 0 before the report
-            // is written, so none is printed.
-            if (!(session.world_size() > 1 && rec.stop_signal))
-                progress.step(rec.step, rec.loss, rec.times.wall_ms);
-            if (!std::isfinite(rec.loss) || !std::isfinite(rec.grad_norm)) {
-                fail_on_non_finite(cfg, rec, r);  // the window's later steps are dropped
-                progress.end();
-                return 0;
-            }
-        }
-        // Data parallel: the stop signal every rank agreed on in the step (all stop together).
-        int sig = session.world_size() > 1 ? r.steps.back().stop_signal : stop_signal();
-        if (!sig && inject && step == opt.interrupt_at_step) sig = SIGINT;  // the test hook
-        if (sig) {
-            mark_interrupted(step, sig, r);
-            progress.end();
-            return sig;
-        }
+    };
+    loop.on_step = [&](const TrainingSession::CompletedStep& done) {
+        const StepRecord& rec = done.record;
+        record_trace(session, done, cfg, trace_t0, r);
+        r.steps.push_back(rec);
+        // Data parallel: once a stop signal arrived, mpirun stops reading the ranks' output
+        // while it ends the job; a progress line could then block rank 0 before the report
+        // is written, so none is printed.
+        if (!(session.world_size() > 1 && rec.stop_signal))
+            progress.step(rec.step, rec.loss, rec.times.wall_ms);
+    };
+    if (inject) {
+        loop.inject_nan_at_step = opt.inject_nan_at_step;
+        loop.interrupt_at_step = opt.interrupt_at_step;
     }
+    StepLoop steps(session, std::move(loop));
+    const LoopOutcome outcome = steps.run(0, total_steps);
+    step = steps.step();
     progress.end();
+    switch (outcome.end) {
+        case LoopOutcome::End::completed:
+            return 0;
+        case LoopOutcome::End::non_finite:
+            fail_on_non_finite(outcome, r);  // the window's later steps are dropped
+            return 0;
+        case LoopOutcome::End::interrupted:
+            mark_interrupted(outcome.step, outcome.signal, r);
+            return outcome.signal;
+    }
     return 0;
 }
 
