@@ -74,6 +74,7 @@ StepStatistics step_statistics(const std::vector<StepRow>& steps) {
     st.loss = SeriesSummary::of(compute_stats(losses));
     st.host_syncs = measured_series(steps, [](const StepRow& s) { return s.host_syncs; });
     st.host_wait_ms = measured_series(steps, [](const StepRow& s) { return s.host_wait_ms; });
+    st.other_cpu_ms = measured_series(steps, [](const StepRow& s) { return s.other_cpu_ms; });
     st.jitter = st.step_ms.iqr_over_median;
     st.jitter_warning = st.step_ms.n > 0 && st.jitter > kJitterWarnThreshold;
     return st;
@@ -117,6 +118,7 @@ StepRow step_row(const StepRecord& s) {
     o.comm_bytes = s.comm_bytes;
     o.host_syncs = s.host_syncs;
     o.host_wait_ms = s.host_wait_ms;
+    o.other_cpu_ms = s.other_cpu_ms;
     o.tokens = s.tokens;
     o.model_flops = s.model_flops;
     return o;

@@ -99,6 +99,7 @@ struct JsonFields<StepStatistics> {
         json_field("jitter_warning", &S::jitter_warning),
         json_field("host_syncs", &S::host_syncs),
         json_field("host_wait_ms", &S::host_wait_ms),
+        json_field("other_cpu_ms", &S::other_cpu_ms),
     };
 };
 
@@ -214,6 +215,7 @@ struct JsonFields<StepRow> {
         json_field("comm_bytes", &S::comm_bytes),
         json_field("host_syncs", &S::host_syncs),
         json_field("host_wait_ms", &S::host_wait_ms),
+        json_field("other_cpu_ms", &S::other_cpu_ms),
     };
 };
 

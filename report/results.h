@@ -24,7 +24,7 @@
 // path, e.g.
 //   "results.json: variants[2].stats.step_ms.median: expected a number, got "fast"".
 //
-// Layout (schema_version 6): the v1 keys plus the top-level `comparison` block (v2) with the
+// Layout (schema_version 7): the v1 keys plus the top-level `comparison` block (v2) with the
 // loss check (v3: `experiment.loss_tolerance` may be null (derived), the block states the
 // tolerance it applied, `loss_tolerance_nats` / `loss_tolerance_basis`, and each variant's
 // `delta_mean_loss` / `delta_final_loss`). v4 adds data parallelism: the phase `comm` in every
@@ -33,7 +33,8 @@
 // trace steps go to trace.json only) and the derived fields of DataParallelRecord. samples/tokens
 // per step and per second count the GLOBAL batch (all ranks). v5 adds the host synchronisation
 // points (run.host_sync): `host_syncs` / `host_wait_ms` per step and their statistics in `stats`.
-// v6 adds `impl` per op of `kernels`.
+// v6 adds `impl` per op of `kernels`. v7 adds `other_cpu_ms` per step (the CPU time other
+// processes took during the step, engine/cpu_load.h) and its statistics in `stats`.
 #pragma once
 
 #include <array>
@@ -52,7 +53,7 @@
 
 namespace mt {
 
-inline constexpr int kResultsSchemaVersion = 6;
+inline constexpr int kResultsSchemaVersion = 7;
 
 // How a variant ended. skipped: never run (needs a GPU, does not fit, the experiment stopped
 // before it); the message says why.
@@ -92,6 +93,7 @@ struct StepStatistics {
     // Host synchronisation points per measured step (run.host_sync): how many, and the host
     // time spent waiting in them (ms).
     SeriesSummary host_syncs, host_wait_ms;
+    SeriesSummary other_cpu_ms;  // CPU time other processes took per measured step (StepRow)
     double samples_per_s = 0, tokens_per_s = 0;  // global batch / median step (all ranks)
     double jitter = 0;                           // step_ms IQR / median
     bool jitter_warning = false;                 // jitter > kJitterWarnThreshold
@@ -165,6 +167,7 @@ struct StepRow {
     double comm_bytes = 0;    // bytes this rank sent for them
     int host_syncs = 0;       // host synchronisation points in the step (run.host_sync)
     double host_wait_ms = 0;  // host time spent waiting in them
+    double other_cpu_ms = 0;  // CPU time other processes took during the step (engine/cpu_load.h)
     // Not in results.json (steps.csv has tokens; results.json their measured means,
     // batch.tokens_per_step and flops.per_step): what the step trained over every rank, at the
     // batches' real lengths (StepRecord::tokens, ::model_flops).

@@ -200,6 +200,30 @@ TEST_F(RunnerTest, InterruptStopsAfterTheCurrentStepAndMarksTheRun) {
     EXPECT_EQ(j["variants"][0]["measured_steps"], 1);
 }
 
+// The CPU time other processes took during each step (engine/cpu_load.h): a real step's figure
+// is finite and >= 0, and it reaches results.json (per step and its statistics) and steps.csv.
+TEST_F(RunnerTest, EveryStepRecordsTheCpuTimeOfOtherProcesses) {
+    const ExperimentSpec spec = load_experiment(write_yaml("  - name: baseline\n"));
+    const ExperimentRun ex = run_experiment(spec, quiet());
+    const VariantResult& r = ex.results.variants.at(0);
+    ASSERT_EQ(r.status, RunStatus::ok) << r.message;
+    for (const StepRow& s : r.steps) {
+        EXPECT_TRUE(std::isfinite(s.other_cpu_ms)) << "step " << s.step;
+        EXPECT_GE(s.other_cpu_ms, 0.0) << "step " << s.step;
+    }
+    EXPECT_EQ(r.stats.other_cpu_ms.n, 3u);
+    const std::string run = write_run_folder(ex.results, spec.out_dir);
+    const json j = load_results(run + "/results.json");
+    for (const json& s : j["variants"][0]["steps"]) EXPECT_GE(s["other_cpu_ms"].get<double>(), 0);
+    EXPECT_EQ(j["variants"][0]["stats"]["other_cpu_ms"]["n"], 3);
+    std::ifstream csv(fs::path(run) / "steps.csv");
+    std::string header, row;
+    std::getline(csv, header);
+    std::getline(csv, row);
+    EXPECT_EQ(header.substr(header.rfind(',') + 1), "other_cpu_ms");
+    EXPECT_GE(std::stod(row.substr(row.rfind(',') + 1)), 0.0) << row;
+}
+
 TEST_F(RunnerTest, VariantNeedingAGpuIsSkippedWithAReason) {
     std::string why;
     if (cuda_available(&why)) GTEST_SKIP() << "a GPU is present: nothing to skip";
