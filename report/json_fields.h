@@ -16,7 +16,8 @@
 // object). The entries that are not "one key, one member":
 //   json_field_as<C>(key, &S::m)   the member through codec C (FiniteOrNull: NaN/inf as null)
 //   json_key_if_present(key, &S::m)  an optional member whose key is absent when unknown
-//   json_group(key, entries...)    an object of more of this struct's members
+//   json_group<S>(key, entries...)  an object of more of S's own members (results.json's
+//                                  `model` holds VariantResult::model_describe and ::n_params)
 //   json_each_key<E>(&S::a)        an array indexed by enum E, one key per value (spelled as E),
 //                                  written into the enclosing object (so a group may add keys)
 //   json_each_present_key<E>(&S::a, "noun")  the same for std::optional elements: only those

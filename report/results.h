@@ -13,9 +13,11 @@
 // stored in Results::comparison, so results.json and report.md state the same verdicts.
 //
 // Not everything in memory is written: members marked "not in results.json" are the run's
-// in-memory extras, read by the run folder's other files (StepRow::tokens for steps.csv, the
-// trace steps for trace.json, ComparisonRow's table cells rebuilt by build_comparison). A Results
-// read back from results.json has them at their defaults; nothing is derived from them again.
+// in-memory extras: StepRow::tokens / model_flops (steps.csv has tokens; results.json their
+// measured means), the trace steps (trace.json), ComparisonRow's table cells (rebuilt by
+// build_comparison wherever a table is printed). A Results read back from results.json has them
+// at their defaults, so derive_statistics is for a run's own Results only: a file's statistics
+// are read, never derived again.
 //
 // JSON: each struct's keys are listed once, in results.cpp (report/json_fields.h), and that list
 // drives both the writer and the checked reader. Objects are written with sorted keys
