@@ -54,9 +54,9 @@ void print_header(std::FILE* out, const ExperimentSpec& spec, const std::string&
 
 // Writes the run folder and prints the comparison read back from it. Returns false when the
 // folder could not be completed (it is then marked PARTIAL).
-bool write_and_print(const ExperimentResult& ex, const std::string& dir) {
+bool write_and_print(const Results& results, const std::string& dir) {
     try {
-        write_run_files(ex, dir);
+        write_run_files(results, dir);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "microtrain run: could not write the whole report: %s\n", e.what());
         return false;
@@ -130,7 +130,7 @@ int run_run(const RunArgs& a) {
     ro.fault_rank = a.fault_rank;
     ro.fault_step = a.fault_step;
     ro.handle_sigint = false;  // `signals` above covers the run and the report
-    ExperimentResult ex;
+    ExperimentRun ex;
     try {
         ex = run_experiment(spec, ro);
     } catch (const std::exception& e) {
@@ -147,7 +147,7 @@ int run_run(const RunArgs& a) {
     const bool quiet_until_written = world.distributed() && ex.stop_signal;
     if (out && !quiet_until_written) std::fprintf(out, "\nwriting the report to %s\n", dir.c_str());
     if (out) std::fflush(out);
-    const bool complete = write_and_print(ex, dir);
+    const bool complete = write_and_print(ex.results, dir);
     if (!ex.job_failure.empty()) {
         // Data parallel: the report holds what was measured; the other ranks wait in a
         // collective that will never complete, so the job ends here.
@@ -160,13 +160,13 @@ int run_run(const RunArgs& a) {
     const int sig = ex.stop_signal ? ex.stop_signal : stop_signal();
     if (sig) {
         std::fprintf(stderr, "microtrain run: %s by %s; the report covers the steps measured%s\n",
-                     ex.interrupted ? "interrupted" : "asked to stop",
+                     ex.results.interrupted ? "interrupted" : "asked to stop",
                      signal_description(sig).c_str(),
-                     ex.interrupted ? " before it" : " (all of them)");
+                     ex.results.interrupted ? " before it" : " (all of them)");
         return 128 + sig;
     }
     bool failed = false;
-    for (const RunResult& r : ex.runs)
+    for (const VariantResult& r : ex.results.variants)
         if (r.status == RunStatus::failed) {
             std::fprintf(stderr, "microtrain run: %s\n", r.message.c_str());
             failed = true;

@@ -28,6 +28,10 @@ struct StepRecord {
     // synchronous). run.host_sync none: the window's read-back is counted in its last step.
     int host_syncs = 0;
     double host_wait_ms = 0;
+    // The CPU time other processes took while the step ran on the host, in ms (engine/cpu_load.h:
+    // /proc, tick resolution; 0 where /proc is absent). run.host_sync none: while the host
+    // enqueued the step.
+    double other_cpu_ms = 0;
 };
 
 }  // namespace mt

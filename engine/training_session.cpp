@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/cpu_load.h"
 #include "engine/signals.h"
 #include "kernels/collectives.h"
 
@@ -439,6 +440,7 @@ StepRecord TrainingSession::run_step(int index, bool warmup,
     StepRecord rec;
     rec.step = index;
     rec.warmup = warmup;
+    const CpuLoadSample cpu_at_start = CpuLoadSample::take();
     syncs_at_step_start_ = backend_->host_sync_stats();
     timer_.begin_step();
     for (int m = 0; m < accum_; ++m) {
@@ -462,6 +464,7 @@ StepRecord TrainingSession::run_step(int index, bool warmup,
         end_step_deferred(rec);
     else
         end_step(rec, warmup);
+    rec.other_cpu_ms = other_cpu_ms(cpu_at_start, CpuLoadSample::take());
     return rec;
 }
 

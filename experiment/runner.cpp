@@ -1,7 +1,8 @@
 // The experiment runner (see runner.h). One step's phases are engine/training_session.h's
 // TrainingSession and the loop around them is engine/step_loop.h's StepLoop (the host_sync none
 // windows, what a non-finite loss or a stop signal does); this file configures the loop for a
-// variant, records what its steps measured and prints their progress.
+// variant, records what its steps measured in the variant's VariantResult (report/recording.h
+// converts the engine's records) and prints their progress.
 #include "experiment/runner.h"
 
 #include <omp.h>
@@ -19,6 +20,7 @@
 #include "engine/signals.h"
 #include "engine/step_loop.h"
 #include "engine/training_session.h"
+#include "report/recording.h"
 
 namespace mt {
 namespace {
@@ -118,40 +120,49 @@ std::optional<BackendKind> resolve_backend(const RunConfig& c, std::string* skip
     return kind;
 }
 
+// What the engine measured of a variant in its own types, until the variant's record takes it
+// (memory_record, roofline_record): the estimate, the tracked memory and the machine's peaks
+// (which the MFU re-probe and the per-op table use too).
+struct EngineMeasures {
+    MemoryEstimate estimate;
+    MemorySummary memory;
+    MachinePeaks peaks;
+};
+
 // The variant's backend, the memory estimate (checked against the device), the machine's peaks
 // and the TrainingSession, in that order: the peak probe's buffers are gone (and its peaks
 // reset) before the model exists.
 std::unique_ptr<TrainingSession> set_up_session(const RunConfig& cfg, BackendKind kind,
-                                                std::FILE* out, RunResult& r,
+                                                std::FILE* out, VariantResult& v, EngineMeasures& m,
                                                 const std::function<void(Backend&)>& modify,
                                                 World* world) {
     const auto t_setup = std::chrono::steady_clock::now();
     std::unique_ptr<Backend> backend = create_training_backend(cfg, kind);
     if (modify) modify(*backend);
-    r.device_name = backend->device_name();
-    r.threads = kind == BackendKind::cpu ? omp_get_max_threads() : 0;
-    if (out) std::fprintf(out, "  device: %s\n", r.device_name.c_str());
+    v.device_name = backend->device_name();
+    v.threads = kind == BackendKind::cpu ? omp_get_max_threads() : 0;
+    if (out) std::fprintf(out, "  device: %s\n", v.device_name.c_str());
 
     // The estimate against the device's memory before anything (the peak probe included) is
     // allocated: a variant that cannot fit is refused here (ResourceError), not OOM-killed later.
     try {
-        check_memory_fits(cfg, *backend, &r.estimate);
+        check_memory_fits(cfg, *backend, &m.estimate);
     } catch (const ResourceError&) {
-        print_estimate(out, r.estimate);
+        print_estimate(out, m.estimate);
         throw;
     }
-    print_estimate(out, r.estimate);
+    print_estimate(out, m.estimate);
 
-    r.peaks = measure_peaks(*backend);
-    r.peak_flops = peak_flops(r.device_name, cfg.run.precision);
-    r.peak_flops_source = peak_flops_source(r.device_name, cfg.run.precision);
+    m.peaks = measure_peaks(*backend);
+    v.flops.peak_per_s = peak_flops(v.device_name, cfg.run.precision);
+    v.flops.peak_source = peak_flops_source(v.device_name, cfg.run.precision);
 
     TrainingInputs inputs;
     inputs.world = world;
     auto session = std::make_unique<TrainingSession>(std::move(backend), cfg, std::move(inputs));
-    r.n_params = session->n_params();
-    r.flops_per_step = session->flops_per_step();
-    r.setup_ms =
+    v.n_params = session->n_params();
+    v.flops.per_step = session->flops_per_step();
+    v.setup_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_setup)
             .count();
     return session;
@@ -161,10 +172,10 @@ std::unique_ptr<TrainingSession> set_up_session(const RunConfig& cfg, BackendKin
 // measured steps are kept. `t0` is the first kept step's start: the trace's time origin.
 void record_trace(const TrainingSession& session, const TrainingSession::CompletedStep& done,
                   const RunConfig& cfg, std::optional<std::chrono::steady_clock::time_point>& t0,
-                  RunResult& r) {
+                  VariantResult& v) {
     const StepRecord& rec = done.record;
     if (rec.warmup || !cfg.profile.trace ||
-        static_cast<int>(r.trace.size()) >= cfg.profile.trace_steps)
+        static_cast<int>(v.trace.size()) >= cfg.profile.trace_steps)
         return;
     if (!t0) t0 = done.host_start;
     TraceStep ts;
@@ -173,7 +184,7 @@ void record_trace(const TrainingSession& session, const TrainingSession::Complet
     ts.wall_ms = rec.times.wall_ms;
     ts.phases = done.intervals;
     if (session.profiler()) ts.ops = session.profiler()->last_step_ops();
-    r.trace.push_back(std::move(ts));
+    v.trace.push_back(std::move(ts));
 }
 
 // The test hook of RunnerOptions::fault: a rank that dies, hangs or fails.
@@ -187,18 +198,18 @@ void inject_fault(const std::string& fault) {
 
 // Marks the variant failed at the step whose loss or gradient norm is not finite (the StepLoop
 // stopped there and says which step, the phase that produced it and what to try).
-void fail_on_non_finite(const LoopOutcome& outcome, RunResult& r) {
-    r.status = RunStatus::failed;
-    r.failed_step = outcome.step;
-    r.failed_phase = outcome.non_finite.phase;
-    r.message = outcome.non_finite.message;
+void fail_on_non_finite(const LoopOutcome& outcome, VariantResult& v) {
+    v.status = RunStatus::failed;
+    v.failed_step = outcome.step;
+    v.failed_phase = outcome.non_finite.phase;
+    v.message = outcome.non_finite.message;
 }
 
-void mark_interrupted(int step, int sig, RunResult& r) {
-    r.status = RunStatus::interrupted;
+void mark_interrupted(int step, int sig, VariantResult& v) {
+    v.status = RunStatus::interrupted;
     int measured = 0;
-    for (const auto& s : r.steps) measured += s.warmup ? 0 : 1;
-    r.message = "interrupted by " + signal_description(sig) + " after step " +
+    for (const StepRow& s : v.steps) measured += s.warmup ? 0 : 1;
+    v.message = "interrupted by " + signal_description(sig) + " after step " +
                 std::to_string(step) + "; " + std::to_string(measured) + " measured step(s) kept";
 }
 
@@ -207,7 +218,7 @@ void mark_interrupted(int step, int sig, RunResult& r) {
 // line. `step` is the step running now (for an exception's message). Returns the stop signal's
 // number when interrupted, 0 otherwise.
 int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOptions& opt, bool inject,
-              RunResult& r, int& step) {
+              VariantResult& v, int& step) {
     const int total_steps = cfg.run.warmup_steps + cfg.run.measure_steps;
     Progress progress(opt.out, opt.progress_bar.value_or(opt.out && isatty(fileno(opt.out))),
                       cfg.variant, total_steps, cfg.run.warmup_steps);
@@ -227,8 +238,8 @@ int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOption
     };
     loop.on_step = [&](const TrainingSession::CompletedStep& done) {
         const StepRecord& rec = done.record;
-        record_trace(session, done, cfg, trace_t0, r);
-        r.steps.push_back(rec);
+        record_trace(session, done, cfg, trace_t0, v);
+        v.steps.push_back(step_row(rec));
         // Data parallel: once a stop signal arrived, mpirun stops reading the ranks' output
         // while it ends the job; a progress line could then block rank 0 before the report
         // is written, so none is printed.
@@ -247,33 +258,36 @@ int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOption
         case LoopOutcome::End::completed:
             return 0;
         case LoopOutcome::End::non_finite:
-            fail_on_non_finite(outcome, r);  // the window's later steps are dropped
+            fail_on_non_finite(outcome, v);  // the window's later steps are dropped
             return 0;
         case LoopOutcome::End::interrupted:
-            mark_interrupted(outcome.step, outcome.signal, r);
+            mark_interrupted(outcome.step, outcome.signal, v);
             return outcome.signal;
     }
     return 0;
 }
 
 // After the steps: the memory summary, an honest MFU denominator and the per-op table.
-void finish_variant(TrainingSession& session, BackendKind kind, RunResult& r) {
-    r.memory = session.finish();
+void finish_variant(TrainingSession& session, const RunConfig& cfg, BackendKind kind,
+                    VariantResult& v, EngineMeasures& m) {
+    m.memory = session.finish();
     // A CPU peak probe disturbed by a busy machine makes MFU exceed 100%: the model just ran
     // faster than the "peak". Re-probe once now (the cache keeps the best figure ever
     // measured) so the report uses an honest denominator.
-    const Precision precision = r.config.run.precision;
-    if (kind == BackendKind::cpu && r.peak_flops && *r.peak_flops > 0) {
-        const RunStats st = compute_run_stats(r);
-        if (st.achieved_flops_per_s > *r.peak_flops) {
-            r.peaks = measure_peaks(session.backend(), /*force=*/true);
-            r.peak_flops = peak_flops(r.device_name, precision);
-            r.peak_flops_source = peak_flops_source(r.device_name, precision);
+    const Precision precision = cfg.run.precision;
+    if (kind == BackendKind::cpu && v.flops.peak_per_s && *v.flops.peak_per_s > 0) {
+        derive_statistics(v);
+        if (v.flops.achieved_per_s > *v.flops.peak_per_s) {
+            m.peaks = measure_peaks(session.backend(), /*force=*/true);
+            v.flops.peak_per_s = peak_flops(v.device_name, precision);
+            v.flops.peak_source = peak_flops_source(v.device_name, precision);
         }
     }
     if (session.profiler()) {
-        const RunStats st = compute_run_stats(r);
-        r.kernels = session.profiler()->table(st.step_ms.mean, st.measured, r.peaks);
+        derive_statistics(v);
+        for (const KernelStat& k :
+             session.profiler()->table(v.stats.step_ms.mean, v.measured_steps, m.peaks))
+            v.kernels.push_back(kernel_record(k));
     }
 }
 
@@ -281,9 +295,9 @@ void finish_variant(TrainingSession& session, BackendKind kind, RunResult& r) {
 // an all-reduce of the gradients' size (engine/comm_probe.h: cached, or measured on the model's
 // gradient buffer before the first step zeroes it). The SIMULATED link is not applied to it.
 void probe_collectives(TrainingSession& session, const RunConfig& cfg, World& world, std::FILE* out,
-                       RunResult& r) {
+                       VariantResult& v) {
     const GradientSync& sync = *session.gradient_sync();
-    DataParallelRun d;
+    DataParallelRecord d;
     d.world_size = session.world_size();
     d.transport = session.collectives()->describe();
     d.zero = cfg.dist.zero;
@@ -307,21 +321,21 @@ void probe_collectives(TrainingSession& session, const RunConfig& cfg, World& wo
                      d.simulated_link_gbps > 0 || d.simulated_latency_us > 0
                          ? "; SIMULATED link in the steps"
                          : "");
-    r.dist = std::move(d);
+    v.data_parallel = std::move(d);
 }
 
 // One rank's medians and trace as text (JSON), so rank 0 can gather them.
-std::string rank_summary_json(const RunResult& r, int rank) {
+std::string rank_summary_json(const VariantResult& v, int rank) {
     nlohmann::json j;
     std::vector<double> wall, busy, over;
     std::array<std::vector<double>, kPhaseCount> ph;
     std::vector<double> bytes;
-    for (const StepRecord& s : r.steps) {
+    for (const StepRow& s : v.steps) {
         if (s.warmup) continue;
-        wall.push_back(s.times.wall_ms);
-        for (int i = 0; i < kPhaseCount; ++i) ph[i].push_back(s.times.ms[i]);
+        wall.push_back(s.wall_ms);
+        for (int i = 0; i < kPhaseCount; ++i) ph[i].push_back(s.phases_ms[i]);
         busy.push_back(s.comm_busy_ms);
-        over.push_back(std::max(0.0, s.comm_busy_ms - s.times[Phase::comm]));
+        over.push_back(std::max(0.0, s.comm_busy_ms - s.phases_ms[static_cast<int>(Phase::comm)]));
         bytes.push_back(s.comm_bytes);
     }
     j["rank"] = rank;
@@ -333,7 +347,7 @@ std::string rank_summary_json(const RunResult& r, int rank) {
     for (int i = 0; i < kPhaseCount; ++i) phases.push_back(compute_stats(ph[i]).median);
     j["phases"] = phases;
     nlohmann::json trace = nlohmann::json::array();
-    for (const TraceStep& t : r.trace) {
+    for (const TraceStep& t : v.trace) {
         nlohmann::json ts = {{"step", t.step}, {"start", t.start_ms}, {"wall", t.wall_ms}};
         nlohmann::json iv = nlohmann::json::array();
         for (const PhaseInterval& p : t.phases)
@@ -345,9 +359,9 @@ std::string rank_summary_json(const RunResult& r, int rank) {
     return j.dump();
 }
 
-RankSummary rank_summary_from_json(const std::string& text, double* bytes) {
+RankRecord rank_record_from_json(const std::string& text, double* bytes) {
     const nlohmann::json j = nlohmann::json::parse(text);
-    RankSummary s;
+    RankRecord s;
     s.rank = j.at("rank").get<int>();
     s.step_ms = j.at("step_ms").get<double>();
     s.comm_busy_ms = j.at("busy").get<double>();
@@ -372,36 +386,35 @@ RankSummary rank_summary_from_json(const std::string& text, double* bytes) {
 // Every rank's medians and trace into rank 0's result: the per-rank table, the stragglers, one
 // trace track per rank. Bytes and bus bandwidth are rank 0's (every rank sends the same).
 void gather_ranks(const TrainingSession& session, const RunConfig& cfg, World& world,
-                  RunResult& r) {
+                  VariantResult& v) {
     const std::vector<std::string> all =
-        world.gather(rank_summary_json(r, world.rank()), cfg.dist.timeout_s,
+        world.gather(rank_summary_json(v, world.rank()), cfg.dist.timeout_s,
                      "the gathering of every rank's phase times");
     (void)session;
-    if (world.rank() != 0 || !r.dist) return;
+    if (world.rank() != 0 || !v.data_parallel) return;
+    DataParallelRecord& d = *v.data_parallel;
     for (const std::string& text : all) {
         double bytes = 0;
-        RankSummary s = rank_summary_from_json(text, &bytes);
+        RankRecord s = rank_record_from_json(text, &bytes);
         if (s.rank == 0) {
-            r.dist->bytes_per_step = bytes;
-            if (s.comm_busy_ms > 0)
-                r.dist->achieved_busbw_gbps = bytes / (s.comm_busy_ms * 1e-3) / 1e9;
+            d.bytes_per_step = bytes;
+            if (s.comm_busy_ms > 0) d.achieved_busbw_gbps = bytes / (s.comm_busy_ms * 1e-3) / 1e9;
         }
-        r.dist->ranks.push_back(std::move(s));
+        d.ranks.push_back(std::move(s));
     }
 }
 
-RunResult skipped_variant(const RunConfig& cfg, const std::string& reason, std::FILE* out) {
-    RunResult r;
-    r.config = cfg;
-    r.status = RunStatus::skipped;
-    r.message = reason;
-    r.backend = cfg.backend == BackendChoice::cpu ? "cpu" : "cuda";
+VariantResult skipped_variant(const RunConfig& cfg, const std::string& reason, std::FILE* out) {
+    VariantResult v = variant_result_for(cfg);
+    v.status = RunStatus::skipped;
+    v.message = reason;
+    v.backend = cfg.backend == BackendChoice::cpu ? "cpu" : "cuda";
     if (out) std::fprintf(out, "  skipped: %s\n", reason.c_str());
-    return r;
+    return v;
 }
 
-RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool inject, int* interrupted,
-                      bool* job_failed) {
+VariantResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool inject,
+                          int* interrupted, bool* job_failed) {
     std::FILE* out = opt.out;
     if (out) std::fprintf(out, "\nvariant '%s'\n", cfg.variant.c_str());
     std::string skip;
@@ -414,26 +427,26 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
                                "step all-reduces the loss and agrees on a stop signal on the host",
                                out);
 
-    RunResult r;
-    r.config = cfg;
-    r.backend = to_string(*kind);
+    VariantResult v = variant_result_for(cfg);
+    v.backend = to_string(*kind);
+    EngineMeasures m;
     std::unique_ptr<TrainingSession> session;
     int step = -1;
     try {
-        session = set_up_session(cfg, *kind, out, r,
+        session = set_up_session(cfg, *kind, out, v, m,
                                  inject ? opt.modify_backend : std::function<void(Backend&)>(),
                                  opt.world);
-        if (session->world_size() > 1) probe_collectives(*session, cfg, *opt.world, out, r);
-        if (const int sig = run_steps(*session, cfg, opt, inject, r, step)) *interrupted = sig;
-        finish_variant(*session, *kind, r);
-        if (session->world_size() > 1) gather_ranks(*session, cfg, *opt.world, r);
+        if (session->world_size() > 1) probe_collectives(*session, cfg, *opt.world, out, v);
+        if (const int sig = run_steps(*session, cfg, opt, inject, v, step)) *interrupted = sig;
+        finish_variant(*session, cfg, *kind, v, m);
+        if (session->world_size() > 1) gather_ranks(*session, cfg, *opt.world, v);
     } catch (const ResourceError& e) {
         // The machine lacks what the variant needs (like a GPU): skipped, with the estimate.
         session.reset();
-        RunResult skipped = skipped_variant(cfg, e.what(), nullptr);
-        skipped.backend = r.backend;
-        skipped.device_name = r.device_name;
-        skipped.estimate = r.estimate;
+        VariantResult skipped = skipped_variant(cfg, e.what(), nullptr);
+        skipped.backend = v.backend;
+        skipped.device_name = v.device_name;
+        skipped.memory = memory_record(m.estimate, MemorySummary{});
         if (out) std::fprintf(out, "  skipped: %s\n", skipped.message.c_str());
         return skipped;
     } catch (const std::exception& e) {
@@ -449,10 +462,10 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
                 (step < 0 ? std::string("during setup")
                           : "at step " + std::to_string(step) + " in the " + phase + " phase") +
                 ": " + e.what());
-        r.status = RunStatus::failed;
-        r.failed_step = step;
-        r.failed_phase = phase;
-        r.message =
+        v.status = RunStatus::failed;
+        if (step >= 0) v.failed_step = step;
+        v.failed_phase = phase;
+        v.message =
             std::string(*job_failed ? "rank 0 of " + std::to_string(opt.world->size()) + ": "
                                     : "") +
             "variant '" + cfg.variant + "' failed " +
@@ -461,112 +474,82 @@ RunResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool injec
             ": " + e.what();
     }
     // (Data parallel, interrupted: nothing more is printed before the report; see run_steps.)
-    const bool quiet = r.status == RunStatus::interrupted && opt.world && opt.world->distributed();
-    if (out && r.status != RunStatus::ok && !quiet) std::fprintf(out, "  %s\n", r.message.c_str());
-    return r;
+    const bool quiet = v.status == RunStatus::interrupted && opt.world && opt.world->distributed();
+    if (out && v.status != RunStatus::ok && !quiet) std::fprintf(out, "  %s\n", v.message.c_str());
+    // What the engine measured, in whatever state the variant ended (a failure keeps the
+    // estimate and the peaks; the tracked memory only once the steps finished).
+    v.memory = memory_record(m.estimate, m.memory);
+    v.roofline = roofline_record(m.peaks);
+    return v;
 }
 
 }  // namespace
 
-ExperimentResult run_experiment(const ExperimentSpec& spec, const RunnerOptions& options) {
+VariantResult variant_result_for(const RunConfig& cfg) {
+    VariantResult v;
+    v.name = cfg.variant;
+    for (const auto& [k, val] : flatten(cfg)) v.config[k] = val;
+    v.changed = cfg.changed;
+    v.knobs_changed = static_cast<int>(cfg.changed.size());
+    v.model_describe = cfg.model.describe();
+    v.batch.batch_size = cfg.data.batch_size;
+    v.batch.seq_len = cfg.data.seq_len;
+    v.batch.grad_accum = cfg.run.grad_accum;
+    v.warmup_steps = cfg.run.warmup_steps;
+    v.measure_steps = cfg.run.measure_steps;
+    v.profiled = cfg.profile.kernels;
+    v.memory = memory_record(MemoryEstimate{}, MemorySummary{});
+    v.roofline = roofline_record(MachinePeaks{});
+    return v;
+}
+
+ExperimentRun run_experiment(const ExperimentSpec& spec, const RunnerOptions& options) {
     std::optional<StopSignals> signals;
     if (options.handle_sigint) signals.emplace();
-    ExperimentResult ex;
-    ex.name = spec.name;
-    ex.source_path = spec.source_path;
-    ex.baseline = spec.baseline;
-    ex.loss_tolerance = spec.loss_tolerance;
-    ex.started_utc = utc_now_iso();
+    ExperimentRun run;
+    Results& res = run.results;
+    res.experiment = {spec.name, spec.source_path, spec.baseline, spec.loss_tolerance};
+    res.started_utc = utc_now_iso();
+    // Every variant's record is complete (its statistics derived) once it is added.
+    auto add = [&res](VariantResult v) {
+        derive_statistics(v);
+        res.variants.push_back(std::move(v));
+    };
     World* world = options.world && options.world->distributed() ? options.world : nullptr;
     for (const RunConfig& cfg : spec.variants) {
         // A signal that arrived between two variants' steps (on any rank: all stop together).
         double sig = stop_signal();
-        if (world && !ex.interrupted && ex.job_failure.empty())
+        if (world && !res.interrupted && run.job_failure.empty())
             world->allreduce_max(&sig, 1, cfg.dist.timeout_s, "the stop flag between variants");
-        if (!ex.interrupted && sig > 0) {
-            ex.stop_signal = static_cast<int>(sig);
-            ex.interrupted = true;
+        if (!res.interrupted && sig > 0) {
+            run.stop_signal = static_cast<int>(sig);
+            res.interrupted = true;
         }
-        if (ex.interrupted) {
-            RunResult r;
-            r.config = cfg;
-            r.status = RunStatus::skipped;
-            r.message = "the experiment was interrupted by " + signal_description(ex.stop_signal) +
+        if (res.interrupted) {
+            VariantResult v = variant_result_for(cfg);
+            v.status = RunStatus::skipped;
+            v.message = "the experiment was interrupted by " + signal_description(run.stop_signal) +
                         " before this variant";
-            ex.runs.push_back(std::move(r));
+            add(std::move(v));
             continue;
         }
-        if (!ex.job_failure.empty()) {  // data parallel: the job ends after this report
-            RunResult r;
-            r.config = cfg;
-            r.status = RunStatus::skipped;
-            r.message =
-                "not run: the data-parallel job ended after a failure (" + ex.job_failure + ")";
-            ex.runs.push_back(std::move(r));
+        if (!run.job_failure.empty()) {  // data parallel: the job ends after this report
+            VariantResult v = variant_result_for(cfg);
+            v.status = RunStatus::skipped;
+            v.message =
+                "not run: the data-parallel job ended after a failure (" + run.job_failure + ")";
+            add(std::move(v));
             continue;
         }
         const bool inject = options.inject_variant.empty() || options.inject_variant == cfg.variant;
         bool job_failed = false;
-        ex.runs.push_back(run_variant(cfg, options, inject, &ex.stop_signal, &job_failed));
-        if (job_failed) ex.job_failure = ex.runs.back().message;
-        ex.interrupted = ex.stop_signal != 0;
+        add(run_variant(cfg, options, inject, &run.stop_signal, &job_failed));
+        if (job_failed) run.job_failure = res.variants.back().message;
+        res.interrupted = run.stop_signal != 0;
     }
-    return ex;
-}
-
-MeasuredWork measured_work(const RunResult& r) {
-    MeasuredWork w;
-    int n = 0;
-    for (const StepRecord& s : r.steps) {
-        if (s.warmup) continue;
-        w.tokens_per_step += s.tokens;
-        w.model_flops_per_step += s.model_flops;
-        ++n;
-    }
-    if (n > 0) w.tokens_per_step /= n, w.model_flops_per_step /= n;
-    return w;
-}
-
-RunStats compute_run_stats(const RunResult& r) {
-    RunStats st;
-    std::vector<double> wall, other, loss, syncs, waits;
-    std::array<std::vector<double>, kPhaseCount> ph;
-    for (const StepRecord& s : r.steps) {
-        if (s.warmup) continue;
-        wall.push_back(s.times.wall_ms);
-        syncs.push_back(s.host_syncs);
-        waits.push_back(s.host_wait_ms);
-        other.push_back(s.times.other_ms());
-        for (int i = 0; i < kPhaseCount; ++i) ph[i].push_back(s.times.ms[i]);
-        if (std::isfinite(s.loss)) loss.push_back(s.loss);
-    }
-    st.measured = static_cast<int>(wall.size());
-    st.step_ms = compute_stats(wall);
-    st.other_ms = compute_stats(other);
-    st.loss = compute_stats(loss);
-    st.host_syncs = compute_stats(syncs);
-    st.host_wait_ms = compute_stats(waits);
-    for (int i = 0; i < kPhaseCount; ++i) st.phase[i] = compute_stats(ph[i]);
-    if (!r.steps.empty()) st.final_loss = r.steps.back().loss;
-    if (st.measured > 0 && st.step_ms.median > 0) {
-        const double step_s = st.step_ms.median / 1000.0;
-        // The global batch: every rank's (data parallel) micro-batches of every micro-step.
-        const double world = r.dist ? r.dist->world_size : 1;
-        const double samples =
-            static_cast<double>(r.config.data.batch_size) * r.config.run.grad_accum * world;
-        st.samples_per_s = samples / step_s;
-        st.tokens_per_s = samples * r.config.data.seq_len / step_s;
-        st.achieved_flops_per_s = r.flops_per_step / step_s;
-        if (r.config.data.seq_len_jitter > 0) {
-            // Jittered batches are shorter than data.seq_len: count the tokens and FLOPs the
-            // measured steps really trained (their mean per step) over the median step.
-            const MeasuredWork work = measured_work(r);
-            st.tokens_per_s = work.tokens_per_step / step_s;
-            st.achieved_flops_per_s = work.model_flops_per_step / step_s;
-        }
-        if (r.peak_flops && *r.peak_flops > 0) st.mfu = st.achieved_flops_per_s / *r.peak_flops;
-    }
-    return st;
+    // The environment and the comparison: on the rank that writes the report (one process: it).
+    if (!options.world || options.world->rank() == 0) complete_results(res);
+    return run;
 }
 
 }  // namespace mt

@@ -29,7 +29,7 @@ std::string changed_text(const std::map<std::string, std::string>& changed) {
 // The measurements of one variant that the comparison table shows.
 ComparisonRow row_from(const VariantResult& v) {
     ComparisonRow r;
-    r.name = v.name;
+    r.variant = v.name;
     r.status = v.status;
     r.message = v.message;
     r.changed = changed_text(v.changed);
@@ -51,7 +51,7 @@ ComparisonRow row_from(const VariantResult& v) {
     r.final_loss = v.loss.final;
     r.mean_loss = v.loss.mean_measured;
     for (const StepRow& s : v.steps)
-        if (!s.warmup && s.loss) r.measured_losses.emplace_back(s.step, *s.loss);
+        if (!s.warmup && std::isfinite(s.loss)) r.measured_losses.emplace_back(s.step, s.loss);
     return r;
 }
 
@@ -82,41 +82,44 @@ double robust_std(std::vector<double> xs) {
 // successive loss changes around their median change (the median removes the downward trend),
 // over sqrt(2), since a change between two steps carries the noise of both: the noise of one
 // step's loss from one batch to the next.
-void set_loss_tolerance(Comparison& c, const ComparisonRow& b) {
-    c.tolerance_nats.reset();
+// `relative`: compare.loss_tolerance (nullopt: derive it).
+void set_loss_tolerance(Comparison& c, const ComparisonRow& b, std::optional<double> relative) {
+    c.loss_tolerance_nats.reset();
     if (!b.mean_loss || b.measured_losses.empty()) {
-        c.tolerance_basis = "no measured baseline loss";
+        c.loss_tolerance_basis = "no measured baseline loss";
         return;
     }
     const double scale = std::fabs(*b.mean_loss);
-    if (c.loss_tolerance) {
-        c.tolerance_nats = *c.loss_tolerance * scale;
-        c.tolerance_basis =
-            "compare.loss_tolerance " + pct(*c.loss_tolerance) + " of the baseline's mean loss";
+    if (relative) {
+        c.loss_tolerance_nats = *relative * scale;
+        c.loss_tolerance_basis =
+            "compare.loss_tolerance " + pct(*relative) + " of the baseline's mean loss";
         return;
     }
     const auto& L = b.measured_losses;
     if (L.size() < 4) {
-        c.tolerance_nats = kFallbackRelativeTolerance * scale;
-        c.tolerance_basis = pct(kFallbackRelativeTolerance) +
-                            " of the baseline's mean loss (fewer than 4 measured steps: too few "
-                            "to measure its spread; set compare.loss_tolerance)";
+        c.loss_tolerance_nats = kFallbackRelativeTolerance * scale;
+        c.loss_tolerance_basis =
+            pct(kFallbackRelativeTolerance) +
+            " of the baseline's mean loss (fewer than 4 measured steps: too few "
+            "to measure its spread; set compare.loss_tolerance)";
         return;
     }
     std::vector<double> changes;
     for (size_t i = 1; i < L.size(); ++i) changes.push_back(L[i].second - L[i - 1].second);
     const double spread = robust_std(changes) / std::sqrt(2.0);
     const double floor = kSpreadFloorRelative * scale;
-    c.tolerance_nats = std::max(spread, floor);
-    c.tolerance_basis = spread >= floor
-                            ? "the baseline's step-to-step loss spread (robust std over " +
-                                  std::to_string(L.size()) + " measured steps)"
-                            : "the floor " + f("%g", kSpreadFloorRelative) +
-                                  " x the baseline's mean loss (its step-to-step spread is "
-                                  "smaller)";
+    c.loss_tolerance_nats = std::max(spread, floor);
+    c.loss_tolerance_basis = spread >= floor
+                                 ? "the baseline's step-to-step loss spread (robust std over " +
+                                       std::to_string(L.size()) + " measured steps)"
+                                 : "the floor " + f("%g", kSpreadFloorRelative) +
+                                       " x the baseline's mean loss (its step-to-step spread is "
+                                       "smaller)";
 }
 
-// dmean_loss, dfinal_loss and loss_ok of r against b over the steps both measured.
+// delta_mean_loss, delta_final_loss and loss_within_tolerance of r against b over the steps both
+// measured.
 void check_loss(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol_nats) {
     std::map<int, double> base(b.measured_losses.begin(), b.measured_losses.end());
     double sum_b = 0, sum_r = 0;
@@ -125,17 +128,18 @@ void check_loss(ComparisonRow& r, const ComparisonRow& b, std::optional<double> 
         const auto it = base.find(step);
         if (it == base.end()) continue;
         sum_b += it->second, sum_r += loss, ++n;
-        r.dfinal_loss = it->second - loss;
+        r.delta_final_loss = it->second - loss;
     }
     if (n == 0) return;
-    r.dmean_loss = (sum_b - sum_r) / static_cast<double>(n);
+    r.delta_mean_loss = (sum_b - sum_r) / static_cast<double>(n);
     if (tol_nats)
-        r.loss_ok = std::fabs(*r.dmean_loss) <= *tol_nats && std::fabs(*r.dfinal_loss) <= *tol_nats;
+        r.loss_within_tolerance = std::fabs(*r.delta_mean_loss) <= *tol_nats &&
+                                  std::fabs(*r.delta_final_loss) <= *tol_nats;
 }
 
 std::string loss_deltas_text(const ComparisonRow& r, std::optional<double> tol_nats) {
-    return "mean loss " + signed_f("%.4f", -*r.dmean_loss) + ", final " +
-           signed_f("%.4f", -*r.dfinal_loss) + " nats vs the baseline; tolerance ±" +
+    return "mean loss " + signed_f("%.4f", -*r.delta_mean_loss) + ", final " +
+           signed_f("%.4f", -*r.delta_final_loss) + " nats vs the baseline; tolerance ±" +
            f("%.4f", tol_nats.value_or(0)) + " nats";
 }
 
@@ -180,31 +184,31 @@ bool judge_unmeasurable(ComparisonRow& r, const ComparisonRow& b, bool baseline_
 
 // Deltas against the baseline: time (median), memory (tracked peak), noise and loss.
 void measure_against(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol) {
-    r.dtime_ms = b.median_ms - r.median_ms;
+    r.delta_time_ms = b.median_ms - r.median_ms;
     r.speedup = r.median_ms > 0 ? b.median_ms / r.median_ms : 0;
-    r.dmem_bytes = b.tracked_peak - r.tracked_peak;
+    r.delta_memory_bytes = b.tracked_peak - r.tracked_peak;
     const double noise = std::max(b.iqr_ms, r.iqr_ms);
-    r.within_noise = std::fabs(*r.dtime_ms) <= noise;
+    r.within_noise = std::fabs(*r.delta_time_ms) <= noise;
     check_loss(r, b, tol);
 }
 
 // keep / trade-off / reject from the measured deltas (measure_against ran).
 void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol) {
-    const bool faster = !r.within_noise && *r.dtime_ms > 0;
-    const bool slower = !r.within_noise && *r.dtime_ms < 0;
+    const bool faster = !r.within_noise && *r.delta_time_ms > 0;
+    const bool slower = !r.within_noise && *r.delta_time_ms < 0;
     // Tracked bytes are deterministic; count a change only above 1% of the baseline or 64 KiB.
     const double mem_eps = std::max(0.01 * b.tracked_peak, 64.0 * 1024.0);
-    const bool leaner = *r.dmem_bytes > mem_eps;
-    const bool fatter = *r.dmem_bytes < -mem_eps;
+    const bool leaner = *r.delta_memory_bytes > mem_eps;
+    const bool fatter = *r.delta_memory_bytes < -mem_eps;
     const std::string speed = f("%.2f", *r.speedup) + "x " + (faster ? "faster" : "slower");
-    const std::string mem_gain = mib(*r.dmem_bytes) + " MiB less tracked memory";
-    const std::string mem_cost = "costs +" + mib(-*r.dmem_bytes) + " MiB tracked memory";
-    const std::string time_cost =
-        "costs +" + f("%.2f", -*r.dtime_ms) + " ms/step (" + f("%.2f", 1.0 / *r.speedup) + "x)";
+    const std::string mem_gain = mib(*r.delta_memory_bytes) + " MiB less tracked memory";
+    const std::string mem_cost = "costs +" + mib(-*r.delta_memory_bytes) + " MiB tracked memory";
+    const std::string time_cost = "costs +" + f("%.2f", -*r.delta_time_ms) + " ms/step (" +
+                                  f("%.2f", 1.0 / *r.speedup) + "x)";
 
     Decision d = Decision::reject;
     std::string v;
-    if (r.loss_ok && !*r.loss_ok) {
+    if (r.loss_within_tolerance && !*r.loss_within_tolerance) {
         v = "reject: loss not within tolerance: do not keep (" + loss_deltas_text(r, tol) + ")";
         if (faster) v += ", although " + speed;
     } else if (faster && !fatter) {
@@ -225,7 +229,7 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
         v = "reject: no measurable gain (time within noise" +
             std::string(fatter ? ", " + mem_cost : ", memory unchanged") + ")";
     }
-    if (!r.loss_ok) v += " (loss not comparable)";
+    if (!r.loss_within_tolerance) v += " (loss not comparable)";
     // Shape jitter shortens the variant's batches, so its steps are shorter by construction: the
     // work-normalised comparison is tokens/s.
     if (!r.jitter_cause.empty() && b.tokens_per_s > 0)
@@ -256,7 +260,7 @@ void add_notes(Comparison& c) {
         if (!r.has_stats) continue;
         if (!r.jitter_cause.empty()) {
             c.notes.push_back(
-                "shape jitter: '" + r.name + "' sets " + r.jitter_cause +
+                "shape jitter: '" + r.variant + "' sets " + r.jitter_cause +
                 " (each batch's length drawn between (1 - j) x data.seq_len and data.seq_len), "
                 "so its step times vary by design: step-time spread (IQR/median) " +
                 pct(r.jitter) +
@@ -269,7 +273,7 @@ void add_notes(Comparison& c) {
         }
         if (r.jitter <= kJitterWarnThreshold) continue;
         jittery = true;
-        c.notes.push_back("warning: '" + r.name + "' step times jitter " + pct(r.jitter) +
+        c.notes.push_back("warning: '" + r.variant + "' step times jitter " + pct(r.jitter) +
                           " (IQR/median > " + pct(kJitterWarnThreshold) +
                           "): deltas smaller than its spread are noise; more warm-up or "
                           "measured steps, and a quiet machine, help");
@@ -331,25 +335,24 @@ void note_shape_differences(Comparison& c, const std::string& row_name, const Va
 Comparison build_comparison(const Results& results) {
     Comparison c;
     c.baseline = results.experiment.baseline;
-    c.loss_tolerance = results.experiment.loss_tolerance;
     std::vector<ComparisonRow> rows;
     int base = -1;
     for (size_t i = 0; i < results.variants.size(); ++i) {
         rows.push_back(row_from(results.variants[i]));
-        if (rows.back().name == c.baseline) base = static_cast<int>(i);
+        if (rows.back().variant == c.baseline) base = static_cast<int>(i);
     }
     if (base < 0 && !rows.empty()) {
         c.notes.push_back("note: compare.baseline '" + c.baseline +
                           "' is not among the variants; the first variant is the baseline");
         base = 0;
-        c.baseline = rows[0].name;
+        c.baseline = rows[0].variant;
     }
     if (base >= 0) {
         rows[base].is_baseline = true;
         std::rotate(rows.begin(), rows.begin() + base, rows.begin() + base + 1);
     }
-    if (!rows.empty()) set_loss_tolerance(c, rows.front());
-    for (ComparisonRow& r : rows) judge(r, rows.front(), c.tolerance_nats, base >= 0);
+    if (!rows.empty()) set_loss_tolerance(c, rows.front(), results.experiment.loss_tolerance);
+    for (ComparisonRow& r : rows) judge(r, rows.front(), c.loss_tolerance_nats, base >= 0);
     c.rows = std::move(rows);
     add_notes(c);
     return c;
@@ -359,7 +362,6 @@ Comparison compare_results(const Results& a, const std::string& a_label, const R
                            const std::string& b_label, const std::string& a_variant,
                            const std::string& b_variant) {
     Comparison c;
-    c.loss_tolerance = a.experiment.loss_tolerance;
     const std::string want_a = a_variant.empty() ? a.experiment.baseline : a_variant;
     const VariantResult& va = find_variant(a, want_a, a_label);
     ComparisonRow base = row_from(va);
@@ -367,23 +369,23 @@ Comparison compare_results(const Results& a, const std::string& a_label, const R
         throw ReportError(a_label + ": the baseline variant '" + want_a +
                           "' has no measured steps (status " + to_string(base.status) + ")");
     base.is_baseline = true;
-    base.name = "A:" + base.name;
+    base.variant = "A:" + base.variant;
     base.changed = "(baseline: " + a_label + ")";
-    c.baseline = base.name;
+    c.baseline = base.variant;
     c.rows.push_back(base);
     for (const VariantResult& vb : b.variants) {
         if (!b_variant.empty() && vb.name != b_variant) continue;
         ComparisonRow r = row_from(vb);
-        r.name = "B:" + vb.name;
+        r.variant = "B:" + vb.name;
         describe_config_difference(r, va, vb);
-        note_shape_differences(c, r.name, va, vb);
+        note_shape_differences(c, r.variant, va, vb);
         c.rows.push_back(r);
     }
     if (c.rows.size() == 1)
         throw ReportError(b_label + (b_variant.empty() ? ": has no variants"
                                                        : ": no variant named '" + b_variant + "'"));
-    set_loss_tolerance(c, c.rows.front());
-    for (ComparisonRow& r : c.rows) judge(r, c.rows.front(), c.tolerance_nats, true);
+    set_loss_tolerance(c, c.rows.front(), a.experiment.loss_tolerance);
+    for (ComparisonRow& r : c.rows) judge(r, c.rows.front(), c.loss_tolerance_nats, true);
     add_notes(c);
     return c;
 }
@@ -406,7 +408,7 @@ std::string render_comparison_md(const Comparison& c) {
         return out;
     };
     for (const ComparisonRow& r : c.rows) {
-        o << "| " << cell(r.name)
+        o << "| " << cell(r.variant)
           << (r.status != RunStatus::ok ? " (" + std::string(to_string(r.status)) + ")" : "")
           << " | " << cell(r.changed) << " | ";
         if (r.has_stats) {
@@ -421,12 +423,15 @@ std::string render_comparison_md(const Comparison& c) {
         }
         if (r.is_baseline) {
             o << "0 (1.00x) | 0 | – | ";
-        } else if (r.dtime_ms) {
-            o << signed_f("%.2f", *r.dtime_ms) << " (" << f("%.2f", *r.speedup) << "x"
+        } else if (r.delta_time_ms) {
+            o << signed_f("%.2f", *r.delta_time_ms) << " (" << f("%.2f", *r.speedup) << "x"
               << (r.within_noise ? ", within noise" : "") << ") | "
-              << (std::fabs(*r.dmem_bytes) < 0.05 * kMiB ? std::string("0")
-                                                         : signed_f("%.1f", to_mib(*r.dmem_bytes)))
-              << " | " << (r.loss_ok ? (*r.loss_ok ? "yes" : "no") : "n/a") << " | ";
+              << (std::fabs(*r.delta_memory_bytes) < 0.05 * kMiB
+                      ? std::string("0")
+                      : signed_f("%.1f", to_mib(*r.delta_memory_bytes)))
+              << " | "
+              << (r.loss_within_tolerance ? (*r.loss_within_tolerance ? "yes" : "no") : "n/a")
+              << " | ";
         } else {
             o << "– | – | – | ";
         }
@@ -436,8 +441,9 @@ std::string render_comparison_md(const Comparison& c) {
          "uses less tracked memory. Speedup = baseline median / variant median. A Δtime no larger "
          "than the larger IQR of the two is *within noise*. Loss within tolerance: over the "
          "measured steps both ran, |Δ mean loss| and |Δ loss of the last common step| ≤ "
-      << (c.tolerance_nats ? f("%.4f", *c.tolerance_nats) + " nats (" + c.tolerance_basis + ")"
-                           : std::string("n/a (") + c.tolerance_basis + ")")
+      << (c.loss_tolerance_nats
+              ? f("%.4f", *c.loss_tolerance_nats) + " nats (" + c.loss_tolerance_basis + ")"
+              : std::string("n/a (") + c.loss_tolerance_basis + ")")
       << ". Throughput from the median step.\n";
     for (const std::string& n : c.notes) o << "\n- " << n;
     if (!c.notes.empty()) o << "\n";

@@ -335,9 +335,9 @@ std::string loss_chart(const std::vector<VariantResult>& vs) {
     int max_step = 0, warm = 0;
     for (const VariantResult& v : vs)
         for (const StepRow& s : v.steps) {
-            if (!s.loss) continue;
-            lo = std::min(lo, *s.loss);
-            hi = std::max(hi, *s.loss);
+            if (!std::isfinite(s.loss)) continue;
+            lo = std::min(lo, s.loss);
+            hi = std::max(hi, s.loss);
             max_step = std::max(max_step, s.step);
             if (s.warmup) warm = std::max(warm, s.step + 1);
         }
@@ -386,7 +386,7 @@ std::string loss_chart(const std::vector<VariantResult>& vs) {
         const char* color = kLineColors[ci++ % 8];
         std::string pts;
         for (const StepRow& s : v.steps)
-            if (s.loss) pts += num(X(s.step), 1) + "," + num(Y(*s.loss), 1) + " ";
+            if (std::isfinite(s.loss)) pts += num(X(s.step), 1) + "," + num(Y(s.loss), 1) + " ";
         if (pts.empty()) continue;
         leg.emplace_back(v.name, color);
         const double width = std::max(1.6, 1.6 + 2.4 * (n_curves - 1 - drawn++));

@@ -198,7 +198,7 @@ void write_answers(std::ostringstream& o, const VariantResult* ref, const Compar
     for (const ComparisonRow& r : cmp.rows) {
         if (r.is_baseline) continue;
         any_variant = true;
-        o << "\n  - `" << r.name << "` (" << r.changed << "): " << r.verdict;
+        o << "\n  - `" << r.variant << "` (" << r.changed << "): " << r.verdict;
     }
     if (!any_variant) o << " There is only the baseline: add variants to compare.";
     o << "\n";

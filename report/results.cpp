@@ -1,5 +1,5 @@
-// results.json <-> Results (see results.h): the conversion from the runner's ExperimentResult,
-// the writer, and the checked reader.
+// results.json <-> Results (see results.h): each struct's keys, listed once and visited by both
+// the writer and the checked reader (report/json_fields.h); the environment of this process.
 #include "report/results.h"
 
 #include <unistd.h>
@@ -12,8 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
-
-#include "report/comparison.h"
 
 namespace mt {
 
@@ -50,185 +48,373 @@ std::string VariantResult::config_value(const std::string& key) const {
     return it == config.end() ? std::string() : it->second;
 }
 
-// ---- ExperimentResult -> Results ----------------------------------------------------------------
+// ---- the keys of results.json, one list per struct ---------------------------------------------
+//
+// A key is its member's name unless the list says otherwise; see docs/report.md for what each
+// means. Reading visits the entries in list order (the first bad key is the one reported).
+
+template <>
+struct JsonFields<SeriesSummary> {
+    using S = SeriesSummary;
+    static inline const auto list = std::tuple{
+        json_field("n", &S::n),
+        json_field("mean", &S::mean),
+        json_field("median", &S::median),
+        json_field("p10", &S::p10),
+        json_field("p90", &S::p90),
+        json_field("q1", &S::q1),
+        json_field("q3", &S::q3),
+        json_field("iqr", &S::iqr),
+        json_field("iqr_over_median", &S::iqr_over_median),
+        json_field("std", &S::std),
+        json_field("min", &S::min),
+        json_field("max", &S::max),
+    };
+};
+
+template <>
+struct JsonFields<BatchShape> {
+    using S = BatchShape;
+    static inline const auto list = std::tuple{
+        json_field("batch_size", &S::batch_size),
+        json_field("seq_len", &S::seq_len),
+        json_field("grad_accum", &S::grad_accum),
+        json_field("samples_per_step", &S::samples_per_step),
+        json_field("tokens_per_step", &S::tokens_per_step),
+    };
+};
+
+template <>
+struct JsonFields<StepStatistics> {
+    using S = StepStatistics;
+    static inline const auto list = std::tuple{
+        json_field("step_ms", &S::step_ms),
+        // Every phase, then "other" (wall - the sum of the phases) in the same object.
+        json_group<S>("phases_ms", json_each_key<Phase>(&S::phases_ms),
+                      json_field("other", &S::other_ms)),
+        json_field("loss", &S::loss),
+        json_field("samples_per_s", &S::samples_per_s),
+        json_field("tokens_per_s", &S::tokens_per_s),
+        json_field("jitter", &S::jitter),
+        json_field("jitter_warning", &S::jitter_warning),
+        json_field("host_syncs", &S::host_syncs),
+        json_field("host_wait_ms", &S::host_wait_ms),
+        json_field("other_cpu_ms", &S::other_cpu_ms),
+    };
+};
+
+template <>
+struct JsonFields<FlopsRecord> {
+    using S = FlopsRecord;
+    static inline const auto list = std::tuple{
+        json_field("per_step", &S::per_step),
+        json_field("achieved_per_s", &S::achieved_per_s),
+        json_field("peak_per_s", &S::peak_per_s),
+        json_field("peak_source", &S::peak_source),
+        json_field("mfu", &S::mfu),
+    };
+};
+
+template <>
+struct JsonFields<RooflineRecord> {
+    using S = RooflineRecord;
+    static inline const auto list = std::tuple{
+        json_field("peak_flops_per_s", &S::peak_flops_per_s),
+        json_field("bandwidth_bytes_per_s", &S::bandwidth_bytes_per_s),
+        json_field("ridge_flops_per_byte", &S::ridge_flops_per_byte),
+        json_field("flops_source", &S::flops_source),
+        json_field("bytes_source", &S::bytes_source),
+        json_field("from_cache", &S::from_cache),
+    };
+};
+
+template <>
+struct JsonFields<LossRecord> {
+    using S = LossRecord;
+    static inline const auto list = std::tuple{
+        json_field("first", &S::first),
+        json_field("final", &S::final),
+        json_field("mean_measured", &S::mean_measured),
+    };
+};
+
+template <>
+struct JsonFields<PhaseMemoryRecord> {
+    using S = PhaseMemoryRecord;
+    static inline const auto list = std::tuple{
+        json_field("tracked_peak_total", &S::tracked_peak_total),
+        json_group<S>("tracked_peak", json_each_key<MemoryCategory>(&S::tracked_peak)),
+        json_field("device_used_peak", &S::device_used_peak),
+        json_field("transient_peak", &S::transient_peak),
+    };
+};
+
+template <>
+struct JsonFields<DeviceMemoryRecord> {
+    using S = DeviceMemoryRecord;
+    static inline const auto list = std::tuple{
+        json_field("available", &S::available),
+        json_field("kind", &S::kind),
+        json_field("total_bytes", &S::total_bytes),
+        json_field("peak_used_bytes", &S::peak_used_bytes),
+    };
+};
+
+template <>
+struct JsonFields<MemoryRecord> {
+    using S = MemoryRecord;
+    static inline const auto list = std::tuple{
+        // The estimate per category, and its total in the same object.
+        json_group<S>("estimate", json_each_key<MemoryCategory>(&S::estimate),
+                      json_field("total", &S::estimate_total)),
+        json_group<S>("tracked_peak", json_each_key<MemoryCategory>(&S::tracked_peak)),
+        json_field("tracked_peak_total", &S::tracked_peak_total),
+        json_field("at_setup_total", &S::at_setup_total),
+        // Only the phases that ran.
+        json_group<S>("phases", json_each_present_key<Phase>(&S::phases, "phase")),
+        json_field("peak_phase", &S::peak_phase),
+        json_field("largest_category", &S::largest_category),
+        json_field("device", &S::device),
+        json_field("process_peak_rss_bytes", &S::process_peak_rss_bytes),
+    };
+};
+
+template <>
+struct JsonFields<KernelRecord> {
+    using S = KernelRecord;
+    static inline const auto list = std::tuple{
+        json_field("name", &S::name),
+        json_field("impl", &S::impl),
+        json_field("calls", &S::calls),
+        json_field("total_ms", &S::total_ms),
+        json_field("ms_per_step", &S::ms_per_step),
+        json_field("pct_of_step", &S::pct_of_step),
+        json_field("flops", &S::flops),
+        json_field("bytes", &S::bytes),
+        json_field("gflops_per_s", &S::gflops_per_s),
+        json_field("gb_per_s", &S::gb_per_s),
+        json_field("intensity", &S::intensity),
+        json_field("bound", &S::bound),
+        json_field("pct_of_roofline", &S::pct_of_roofline),
+    };
+};
+
+template <>
+struct JsonFields<StepRow> {
+    using S = StepRow;
+    static inline const auto list = std::tuple{
+        json_field("step", &S::step),
+        json_field("warmup", &S::warmup),
+        json_field("wall_ms", &S::wall_ms),
+        json_group<S>("phases_ms", json_each_key<Phase>(&S::phases_ms)),
+        json_field("other_ms", &S::other_ms),
+        json_field_as<FiniteOrNull>("loss", &S::loss),
+        json_field_as<FiniteOrNull>("grad_norm", &S::grad_norm),
+        json_field("lr", &S::lr),
+        json_field("comm_busy_ms", &S::comm_busy_ms),
+        json_field("comm_bytes", &S::comm_bytes),
+        json_field("host_syncs", &S::host_syncs),
+        json_field("host_wait_ms", &S::host_wait_ms),
+        json_field("other_cpu_ms", &S::other_cpu_ms),
+    };
+};
+
+template <>
+struct JsonFields<RankRecord> {
+    using S = RankRecord;
+    static inline const auto list = std::tuple{
+        json_field("rank", &S::rank),
+        json_field("step_ms", &S::step_ms),
+        json_group<S>("phases_ms", json_each_key<Phase>(&S::phases_ms)),
+        json_field("comm_busy_ms", &S::comm_busy_ms),
+        json_field("comm_overlapped_ms", &S::comm_overlapped_ms),
+    };
+};
+
+template <>
+struct JsonFields<DataParallelRecord> {
+    using S = DataParallelRecord;
+    static inline const auto list = std::tuple{
+        json_field("world_size", &S::world_size),
+        json_field("transport", &S::transport),
+        json_field("zero", &S::zero),
+        json_field("overlap", &S::overlap),
+        json_field("bucket_mb", &S::bucket_mb),
+        json_field("buckets", &S::buckets),
+        json_field("simulated_link_gbps", &S::simulated_link_gbps),
+        json_field("simulated_latency_us", &S::simulated_latency_us),
+        json_field("bytes_per_step", &S::bytes_per_step),
+        json_field("achieved_busbw_gbps", &S::achieved_busbw_gbps),
+        json_field("probe_busbw_gbps", &S::probe_busbw_gbps),
+        json_field("probe_source", &S::probe_source),
+        json_field("ranks", &S::ranks),
+        json_field("slowest_rank", &S::slowest_rank),
+        json_field("rank_spread_ms", &S::rank_spread_ms),
+        json_field("rank_spread_pct", &S::rank_spread_pct),
+        json_field("comm_exposed_ms", &S::comm_exposed_ms),
+        json_field("comm_overlapped_ms", &S::comm_overlapped_ms),
+        json_field("comm_share", &S::comm_share),
+        json_field("busbw_fraction_of_probe", &S::busbw_fraction_of_probe),
+    };
+};
+
+template <>
+struct JsonFields<VariantResult> {
+    using S = VariantResult;
+    static inline const auto list = std::tuple{
+        json_field("name", &S::name),
+        json_field("status", &S::status),
+        json_field("message", &S::message),
+        json_field("failed_step", &S::failed_step),
+        json_field("failed_phase", &S::failed_phase),
+        json_field("backend", &S::backend),
+        json_field("device_name", &S::device_name),
+        json_field("threads", &S::threads),
+        json_field("config", &S::config),
+        json_field("changed", &S::changed),
+        json_field("knobs_changed", &S::knobs_changed),
+        json_group<S>("model", json_field("describe", &S::model_describe),
+                      json_field("n_params", &S::n_params)),
+        json_field("batch", &S::batch),
+        json_field("warmup_steps", &S::warmup_steps),
+        json_field("measure_steps", &S::measure_steps),
+        json_field("measured_steps", &S::measured_steps),
+        json_field("setup_ms", &S::setup_ms),
+        json_field("profiled", &S::profiled),
+        json_field("stats", &S::stats),
+        json_field("flops", &S::flops),
+        json_field("roofline", &S::roofline),
+        json_field("loss", &S::loss),
+        json_field("memory", &S::memory),
+        json_field("kernels", &S::kernels),
+        json_field("steps", &S::steps),
+        json_field("data_parallel", &S::data_parallel),
+    };
+};
+
+// Keys absent when unknown (hostname, cuda_note, git_dirty, compiler); git_commit is null.
+template <>
+struct JsonFields<Environment> {
+    using S = Environment;
+    static inline const auto list = std::tuple{
+        json_key_if_present("hostname", &S::hostname),
+        json_field("hardware_threads", &S::hardware_threads),
+        json_field("cuda_available", &S::cuda_available),
+        json_key_if_present("cuda_note", &S::cuda_note),
+        json_field("git_commit", &S::git_commit),
+        json_key_if_present("git_dirty", &S::git_dirty),
+        json_key_if_present("compiler", &S::compiler),
+        json_field("peaks_cache", &S::peaks_cache),
+    };
+};
+
+// The verdict part of a row (results.h: the table's cells are not stored).
+template <>
+struct JsonFields<ComparisonRow> {
+    using S = ComparisonRow;
+    static inline const auto list = std::tuple{
+        json_field("variant", &S::variant),
+        json_field("is_baseline", &S::is_baseline),
+        json_field("delta_time_ms", &S::delta_time_ms),
+        json_field("speedup", &S::speedup),
+        json_field("delta_memory_bytes", &S::delta_memory_bytes),
+        json_field("within_noise", &S::within_noise),
+        json_field("loss_within_tolerance", &S::loss_within_tolerance),
+        json_field("delta_mean_loss", &S::delta_mean_loss),
+        json_field("delta_final_loss", &S::delta_final_loss),
+        json_field("decision", &S::decision),
+        json_field("verdict", &S::verdict),
+    };
+};
+
+template <>
+struct JsonFields<Comparison> {
+    using S = Comparison;
+    static inline const auto list = std::tuple{
+        json_field("baseline", &S::baseline),
+        json_field("loss_tolerance_nats", &S::loss_tolerance_nats),
+        json_field("loss_tolerance_basis", &S::loss_tolerance_basis),
+        json_field("notes", &S::notes),
+        json_field("variants", &S::rows),
+    };
+};
+
+template <>
+struct JsonFields<ExperimentHeader> {
+    using S = ExperimentHeader;
+    static inline const auto list = std::tuple{
+        json_field("name", &S::name),
+        json_field("source", &S::source),
+        json_field("baseline", &S::baseline),
+        json_field("loss_tolerance", &S::loss_tolerance),
+    };
+};
+
+template <>
+struct JsonFields<Units> {
+    using S = Units;
+    static inline const auto list = std::tuple{
+        json_field("time", &S::time),
+        json_field("memory", &S::memory),
+        json_field("delta", &S::delta),
+    };
+};
+
+// schema_version is checked (check_schema_version) before this list is read.
+template <>
+struct JsonFields<Results> {
+    using S = Results;
+    static inline const auto list = std::tuple{
+        json_field("schema_version", &S::schema_version),
+        json_field("tool", &S::tool),
+        json_field("experiment", &S::experiment),
+        json_field("started_utc", &S::started_utc),
+        json_field("interrupted", &S::interrupted),
+        json_field("environment", &S::environment),
+        json_field("units", &S::units),
+        json_field("variants", &S::variants),
+        json_field("comparison", &S::comparison),
+    };
+};
+
+// ---- Results <-> JSON -------------------------------------------------------------------------
+
+json results_to_json(const Results& results) {
+    return to_json_value(results);
+}
+
+json environment_to_json(const Environment& environment) {
+    return to_json_value(environment);
+}
 
 namespace {
 
-// A finite number, or nullopt (written as JSON null: JSON has no NaN).
-std::optional<double> finite(double x) {
-    return std::isfinite(x) ? std::optional<double>(x) : std::nullopt;
-}
-
-CategoryBytes estimate_bytes(const MemoryEstimate& e) {
-    CategoryBytes b{};
-    b[static_cast<int>(MemoryCategory::params)] = e.params;
-    b[static_cast<int>(MemoryCategory::grads)] = e.grads;
-    b[static_cast<int>(MemoryCategory::optimizer)] = e.optimizer;
-    b[static_cast<int>(MemoryCategory::activations)] = e.activations;
-    b[static_cast<int>(MemoryCategory::workspace)] = e.workspace;
-    b[static_cast<int>(MemoryCategory::data)] = e.data;
-    return b;
-}
-
-MemoryRecord memory_record(const RunResult& r) {
-    const MemorySummary& m = r.memory;
-    MemoryRecord o;
-    o.estimate = estimate_bytes(r.estimate);
-    o.estimate_total = r.estimate.total();
-    o.tracked_peak = m.tracked_peak;
-    o.tracked_peak_total = m.tracked_peak_total;
-    o.at_setup_total = m.at_setup.current_total;
-    for (Phase p : kAllPhases) {
-        const PhaseMemory& pm = m.phases[static_cast<int>(p)];
-        if (!pm.seen) continue;
-        o.phases[static_cast<int>(p)] = PhaseMemoryRecord{pm.tracked_peak_total, pm.tracked_peak,
-                                                          pm.device_used_peak, pm.transient_peak};
-    }
-    o.peak_phase = m.peak_phase();
-    o.largest_category = m.largest_category();
-    o.device = {m.device_available, m.device_kind, m.device_total, m.device_used_peak};
-    o.process_peak_rss_bytes = m.process_peak_rss;
-    return o;
-}
-
-KernelRecord kernel_record(const KernelStat& k) {
-    KernelRecord r;
-    r.name = k.name;
-    r.impl = k.impl;
-    r.calls = k.calls;
-    r.total_ms = k.total_ms;
-    r.ms_per_step = k.ms_per_step;
-    r.pct_of_step = k.pct_of_step;
-    r.flops = k.flops;
-    r.bytes = k.bytes;
-    r.gflops_per_s = k.gflops_per_s();
-    r.gb_per_s = k.gb_per_s();
-    r.intensity = k.intensity();
-    r.bound = k.bound;
-    r.pct_of_roofline = k.pct_of_roofline;
-    return r;
-}
-
-StepRow step_row(const StepRecord& s) {
-    StepRow o;
-    o.step = s.step;
-    o.warmup = s.warmup;
-    o.wall_ms = s.times.wall_ms;
-    o.phases_ms = s.times.ms;
-    o.other_ms = s.times.other_ms();
-    o.loss = finite(s.loss);
-    o.grad_norm = finite(s.grad_norm);
-    o.lr = s.lr;
-    o.comm_busy_ms = s.comm_busy_ms;
-    o.comm_bytes = s.comm_bytes;
-    o.host_syncs = s.host_syncs;
-    o.host_wait_ms = s.host_wait_ms;
-    return o;
-}
-
-// The data-parallel record with its derived numbers. `st` is rank 0's statistics (the variant's):
-// the exposed comm time and the step it is a share of come from the same median steps.
-DataParallelRecord data_parallel_record(const DataParallelRun& d, const RunStats& st) {
-    DataParallelRecord o;
-    o.world_size = d.world_size;
-    o.transport = d.transport;
-    o.zero = d.zero;
-    o.overlap = d.overlap;
-    o.bucket_mb = d.bucket_mb;
-    o.buckets = d.buckets;
-    o.simulated_link_gbps = d.simulated_link_gbps;
-    o.simulated_latency_us = d.simulated_latency_us;
-    o.bytes_per_step = d.bytes_per_step;
-    o.achieved_busbw_gbps = d.achieved_busbw_gbps;
-    o.probe_busbw_gbps = d.probe_busbw_gbps;
-    o.probe_source = d.probe_source;
-    for (const RankSummary& r : d.ranks)
-        o.ranks.push_back({r.rank, r.step_ms, r.phases_ms, r.comm_busy_ms, r.comm_overlapped_ms});
-    if (!o.ranks.empty()) {
-        const auto [lo, hi] = std::minmax_element(
-            o.ranks.begin(), o.ranks.end(),
-            [](const RankRecord& a, const RankRecord& b) { return a.step_ms < b.step_ms; });
-        o.slowest_rank = hi->rank;
-        o.rank_spread_ms = hi->step_ms - lo->step_ms;
-        o.rank_spread_pct = lo->step_ms > 0 ? o.rank_spread_ms / lo->step_ms : 0;
-        for (const RankRecord& r : o.ranks)
-            if (r.rank == 0) o.comm_overlapped_ms = r.comm_overlapped_ms;
-    }
-    o.comm_exposed_ms = st.phase[static_cast<int>(Phase::comm)].median;
-    o.comm_share = st.step_ms.median > 0 ? o.comm_exposed_ms / st.step_ms.median : 0;
-    if (d.probe_busbw_gbps && *d.probe_busbw_gbps > 0)
-        o.busbw_fraction_of_probe = d.achieved_busbw_gbps / *d.probe_busbw_gbps;
-    return o;
-}
-
-StepStatistics step_statistics(const RunStats& st) {
-    StepStatistics o;
-    o.step_ms = SeriesSummary::of(st.step_ms);
-    for (Phase p : kAllPhases)
-        o.phases_ms[static_cast<int>(p)] = SeriesSummary::of(st.phase[static_cast<int>(p)]);
-    o.other_ms = SeriesSummary::of(st.other_ms);
-    o.loss = SeriesSummary::of(st.loss);
-    o.host_syncs = SeriesSummary::of(st.host_syncs);
-    o.host_wait_ms = SeriesSummary::of(st.host_wait_ms);
-    o.samples_per_s = st.samples_per_s;
-    o.tokens_per_s = st.tokens_per_s;
-    o.jitter = st.step_ms.iqr_over_median();
-    o.jitter_warning = st.measured > 0 && o.jitter > kJitterWarnThreshold;
-    return o;
-}
-
-// The run's configuration part: names, config keys, batch shape, step counts.
-void fill_config(VariantResult& v, const RunResult& r) {
-    const RunConfig& c = r.config;
-    v.name = c.variant;
-    for (const auto& [k, val] : flatten(c)) v.config[k] = val;
-    v.changed = c.changed;
-    v.knobs_changed = static_cast<int>(c.changed.size());
-    v.model_describe = c.model.describe();
-    v.n_params = r.n_params;
-    const int B = c.data.batch_size, T = c.data.seq_len, A = c.run.grad_accum;
-    // The global batch: every rank trains B * A samples of its own per optimizer step.
-    const long long W = r.dist ? r.dist->world_size : 1;
-    v.batch = {B, T, A, W * B * A, W * B * T * A};
-    // Shape jitter: the mean tokens the measured steps really trained (seq_len is their maximum).
-    if (c.data.seq_len_jitter > 0 && !r.steps.empty())
-        v.batch.tokens_per_step = std::llround(measured_work(r).tokens_per_step);
-    v.warmup_steps = c.run.warmup_steps;
-    v.measure_steps = c.run.measure_steps;
-    v.profiled = c.profile.kernels;
+// schema_version first: a file of another version is refused before any other key is read.
+void check_schema_version(const JsonNode& top, const std::string& label) {
+    if (!top.has("schema_version"))
+        throw ReportError("'" + label +
+                          "' is not a microtrain results.json (no schema_version key); pass the "
+                          "results.json of a run folder");
+    const JsonNode v = top["schema_version"];
+    if (v.is_null() || v.integer() != kResultsSchemaVersion)
+        throw ReportError("'" + label + "' has schema_version " +
+                          (v.is_null() ? std::string("null") : std::to_string(v.integer())) +
+                          ", this microtrain reads schema_version " +
+                          std::to_string(kResultsSchemaVersion) +
+                          "; re-run the experiment with this version");
 }
 
 }  // namespace
 
-VariantResult to_variant_result(const RunResult& r) {
-    const RunStats st = compute_run_stats(r);
-    VariantResult v;
-    fill_config(v, r);
-    v.status = r.status;
-    v.message = r.message;
-    if (r.failed_step >= 0) v.failed_step = r.failed_step;
-    if (!r.failed_phase.empty()) v.failed_phase = r.failed_phase;
-    v.backend = r.backend;
-    v.device_name = r.device_name;
-    v.threads = r.threads;
-    v.measured_steps = st.measured;
-    v.setup_ms = r.setup_ms;
-    v.stats = step_statistics(st);
-    v.flops = {r.flops_per_step, st.achieved_flops_per_s, r.peak_flops, r.peak_flops_source,
-               st.mfu};
-    // Shape jitter: the FLOPs the measured steps really did, per step (their mean).
-    if (r.config.data.seq_len_jitter > 0 && st.measured > 0)
-        v.flops.per_step = measured_work(r).model_flops_per_step;
-    v.roofline = {r.peaks.flops_per_s,  r.peaks.bytes_per_s,  r.peaks.ridge(),
-                  r.peaks.flops_source, r.peaks.bytes_source, r.peaks.from_cache};
-    v.loss.first = r.steps.empty() ? std::nullopt : finite(r.steps.front().loss);
-    v.loss.final = r.steps.empty() ? std::nullopt : finite(st.final_loss);
-    v.loss.mean_measured = st.loss.n ? finite(st.loss.mean) : std::nullopt;
-    v.memory = memory_record(r);
-    for (const KernelStat& k : r.kernels) v.kernels.push_back(kernel_record(k));
-    for (const StepRecord& s : r.steps) v.steps.push_back(step_row(s));
-    if (r.dist) v.data_parallel = data_parallel_record(*r.dist, st);
-    return v;
+Results results_from_json(const json& j, const std::string& label) {
+    const JsonNode top(j, label, "");
+    if (!j.is_object())
+        throw ReportError("'" + label + "' is not a microtrain results.json (not a JSON object)");
+    check_schema_version(top, label);
+    if (top["variants"].elements().empty()) throw ReportError("'" + label + "' has no variants");
+    Results res;
+    read_json_value(top, res);
+    return res;
 }
 
 namespace {
@@ -278,657 +464,6 @@ Environment capture_environment(const std::string& experiment_source_path) {
 #endif
     env.peaks_cache = peaks_cache_dir();
     return env;
-}
-
-namespace {
-
-// The stored part of the comparison: what report.md's table says per variant.
-ComparisonRecord comparison_record(const Comparison& c) {
-    ComparisonRecord o;
-    o.baseline = c.baseline;
-    o.loss_tolerance_nats = c.tolerance_nats;
-    o.loss_tolerance_basis = c.tolerance_basis;
-    o.notes = c.notes;
-    for (const ComparisonRow& r : c.rows)
-        o.rows.push_back({r.name, r.is_baseline, r.dtime_ms, r.speedup, r.dmem_bytes,
-                          r.within_noise, r.loss_ok, r.dmean_loss, r.dfinal_loss, r.decision,
-                          r.verdict});
-    return o;
-}
-
-}  // namespace
-
-Results to_results(const ExperimentResult& ex) {
-    Results res;
-    res.experiment = {ex.name, ex.source_path, ex.baseline, ex.loss_tolerance};
-    res.started_utc = ex.started_utc;
-    res.interrupted = ex.interrupted;
-    res.environment = capture_environment(ex.source_path);
-    for (const RunResult& r : ex.runs) res.variants.push_back(to_variant_result(r));
-    res.comparison = comparison_record(build_comparison(res));
-    return res;
-}
-
-// ---- Results -> JSON ----------------------------------------------------------------------------
-
-namespace {
-
-template <class T>
-json opt_json(const std::optional<T>& x) {
-    return x ? json(*x) : json(nullptr);
-}
-
-json series_json(const SeriesSummary& s) {
-    return {{"n", s.n},     {"mean", s.mean}, {"median", s.median},
-            {"p10", s.p10}, {"p90", s.p90},   {"q1", s.q1},
-            {"q3", s.q3},   {"iqr", s.iqr},   {"iqr_over_median", s.iqr_over_median},
-            {"std", s.std}, {"min", s.min},   {"max", s.max}};
-}
-
-json categories_json(const CategoryBytes& a) {
-    json j = json::object();
-    for (int c = 0; c < kMemoryCategoryCount; ++c)
-        j[to_string(static_cast<MemoryCategory>(c))] = a[c];
-    return j;
-}
-
-json stats_json(const StepStatistics& st) {
-    json phases = json::object();
-    for (Phase p : kAllPhases)
-        phases[to_string(p)] = series_json(st.phases_ms[static_cast<int>(p)]);
-    phases["other"] = series_json(st.other_ms);
-    return {{"step_ms", series_json(st.step_ms)},
-            {"phases_ms", phases},
-            {"loss", series_json(st.loss)},
-            {"samples_per_s", st.samples_per_s},
-            {"tokens_per_s", st.tokens_per_s},
-            {"jitter", st.jitter},
-            {"jitter_warning", st.jitter_warning},
-            {"host_syncs", series_json(st.host_syncs)},
-            {"host_wait_ms", series_json(st.host_wait_ms)}};
-}
-
-json memory_json(const MemoryRecord& m) {
-    json est = categories_json(m.estimate);
-    est["total"] = m.estimate_total;
-    json phases = json::object();
-    for (Phase p : kAllPhases) {
-        const auto& pm = m.phases[static_cast<int>(p)];
-        if (!pm) continue;
-        phases[to_string(p)] = {{"tracked_peak_total", pm->tracked_peak_total},
-                                {"tracked_peak", categories_json(pm->tracked_peak)},
-                                {"device_used_peak", pm->device_used_peak},
-                                {"transient_peak", pm->transient_peak}};
-    }
-    return {{"estimate", est},
-            {"tracked_peak", categories_json(m.tracked_peak)},
-            {"tracked_peak_total", m.tracked_peak_total},
-            {"at_setup_total", m.at_setup_total},
-            {"phases", phases},
-            {"peak_phase", m.peak_phase ? json(to_string(*m.peak_phase)) : json(nullptr)},
-            {"largest_category", to_string(m.largest_category)},
-            {"device",
-             {{"available", m.device.available},
-              {"kind", m.device.kind},
-              {"total_bytes", m.device.total_bytes},
-              {"peak_used_bytes", m.device.peak_used_bytes}}},
-            {"process_peak_rss_bytes", m.process_peak_rss_bytes}};
-}
-
-json kernel_json(const KernelRecord& k) {
-    return {{"name", k.name},
-            {"impl", k.impl},
-            {"calls", k.calls},
-            {"total_ms", k.total_ms},
-            {"ms_per_step", k.ms_per_step},
-            {"pct_of_step", k.pct_of_step},
-            {"flops", k.flops},
-            {"bytes", k.bytes},
-            {"gflops_per_s", k.gflops_per_s},
-            {"gb_per_s", k.gb_per_s},
-            {"intensity", k.intensity},
-            {"bound", to_string(k.bound)},
-            {"pct_of_roofline", k.pct_of_roofline}};
-}
-
-json step_json(const StepRow& s) {
-    json pm = json::object();
-    for (Phase p : kAllPhases) pm[to_string(p)] = s.phases_ms[static_cast<int>(p)];
-    return {{"step", s.step},
-            {"warmup", s.warmup},
-            {"wall_ms", s.wall_ms},
-            {"phases_ms", pm},
-            {"other_ms", s.other_ms},
-            {"loss", opt_json(s.loss)},
-            {"grad_norm", opt_json(s.grad_norm)},
-            {"lr", s.lr},
-            {"comm_busy_ms", s.comm_busy_ms},
-            {"comm_bytes", s.comm_bytes},
-            {"host_syncs", s.host_syncs},
-            {"host_wait_ms", s.host_wait_ms}};
-}
-
-json phase_values_json(const std::array<double, kPhaseCount>& ms) {
-    json j = json::object();
-    for (Phase p : kAllPhases) j[to_string(p)] = ms[static_cast<int>(p)];
-    return j;
-}
-
-json data_parallel_json(const std::optional<DataParallelRecord>& dp) {
-    if (!dp) return nullptr;
-    const DataParallelRecord& d = *dp;
-    json ranks = json::array();
-    for (const RankRecord& r : d.ranks)
-        ranks.push_back({{"rank", r.rank},
-                         {"step_ms", r.step_ms},
-                         {"phases_ms", phase_values_json(r.phases_ms)},
-                         {"comm_busy_ms", r.comm_busy_ms},
-                         {"comm_overlapped_ms", r.comm_overlapped_ms}});
-    return {{"world_size", d.world_size},
-            {"transport", d.transport},
-            {"zero", d.zero},
-            {"overlap", d.overlap},
-            {"bucket_mb", d.bucket_mb},
-            {"buckets", d.buckets},
-            {"simulated_link_gbps", d.simulated_link_gbps},
-            {"simulated_latency_us", d.simulated_latency_us},
-            {"bytes_per_step", d.bytes_per_step},
-            {"achieved_busbw_gbps", d.achieved_busbw_gbps},
-            {"probe_busbw_gbps", opt_json(d.probe_busbw_gbps)},
-            {"probe_source", d.probe_source},
-            {"ranks", ranks},
-            {"slowest_rank", d.slowest_rank},
-            {"rank_spread_ms", d.rank_spread_ms},
-            {"rank_spread_pct", d.rank_spread_pct},
-            {"comm_exposed_ms", d.comm_exposed_ms},
-            {"comm_overlapped_ms", d.comm_overlapped_ms},
-            {"comm_share", d.comm_share},
-            {"busbw_fraction_of_probe", opt_json(d.busbw_fraction_of_probe)}};
-}
-
-// The measurements of one variant: statistics, FLOPs, roofline, loss, memory, ops, steps, and
-// how it communicated (data_parallel).
-void write_measurements(json& v, const VariantResult& r) {
-    v["stats"] = stats_json(r.stats);
-    v["flops"] = {{"per_step", r.flops.per_step},
-                  {"achieved_per_s", r.flops.achieved_per_s},
-                  {"peak_per_s", opt_json(r.flops.peak_per_s)},
-                  {"peak_source", r.flops.peak_source},
-                  {"mfu", opt_json(r.flops.mfu)}};
-    const RooflineRecord& rf = r.roofline;
-    v["roofline"] = {{"peak_flops_per_s", rf.peak_flops_per_s},
-                     {"bandwidth_bytes_per_s", rf.bandwidth_bytes_per_s},
-                     {"ridge_flops_per_byte", rf.ridge_flops_per_byte},
-                     {"flops_source", rf.flops_source},
-                     {"bytes_source", rf.bytes_source},
-                     {"from_cache", rf.from_cache}};
-    v["loss"] = {{"first", opt_json(r.loss.first)},
-                 {"final", opt_json(r.loss.final)},
-                 {"mean_measured", opt_json(r.loss.mean_measured)}};
-    v["memory"] = memory_json(r.memory);
-    v["kernels"] = json::array();
-    for (const KernelRecord& k : r.kernels) v["kernels"].push_back(kernel_json(k));
-    v["steps"] = json::array();
-    for (const StepRow& s : r.steps) v["steps"].push_back(step_json(s));
-    v["data_parallel"] = data_parallel_json(r.data_parallel);
-}
-
-json variant_json(const VariantResult& r) {
-    json v;
-    v["name"] = r.name;
-    v["status"] = to_string(r.status);
-    v["message"] = r.message;
-    v["failed_step"] = opt_json(r.failed_step);
-    v["failed_phase"] = opt_json(r.failed_phase);
-    v["backend"] = r.backend;
-    v["device_name"] = r.device_name;
-    v["threads"] = r.threads;
-    v["config"] = r.config;
-    v["changed"] = r.changed;
-    v["knobs_changed"] = r.knobs_changed;
-    v["model"] = {{"describe", r.model_describe}, {"n_params", r.n_params}};
-    v["batch"] = {{"batch_size", r.batch.batch_size},
-                  {"seq_len", r.batch.seq_len},
-                  {"grad_accum", r.batch.grad_accum},
-                  {"samples_per_step", r.batch.samples_per_step},
-                  {"tokens_per_step", r.batch.tokens_per_step}};
-    v["warmup_steps"] = r.warmup_steps;
-    v["measure_steps"] = r.measure_steps;
-    v["measured_steps"] = r.measured_steps;
-    v["setup_ms"] = r.setup_ms;
-    v["profiled"] = r.profiled;
-    write_measurements(v, r);
-    return v;
-}
-
-}  // namespace
-
-json environment_to_json(const Environment& e) {
-    json env;
-    if (e.hostname) env["hostname"] = *e.hostname;
-    env["hardware_threads"] = e.hardware_threads;
-    env["cuda_available"] = e.cuda_available;
-    if (e.cuda_note) env["cuda_note"] = *e.cuda_note;
-    env["git_commit"] = opt_json(e.git_commit);
-    if (e.git_dirty) env["git_dirty"] = *e.git_dirty;
-    if (e.compiler) env["compiler"] = *e.compiler;
-    env["peaks_cache"] = e.peaks_cache;
-    return env;
-}
-
-namespace {
-
-json comparison_json(const ComparisonRecord& c) {
-    json rows = json::array();
-    for (const ComparisonVerdict& r : c.rows)
-        rows.push_back({{"variant", r.variant},
-                        {"is_baseline", r.is_baseline},
-                        {"delta_time_ms", opt_json(r.delta_time_ms)},
-                        {"speedup", opt_json(r.speedup)},
-                        {"delta_memory_bytes", opt_json(r.delta_memory_bytes)},
-                        {"within_noise", r.within_noise},
-                        {"loss_within_tolerance", opt_json(r.loss_within_tolerance)},
-                        {"delta_mean_loss", opt_json(r.delta_mean_loss)},
-                        {"delta_final_loss", opt_json(r.delta_final_loss)},
-                        {"decision", enum_name(r.decision)},
-                        {"verdict", r.verdict}});
-    return {{"baseline", c.baseline},
-            {"loss_tolerance_nats", opt_json(c.loss_tolerance_nats)},
-            {"loss_tolerance_basis", c.loss_tolerance_basis},
-            {"notes", c.notes},
-            {"variants", rows}};
-}
-
-}  // namespace
-
-json results_to_json(const Results& res) {
-    json j;
-    j["schema_version"] = res.schema_version;
-    j["tool"] = res.tool;
-    j["experiment"] = {{"name", res.experiment.name},
-                       {"source", res.experiment.source},
-                       {"baseline", res.experiment.baseline},
-                       {"loss_tolerance", opt_json(res.experiment.loss_tolerance)}};
-    j["started_utc"] = res.started_utc;
-    j["interrupted"] = res.interrupted;
-    j["environment"] = environment_to_json(res.environment);
-    j["units"] = {
-        {"time", res.units.time}, {"memory", res.units.memory}, {"delta", res.units.delta}};
-    j["variants"] = json::array();
-    for (const VariantResult& v : res.variants) j["variants"].push_back(variant_json(v));
-    j["comparison"] = comparison_json(res.comparison);
-    return j;
-}
-
-json results_to_json(const ExperimentResult& ex) {
-    return results_to_json(to_results(ex));
-}
-
-// ---- JSON -> Results: every key checked ---------------------------------------------------------
-
-namespace {
-
-// A value of the document being read, with its key path ("variants[2].stats") for errors.
-class Node {
-  public:
-    Node(const json& value, const std::string& file, std::string path)
-        : v_(value), file_(file), path_(std::move(path)) {}
-
-    [[noreturn]] void fail(const std::string& what) const {
-        throw ReportError(file_ + ": " + (path_.empty() ? "(top level)" : path_) + ": " + what);
-    }
-    [[noreturn]] void expected(const std::string& what) const {
-        std::string got = v_.dump();
-        if (got.size() > 60) got = got.substr(0, 57) + "...";
-        fail("expected " + what + ", got " + got);
-    }
-
-    bool has(const std::string& key) const { return v_.is_object() && v_.contains(key); }
-    Node operator[](const std::string& key) const {
-        if (!v_.is_object()) expected("an object");
-        if (!v_.contains(key)) fail("missing key '" + key + "'");
-        return Node(v_[key], file_, path_.empty() ? key : path_ + "." + key);
-    }
-    // The elements of an array, each with its index in the path.
-    std::vector<Node> elements() const {
-        if (!v_.is_array()) expected("an array");
-        std::vector<Node> out;
-        for (size_t i = 0; i < v_.size(); ++i)
-            out.emplace_back(v_[i], file_, path_ + "[" + std::to_string(i) + "]");
-        return out;
-    }
-    // The keys of an object, in order.
-    std::vector<std::string> keys() const {
-        if (!v_.is_object()) expected("an object");
-        std::vector<std::string> out;
-        for (auto it = v_.begin(); it != v_.end(); ++it) out.push_back(it.key());
-        return out;
-    }
-
-    bool is_null() const { return v_.is_null(); }
-    double number() const {
-        if (!v_.is_number()) expected("a number");
-        return v_.get<double>();
-    }
-    long long integer() const {
-        if (!v_.is_number_integer()) expected("an integer");
-        return v_.get<long long>();
-    }
-    int int_value() const { return static_cast<int>(integer()); }
-    size_t count() const {
-        if (!v_.is_number_unsigned() && !(v_.is_number_integer() && v_.get<long long>() >= 0))
-            expected("a non-negative integer");
-        return v_.get<size_t>();
-    }
-    bool boolean() const {
-        if (!v_.is_boolean()) expected("true or false");
-        return v_.get<bool>();
-    }
-    std::string string() const {
-        if (!v_.is_string()) expected("a string");
-        return v_.get<std::string>();
-    }
-    std::optional<double> number_or_null() const {
-        return is_null() ? std::nullopt : std::optional<double>(number());
-    }
-    std::optional<std::string> string_or_null() const {
-        return is_null() ? std::nullopt : std::optional<std::string>(string());
-    }
-    // An enum spelled as in EnumSpelling<E>.
-    template <class E>
-    E enum_value() const {
-        const auto e = parse_enum<E>(string());
-        if (!e) expected("one of " + enum_choices<E>());
-        return *e;
-    }
-    // An enum without an EnumSpelling, spelled by its to_string over `values`.
-    template <class E, size_t N>
-    E listed_value(const std::array<E, N>& values) const {
-        const std::string s = string();
-        std::string choices;
-        for (E e : values) {
-            if (s == to_string(e)) return e;
-            choices += (choices.empty() ? "" : ", ") + std::string(to_string(e));
-        }
-        expected("one of " + choices);
-    }
-
-  private:
-    const json& v_;
-    const std::string& file_;
-    std::string path_;
-};
-
-SeriesSummary read_series(const Node& n) {
-    SeriesSummary s;
-    s.n = n["n"].count();
-    s.mean = n["mean"].number();
-    s.median = n["median"].number();
-    s.p10 = n["p10"].number();
-    s.p90 = n["p90"].number();
-    s.q1 = n["q1"].number();
-    s.q3 = n["q3"].number();
-    s.iqr = n["iqr"].number();
-    s.iqr_over_median = n["iqr_over_median"].number();
-    s.std = n["std"].number();
-    s.min = n["min"].number();
-    s.max = n["max"].number();
-    return s;
-}
-
-CategoryBytes read_categories(const Node& n) {
-    CategoryBytes b{};
-    for (int c = 0; c < kMemoryCategoryCount; ++c)
-        b[c] = n[to_string(static_cast<MemoryCategory>(c))].count();
-    return b;
-}
-
-std::map<std::string, std::string> read_string_map(const Node& n) {
-    std::map<std::string, std::string> m;
-    for (const std::string& k : n.keys()) m[k] = n[k].string();
-    return m;
-}
-
-StepStatistics read_stats(const Node& n) {
-    StepStatistics st;
-    st.step_ms = read_series(n["step_ms"]);
-    const Node phases = n["phases_ms"];
-    for (Phase p : kAllPhases)
-        st.phases_ms[static_cast<int>(p)] = read_series(phases[to_string(p)]);
-    st.other_ms = read_series(phases["other"]);
-    st.loss = read_series(n["loss"]);
-    st.samples_per_s = n["samples_per_s"].number();
-    st.tokens_per_s = n["tokens_per_s"].number();
-    st.jitter = n["jitter"].number();
-    st.jitter_warning = n["jitter_warning"].boolean();
-    st.host_syncs = read_series(n["host_syncs"]);
-    st.host_wait_ms = read_series(n["host_wait_ms"]);
-    return st;
-}
-
-PhaseMemoryRecord read_phase_memory(const Node& n) {
-    return {n["tracked_peak_total"].count(), read_categories(n["tracked_peak"]),
-            n["device_used_peak"].count(), n["transient_peak"].count()};
-}
-
-MemoryRecord read_memory(const Node& n) {
-    MemoryRecord m;
-    m.estimate = read_categories(n["estimate"]);
-    m.estimate_total = n["estimate"]["total"].count();
-    m.tracked_peak = read_categories(n["tracked_peak"]);
-    m.tracked_peak_total = n["tracked_peak_total"].count();
-    m.at_setup_total = n["at_setup_total"].count();
-    const Node phases = n["phases"];
-    for (const std::string& k : phases.keys()) {
-        const auto p = parse_enum<Phase>(k);
-        if (!p) phases[k].fail("not a phase (expected one of " + enum_choices<Phase>() + ")");
-        m.phases[static_cast<int>(*p)] = read_phase_memory(phases[k]);
-    }
-    if (!n["peak_phase"].is_null()) m.peak_phase = n["peak_phase"].enum_value<Phase>();
-    m.largest_category = n["largest_category"].enum_value<MemoryCategory>();
-    const Node d = n["device"];
-    m.device = {d["available"].boolean(), d["kind"].string(), d["total_bytes"].count(),
-                d["peak_used_bytes"].count()};
-    m.process_peak_rss_bytes = n["process_peak_rss_bytes"].count();
-    return m;
-}
-
-KernelRecord read_kernel(const Node& n) {
-    KernelRecord k;
-    k.name = n["name"].string();
-    k.impl = n["impl"].string();
-    k.calls = n["calls"].integer();
-    k.total_ms = n["total_ms"].number();
-    k.ms_per_step = n["ms_per_step"].number();
-    k.pct_of_step = n["pct_of_step"].number();
-    k.flops = n["flops"].number();
-    k.bytes = n["bytes"].number();
-    k.gflops_per_s = n["gflops_per_s"].number();
-    k.gb_per_s = n["gb_per_s"].number();
-    k.intensity = n["intensity"].number();
-    k.bound = n["bound"].listed_value(std::array{Bound::compute, Bound::memory, Bound::unknown});
-    k.pct_of_roofline = n["pct_of_roofline"].number();
-    return k;
-}
-
-StepRow read_step(const Node& n) {
-    StepRow s;
-    s.step = n["step"].int_value();
-    s.warmup = n["warmup"].boolean();
-    s.wall_ms = n["wall_ms"].number();
-    for (Phase p : kAllPhases)
-        s.phases_ms[static_cast<int>(p)] = n["phases_ms"][to_string(p)].number();
-    s.other_ms = n["other_ms"].number();
-    s.loss = n["loss"].number_or_null();
-    s.grad_norm = n["grad_norm"].number_or_null();
-    s.lr = n["lr"].number();
-    s.comm_busy_ms = n["comm_busy_ms"].number();
-    s.comm_bytes = n["comm_bytes"].number();
-    s.host_syncs = n["host_syncs"].int_value();
-    s.host_wait_ms = n["host_wait_ms"].number();
-    return s;
-}
-
-std::array<double, kPhaseCount> read_phase_values(const Node& n) {
-    std::array<double, kPhaseCount> ms{};
-    for (Phase p : kAllPhases) ms[static_cast<int>(p)] = n[to_string(p)].number();
-    return ms;
-}
-
-std::optional<DataParallelRecord> read_data_parallel(const Node& n) {
-    if (n.is_null()) return std::nullopt;
-    DataParallelRecord d;
-    d.world_size = n["world_size"].int_value();
-    d.transport = n["transport"].string();
-    d.zero = n["zero"].int_value();
-    d.overlap = n["overlap"].boolean();
-    d.bucket_mb = n["bucket_mb"].number();
-    d.buckets = n["buckets"].int_value();
-    d.simulated_link_gbps = n["simulated_link_gbps"].number();
-    d.simulated_latency_us = n["simulated_latency_us"].number();
-    d.bytes_per_step = n["bytes_per_step"].number();
-    d.achieved_busbw_gbps = n["achieved_busbw_gbps"].number();
-    d.probe_busbw_gbps = n["probe_busbw_gbps"].number_or_null();
-    d.probe_source = n["probe_source"].string();
-    for (const Node& r : n["ranks"].elements())
-        d.ranks.push_back({r["rank"].int_value(), r["step_ms"].number(),
-                           read_phase_values(r["phases_ms"]), r["comm_busy_ms"].number(),
-                           r["comm_overlapped_ms"].number()});
-    d.slowest_rank = n["slowest_rank"].int_value();
-    d.rank_spread_ms = n["rank_spread_ms"].number();
-    d.rank_spread_pct = n["rank_spread_pct"].number();
-    d.comm_exposed_ms = n["comm_exposed_ms"].number();
-    d.comm_overlapped_ms = n["comm_overlapped_ms"].number();
-    d.comm_share = n["comm_share"].number();
-    d.busbw_fraction_of_probe = n["busbw_fraction_of_probe"].number_or_null();
-    return d;
-}
-
-// Statistics, FLOPs, roofline, loss, memory, ops, steps and data_parallel (the counterpart of
-// write_measurements).
-void read_measurements(VariantResult& v, const Node& n) {
-    v.stats = read_stats(n["stats"]);
-    const Node fl = n["flops"];
-    v.flops = {fl["per_step"].number(), fl["achieved_per_s"].number(),
-               fl["peak_per_s"].number_or_null(), fl["peak_source"].string(),
-               fl["mfu"].number_or_null()};
-    const Node rf = n["roofline"];
-    v.roofline = {rf["peak_flops_per_s"].number(),     rf["bandwidth_bytes_per_s"].number(),
-                  rf["ridge_flops_per_byte"].number(), rf["flops_source"].string(),
-                  rf["bytes_source"].string(),         rf["from_cache"].boolean()};
-    const Node loss = n["loss"];
-    v.loss = {loss["first"].number_or_null(), loss["final"].number_or_null(),
-              loss["mean_measured"].number_or_null()};
-    v.memory = read_memory(n["memory"]);
-    for (const Node& k : n["kernels"].elements()) v.kernels.push_back(read_kernel(k));
-    for (const Node& s : n["steps"].elements()) v.steps.push_back(read_step(s));
-    v.data_parallel = read_data_parallel(n["data_parallel"]);
-}
-
-VariantResult read_variant(const Node& n) {
-    VariantResult v;
-    v.name = n["name"].string();
-    v.status = n["status"].listed_value(
-        std::array{RunStatus::ok, RunStatus::failed, RunStatus::interrupted, RunStatus::skipped});
-    v.message = n["message"].string();
-    if (!n["failed_step"].is_null()) v.failed_step = n["failed_step"].int_value();
-    v.failed_phase = n["failed_phase"].string_or_null();
-    v.backend = n["backend"].string();
-    v.device_name = n["device_name"].string();
-    v.threads = n["threads"].int_value();
-    v.config = read_string_map(n["config"]);
-    v.changed = read_string_map(n["changed"]);
-    v.knobs_changed = n["knobs_changed"].int_value();
-    v.model_describe = n["model"]["describe"].string();
-    v.n_params = n["model"]["n_params"].count();
-    const Node b = n["batch"];
-    v.batch = {b["batch_size"].int_value(), b["seq_len"].int_value(), b["grad_accum"].int_value(),
-               b["samples_per_step"].integer(), b["tokens_per_step"].integer()};
-    v.warmup_steps = n["warmup_steps"].int_value();
-    v.measure_steps = n["measure_steps"].int_value();
-    v.measured_steps = n["measured_steps"].int_value();
-    v.setup_ms = n["setup_ms"].number();
-    v.profiled = n["profiled"].boolean();
-    read_measurements(v, n);
-    return v;
-}
-
-Environment read_environment(const Node& n) {
-    Environment e;
-    if (n.has("hostname")) e.hostname = n["hostname"].string();
-    e.hardware_threads = static_cast<unsigned>(n["hardware_threads"].count());
-    e.cuda_available = n["cuda_available"].boolean();
-    if (n.has("cuda_note")) e.cuda_note = n["cuda_note"].string();
-    e.git_commit = n["git_commit"].string_or_null();
-    if (n.has("git_dirty")) e.git_dirty = n["git_dirty"].boolean();
-    if (n.has("compiler")) e.compiler = n["compiler"].string();
-    e.peaks_cache = n["peaks_cache"].string();
-    return e;
-}
-
-ComparisonRecord read_comparison(const Node& n) {
-    ComparisonRecord c;
-    c.baseline = n["baseline"].string();
-    c.loss_tolerance_nats = n["loss_tolerance_nats"].number_or_null();
-    c.loss_tolerance_basis = n["loss_tolerance_basis"].string();
-    for (const Node& note : n["notes"].elements()) c.notes.push_back(note.string());
-    for (const Node& r : n["variants"].elements()) {
-        ComparisonVerdict v;
-        v.variant = r["variant"].string();
-        v.is_baseline = r["is_baseline"].boolean();
-        v.delta_time_ms = r["delta_time_ms"].number_or_null();
-        v.speedup = r["speedup"].number_or_null();
-        v.delta_memory_bytes = r["delta_memory_bytes"].number_or_null();
-        v.within_noise = r["within_noise"].boolean();
-        if (!r["loss_within_tolerance"].is_null())
-            v.loss_within_tolerance = r["loss_within_tolerance"].boolean();
-        v.delta_mean_loss = r["delta_mean_loss"].number_or_null();
-        v.delta_final_loss = r["delta_final_loss"].number_or_null();
-        v.decision = r["decision"].enum_value<Decision>();
-        v.verdict = r["verdict"].string();
-        c.rows.push_back(std::move(v));
-    }
-    return c;
-}
-
-// schema_version first: a file of another version is refused before any other key is read.
-void check_schema_version(const Node& top, const std::string& label) {
-    if (!top.has("schema_version"))
-        throw ReportError("'" + label +
-                          "' is not a microtrain results.json (no schema_version key); pass the "
-                          "results.json of a run folder");
-    const Node v = top["schema_version"];
-    if (v.is_null() || v.integer() != kResultsSchemaVersion)
-        throw ReportError("'" + label + "' has schema_version " +
-                          (v.is_null() ? std::string("null") : std::to_string(v.integer())) +
-                          ", this microtrain reads schema_version " +
-                          std::to_string(kResultsSchemaVersion) +
-                          "; re-run the experiment with this version");
-}
-
-}  // namespace
-
-Results results_from_json(const json& j, const std::string& label) {
-    const Node top(j, label, "");
-    if (!j.is_object())
-        throw ReportError("'" + label + "' is not a microtrain results.json (not a JSON object)");
-    check_schema_version(top, label);
-    Results res;
-    res.schema_version = kResultsSchemaVersion;
-    res.tool = top["tool"].string();
-    const Node ex = top["experiment"];
-    res.experiment = {ex["name"].string(), ex["source"].string(), ex["baseline"].string(),
-                      ex["loss_tolerance"].number_or_null()};
-    res.started_utc = top["started_utc"].string();
-    res.interrupted = top["interrupted"].boolean();
-    res.environment = read_environment(top["environment"]);
-    const Node u = top["units"];
-    res.units = {u["time"].string(), u["memory"].string(), u["delta"].string()};
-    const std::vector<Node> variants = top["variants"].elements();
-    if (variants.empty()) throw ReportError("'" + label + "' has no variants");
-    for (const Node& v : variants) res.variants.push_back(read_variant(v));
-    res.comparison = read_comparison(top["comparison"]);
-    return res;
 }
 
 json read_json_file(const std::string& path) {

@@ -1,27 +1,42 @@
-// The typed schema of results.json: every report (report.md, report.html, `microtrain compare`)
-// renders from these structs, and results.json is written from and read back into them, so a
-// key exists in one place only.
+// The typed schema of results.json, and the one record of a run's results: the runner
+// (experiment/runner.cpp) fills these structs as the variants run, and every output renders from
+// them — results.json, steps.csv and trace.json (the run folder), report.md, report.html and
+// `microtrain compare` (which reads them back from results.json).
 //
 // Data flow:
-//   ExperimentResult (runner) --to_results--> Results --results_to_json--> results.json
-//   results.json --results_from_json--> Results --> render_report_md / compare_results / ...
-// to_results also runs the comparison (build_comparison, report.cpp) once and stores its
-// verdicts in Results::comparison, so results.json and report.md state the same verdicts.
+//   runner --(report/recording.h: step_row, memory_record, ..., derive_statistics)--> Results
+//   Results --results_to_json--> results.json --results_from_json--> Results
+//   Results --> steps.csv / trace.json / render_report_md / render_report_html
+//   Results --build_comparison--> Comparison (report/comparison.h) --> the comparison table
+// Statistics are derived once, by derive_statistics, from the step rows (report/recording.h).
+// The comparison is computed once (build_comparison, when the run completes its Results) and
+// stored in Results::comparison, so results.json and report.md state the same verdicts.
 //
-// Layout (schema_version 4): v2 (the v1 keys plus the top-level `comparison` block) with the
-// loss check of v3: `experiment.loss_tolerance` may be null (derived), and the comparison block
-// states the tolerance it applied (`loss_tolerance_nats`, `loss_tolerance_basis`) and each
-// variant's `delta_mean_loss` / `delta_final_loss`. v4 adds data parallelism: the phase `comm`
-// in every phases object (stats, memory, steps), `comm_busy_ms` / `comm_bytes` per step, and per
-// variant `data_parallel` (null for one rank): how it communicated, every rank's medians
-// (`ranks`; their trace steps go to trace.json only) and the derived fields of
-// DataParallelRecord. samples/tokens per step and per second count the GLOBAL batch (all ranks).
-// v5 adds the host synchronisation points (run.host_sync): `host_syncs` / `host_wait_ms` per
-// step and their statistics in `stats`.
-// JSON objects are written with sorted keys (nlohmann's default), so writing a Results read from
-// a file gives the same text back. Reading checks the type and presence of every key and throws
-// ReportError naming the file and the key path, e.g.
+// Not everything in memory is written: members marked "not in results.json" are the run's
+// in-memory extras: StepRow::tokens / model_flops (steps.csv has tokens; results.json their
+// measured means), the trace steps (trace.json), ComparisonRow's table cells (rebuilt by
+// build_comparison wherever a table is printed). A Results read back from results.json has them
+// at their defaults, so derive_statistics is for a run's own Results only: a file's statistics
+// are read, never derived again.
+//
+// JSON: each struct's keys are listed once, in results.cpp (report/json_fields.h), and that list
+// drives both the writer and the checked reader. Objects are written with sorted keys
+// (nlohmann's default), so writing a Results read from a file gives the same text back. Reading
+// checks the type and presence of every key and throws ReportError naming the file and the key
+// path, e.g.
 //   "results.json: variants[2].stats.step_ms.median: expected a number, got "fast"".
+//
+// Layout (schema_version 7): the v1 keys plus the top-level `comparison` block (v2) with the
+// loss check (v3: `experiment.loss_tolerance` may be null (derived), the block states the
+// tolerance it applied, `loss_tolerance_nats` / `loss_tolerance_basis`, and each variant's
+// `delta_mean_loss` / `delta_final_loss`). v4 adds data parallelism: the phase `comm` in every
+// phases object (stats, memory, steps), `comm_busy_ms` / `comm_bytes` per step, and per variant
+// `data_parallel` (null for one rank): how it communicated, every rank's medians (`ranks`; their
+// trace steps go to trace.json only) and the derived fields of DataParallelRecord. samples/tokens
+// per step and per second count the GLOBAL batch (all ranks). v5 adds the host synchronisation
+// points (run.host_sync): `host_syncs` / `host_wait_ms` per step and their statistics in `stats`.
+// v6 adds `impl` per op of `kernels`. v7 adds `other_cpu_ms` per step (the CPU time other
+// processes took during the step, engine/cpu_load.h) and its statistics in `stats`.
 #pragma once
 
 #include <array>
@@ -29,19 +44,26 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "experiment/runner.h"
+#include "engine/memory.h"
+#include "engine/profile.h"
+#include "engine/timing.h"
+#include "report/json_fields.h"
 
 namespace mt {
 
-inline constexpr int kResultsSchemaVersion = 6;
+inline constexpr int kResultsSchemaVersion = 7;
 
-// Thrown for a results.json that cannot be used; the message names the file and the key.
-struct ReportError : std::runtime_error {
-    using std::runtime_error::runtime_error;
+// How a variant ended. skipped: never run (needs a GPU, does not fit, the experiment stopped
+// before it); the message says why.
+enum class RunStatus { ok, failed, interrupted, skipped };
+template <>
+struct EnumSpelling<RunStatus> {
+    static constexpr std::array<std::string_view, 4> names{"ok", "failed", "interrupted",
+                                                           "skipped"};
 };
 
 // Bytes per MemoryCategory, indexed by the category's value.
@@ -73,6 +95,7 @@ struct StepStatistics {
     // Host synchronisation points per measured step (run.host_sync): how many, and the host
     // time spent waiting in them (ms).
     SeriesSummary host_syncs, host_wait_ms;
+    SeriesSummary other_cpu_ms;  // CPU time other processes took per measured step (StepRow)
     double samples_per_s = 0, tokens_per_s = 0;  // global batch / median step (all ranks)
     double jitter = 0;                           // step_ms IQR / median
     bool jitter_warning = false;                 // jitter > kJitterWarnThreshold
@@ -132,43 +155,64 @@ struct KernelRecord {
     double pct_of_roofline = 0;
 };
 
+// One step as the engine measured it (StepRecord, engine/step_record.h; step_row converts).
 struct StepRow {
     int step = 0;
     bool warmup = false;
     double wall_ms = 0;
     std::array<double, kPhaseCount> phases_ms{};  // indexed by Phase
     double other_ms = 0;
-    std::optional<double> loss, grad_norm;  // nullopt: not finite
+    // As measured: NaN or inf when not finite (results.json writes null, read back as NaN).
+    double loss = 0, grad_norm = 0;
     double lr = 0;
     double comm_busy_ms = 0;  // link-busy time of the step's collectives (0 on one rank)
     double comm_bytes = 0;    // bytes this rank sent for them
     int host_syncs = 0;       // host synchronisation points in the step (run.host_sync)
     double host_wait_ms = 0;  // host time spent waiting in them
+    double other_cpu_ms = 0;  // CPU time other processes took during the step (engine/cpu_load.h)
+    // Not in results.json (steps.csv has tokens; results.json their measured means,
+    // batch.tokens_per_step and flops.per_step): what the step trained over every rank, at the
+    // batches' real lengths (StepRecord::tokens, ::model_flops).
+    double tokens = 0, model_flops = 0;
 };
 
-// One rank of a data-parallel variant (RankSummary without its trace steps, which go to
-// trace.json only): medians over that rank's measured steps.
+// One measured step's timeline, for trace.json only (profile.trace_steps measured steps kept).
+struct TraceStep {
+    int step = 0;
+    double start_ms = 0;  // host offset of the step start from the variant's first kept step
+    double wall_ms = 0;
+    std::vector<PhaseInterval> phases;
+    std::vector<OpInterval> ops;  // when profile.kernels
+};
+
+// One rank of a data-parallel variant: medians over that rank's measured steps.
 struct RankRecord {
     int rank = 0;
     double step_ms = 0;
     std::array<double, kPhaseCount> phases_ms{};  // indexed by Phase; comm = exposed wait
-    double comm_busy_ms = 0, comm_overlapped_ms = 0;
+    double comm_busy_ms = 0;
+    // Communication hidden under backward: median of max(0, busy - exposed) per step.
+    double comm_overlapped_ms = 0;
+    std::vector<TraceStep> trace;  // not in results.json: this rank's track of trace.json
 };
 
-// How a data-parallel variant communicated (DataParallelRun), plus the numbers the report
-// judges it by, derived once in to_variant_result so results.json and report.md agree.
+// How a data-parallel variant communicated, plus the numbers the report judges it by, derived
+// once (derive_statistics) so results.json and report.md agree.
 struct DataParallelRecord {
     int world_size = 1;
-    std::string transport;
-    int zero = 0;
+    std::string transport;  // "MPI (Open MPI 4.1.4)", "NCCL 2.27.3"
+    int zero = 0;           // ZeRO stage (0 or 1)
     bool overlap = true;
     double bucket_mb = 0;
-    int buckets = 0;
-    double simulated_link_gbps = 0, simulated_latency_us = 0;  // 0: the real transport only
-    double bytes_per_step = 0, achieved_busbw_gbps = 0;
-    std::optional<double> probe_busbw_gbps;
-    std::string probe_source;
-    std::vector<RankRecord> ranks;  // in rank order
+    int buckets = 0;  // gradient buckets per step
+    // dist.simulate_link_gbps / simulate_latency_us: a SIMULATED slow link stretched the
+    // collectives to what it would take (0 = the real transport only).
+    double simulated_link_gbps = 0, simulated_latency_us = 0;
+    double bytes_per_step = 0;               // bytes each rank sends per step (rank 0's median)
+    double achieved_busbw_gbps = 0;          // bytes_per_step / median busy time, in GB/s
+    std::optional<double> probe_busbw_gbps;  // a measured all-reduce of the same transport
+    std::string probe_source;                // "measured now (...)" / "cache (...)"
+    std::vector<RankRecord> ranks;           // every rank, in rank order
     // Derived.
     int slowest_rank = 0;           // the highest median step_ms
     double rank_spread_ms = 0;      // max - min median step_ms over the ranks
@@ -204,6 +248,9 @@ struct VariantResult {
     bool profiled = false;
     std::vector<StepRow> steps;                       // warm-up and measured
     std::optional<DataParallelRecord> data_parallel;  // nullopt (JSON null): one rank
+    // Not in results.json: the kept steps' timelines (of rank 0 under data parallel), for
+    // trace.json.
+    std::vector<TraceStep> trace;
 
     bool measured() const { return stats.step_ms.n > 0; }
     // The config value of a dotted key, "" when absent.
@@ -247,9 +294,12 @@ struct EnumSpelling<Decision> {
                                                            "reject",   "not run", "n/a"};
 };
 
-// One variant against the baseline, as report.md's comparison table states it.
-struct ComparisonVerdict {
-    std::string variant;
+// One variant against the baseline: a row of the comparison table (build_comparison,
+// report/comparison.h). results.json's `comparison.variants` stores the verdict part (the keys
+// listed in results.cpp); the table's cells are rebuilt from the variants by build_comparison
+// wherever a table is printed.
+struct ComparisonRow {
+    std::string variant;  // the variant's name (prefixed with the file label in `compare`)
     bool is_baseline = false;
     // Set when both the variant and the baseline have measured steps.
     std::optional<double> delta_time_ms;        // baseline median - variant median
@@ -257,18 +307,39 @@ struct ComparisonVerdict {
     std::optional<double> delta_memory_bytes;   // baseline tracked peak - variant tracked peak
     bool within_noise = false;                  // |delta_time_ms| <= the larger IQR
     std::optional<bool> loss_within_tolerance;  // nullopt: no common measured step to compare
-    // Baseline - variant over the measured steps both ran (positive = the variant's loss is lower)
+    // The loss check over the measured steps both ran: baseline - variant of the mean and of the
+    // last common step's loss (positive = the variant's loss is lower).
     std::optional<double> delta_mean_loss, delta_final_loss;
-    Decision decision = Decision::not_applicable;
+    Decision decision = Decision::not_applicable;  // the class of `verdict`
     std::string verdict;  // the full sentence of the report's Verdict column
+
+    // Not in results.json: the table's cells, from the variant's record.
+    std::string changed;  // "run.precision=bf16" or "(baseline)"
+    int knobs_changed = 0;
+    RunStatus status = RunStatus::ok;
+    std::string message;
+    bool has_stats = false;  // at least one measured step
+    double median_ms = 0, p90_ms = 0, iqr_ms = 0, jitter = 0;
+    // A knob of the variant that varies its step times by design ("data.seq_len_jitter=0.5":
+    // every batch has its own length), named by the jitter notes as the cause; "" when none.
+    std::string jitter_cause;
+    double samples_per_s = 0, tokens_per_s = 0;
+    std::optional<double> mfu;
+    double tracked_peak = 0;  // bytes
+    double device_peak = 0;   // bytes (cudaMemGetInfo used, or RSS)
+    std::string device_kind;
+    std::optional<double> final_loss, mean_loss;
+    std::vector<std::pair<int, double>> measured_losses;  // (step, loss): measured, finite
 };
 
-struct ComparisonRecord {
+// Every variant against the baseline, and the loss check's tolerance.
+struct Comparison {
     std::string baseline;                       // the variant used as baseline (after any fallback)
     std::optional<double> loss_tolerance_nats;  // the |delta loss| allowed; nullopt: none known
     std::string loss_tolerance_basis;           // where it comes from, in words
-    std::vector<std::string> notes;             // warnings printed under the table
-    std::vector<ComparisonVerdict> rows;        // baseline first, then the variants in file order
+    std::vector<std::string> notes;             // warnings printed under the table (jitter, missing
+                                                // baseline, config mismatch)
+    std::vector<ComparisonRow> rows;            // baseline first, then the variants in file order
 };
 
 struct Results {
@@ -280,22 +351,15 @@ struct Results {
     Environment environment;
     Units units;
     std::vector<VariantResult> variants;
-    ComparisonRecord comparison;
+    Comparison comparison;
 };
 
-// The one conversion from what the runner measured: statistics, the environment of this
-// machine and checkout, and the comparison (build_comparison) filled in.
-Results to_results(const ExperimentResult& ex);
-// The variant part of that conversion (no comparison, no environment).
-VariantResult to_variant_result(const RunResult& r);
 // The environment of this process: host, threads, CUDA, the git commit of the experiment file.
 Environment capture_environment(const std::string& experiment_source_path);
 
 nlohmann::json results_to_json(const Results& results);
 // The `environment` object of results.json (also listed key by key in report.md).
 nlohmann::json environment_to_json(const Environment& environment);
-// Everything the run measured, as results.json holds it (to_results then results_to_json).
-nlohmann::json results_to_json(const ExperimentResult& ex);
 // Reads a results.json document. `label` (the file name) starts every error message. Refuses a
 // schema_version other than kResultsSchemaVersion. Throws ReportError.
 Results results_from_json(const nlohmann::json& j, const std::string& label);

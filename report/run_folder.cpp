@@ -114,12 +114,11 @@ int remove_temporaries(const std::string& dir) {
     return n;
 }
 
-void write_run_files(const ExperimentResult& ex, const std::string& dir) {
-    const Results results = to_results(ex);
+void write_run_files(const Results& results, const std::string& dir) {
     const std::vector<FileToWrite> files = {
         {"results.json", [&] { return results_to_json(results).dump(2) + "\n"; }},
-        {"steps.csv", [&] { return steps_csv(ex); }},
-        {"trace.json", [&] { return trace_json(ex).dump() + "\n"; }},
+        {"steps.csv", [&] { return steps_csv(results); }},
+        {"trace.json", [&] { return trace_json(results).dump() + "\n"; }},
         {"report.md", [&] { return render_report_md(results); }},
         {"report.html", [&] { return render_report_html(results); }},
     };
@@ -152,10 +151,10 @@ void write_run_files(const ExperimentResult& ex, const std::string& dir) {
                          " file): " + what);
 }
 
-std::string write_run_folder(const ExperimentResult& ex, const std::string& out_dir) {
+std::string write_run_folder(const Results& results, const std::string& out_dir) {
     // Created exclusively and marked PARTIAL until every file is written (report/run_folder.h).
-    const std::string dir = create_run_folder(ex.name, out_dir);
-    write_run_files(ex, dir);
+    const std::string dir = create_run_folder(results.experiment.name, out_dir);
+    write_run_files(results, dir);
     return dir;
 }
 

@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "experiment/runner.h"
+#include "report/results.h"
 
 namespace mt {
 
@@ -33,11 +33,11 @@ std::string create_run_folder(const std::string& name, const std::string& out_di
 // Writes every file of the run folder `dir` (results.json first), then removes PARTIAL. When a
 // file cannot be written, the others are still tried, PARTIAL is rewritten with what is missing
 // and why, temporaries are removed and RunFolderError is thrown.
-void write_run_files(const ExperimentResult& ex, const std::string& dir);
+void write_run_files(const Results& results, const std::string& dir);
 
 // Creates the run folder under `out_dir` and writes it (create_run_folder + write_run_files);
 // returns its path. Throws RunFolderError.
-std::string write_run_folder(const ExperimentResult& ex, const std::string& out_dir);
+std::string write_run_folder(const Results& results, const std::string& out_dir);
 
 // Removes the temporaries of atomic writes (*.tmp.*) left in `dir`; returns how many.
 int remove_temporaries(const std::string& dir);

@@ -11,31 +11,31 @@ namespace mt {
 using nlohmann::json;
 using namespace report_text;
 
-std::string steps_csv(const ExperimentResult& ex) {
+std::string steps_csv(const Results& results) {
     std::ostringstream o;
     o << "variant,step,warmup,wall_ms";
     for (Phase p : kAllPhases) o << "," << to_string(p) << "_ms";
-    o << ",other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes,tokens\n";
+    o << ",other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes,tokens,other_cpu_ms\n";
     auto num = [](double x) {
         if (!std::isfinite(x)) return std::string(std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf"));
         char b[48];
         std::snprintf(b, sizeof b, "%.6f", x);
         return std::string(b);
     };
-    for (const RunResult& r : ex.runs) {
+    for (const VariantResult& v : results.variants) {
         // Variant names are identifiers validated by the spec; quote anyway if a comma sneaks in.
-        std::string name = r.config.variant;
+        std::string name = v.name;
         if (name.find_first_of(",\"\n") != std::string::npos) {
             std::string q = "\"";
             for (char c : name) q += c == '"' ? std::string("\"\"") : std::string(1, c);
             name = q + "\"";
         }
-        for (const StepRecord& s : r.steps) {
-            o << name << "," << s.step << "," << (s.warmup ? 1 : 0) << "," << num(s.times.wall_ms);
-            for (Phase p : kAllPhases) o << "," << num(s.times[p]);
-            o << "," << num(s.times.other_ms()) << "," << num(s.loss) << "," << num(s.grad_norm)
-              << "," << f("%.6g", s.lr) << "," << num(s.comm_busy_ms) << ","
-              << f("%.0f", s.comm_bytes) << "," << f("%.0f", s.tokens) << "\n";
+        for (const StepRow& s : v.steps) {
+            o << name << "," << s.step << "," << (s.warmup ? 1 : 0) << "," << num(s.wall_ms);
+            for (Phase p : kAllPhases) o << "," << num(s.phases_ms[static_cast<int>(p)]);
+            o << "," << num(s.other_ms) << "," << num(s.loss) << "," << num(s.grad_norm) << ","
+              << f("%.6g", s.lr) << "," << num(s.comm_busy_ms) << "," << f("%.0f", s.comm_bytes)
+              << "," << f("%.0f", s.tokens) << "," << num(s.other_cpu_ms) << "\n";
         }
     }
     return o.str();
@@ -91,29 +91,29 @@ json thread_name(int pid, int tid, const std::string& name) {
             {"args", {{"name", name}}}};
 }
 
-bool has_trace(const RunResult& r) {
-    if (!r.trace.empty()) return true;
-    if (r.dist)
-        for (const RankSummary& rank : r.dist->ranks)
+bool has_trace(const VariantResult& v) {
+    if (!v.trace.empty()) return true;
+    if (v.data_parallel)
+        for (const RankRecord& rank : v.data_parallel->ranks)
             if (!rank.trace.empty()) return true;
     return false;
 }
 
 }  // namespace
 
-json trace_json(const ExperimentResult& ex) {
+json trace_json(const Results& results) {
     json events = json::array();
     int pid = 0;
-    for (const RunResult& r : ex.runs) {
+    for (const VariantResult& r : results.variants) {
         ++pid;
         if (!has_trace(r)) continue;
         events.push_back({{"name", "process_name"},
                           {"ph", "M"},
                           {"pid", pid},
-                          {"args", {{"name", "variant " + r.config.variant}}}});
+                          {"args", {{"name", "variant " + r.name}}}});
         events.push_back(thread_name(pid, 1, "steps"));
         add_track(events, pid, 1, r.trace, TraceTrack::steps);
-        if (!r.dist) {
+        if (!r.data_parallel) {
             events.push_back(thread_name(pid, 2, "phases"));
             add_track(events, pid, 2, r.trace, TraceTrack::phases);
             events.push_back(thread_name(pid, 3, "ops"));
@@ -123,7 +123,7 @@ json trace_json(const ExperimentResult& ex) {
         // Data parallel: one phases track per rank (rank 0's is the variant's own trace), so a
         // straggler or a rank waiting in comm shows beside the others; the steps and ops tracks
         // stay rank 0's, which keeps the file as small as one rank's.
-        const std::vector<RankSummary>& ranks = r.dist->ranks;
+        const std::vector<RankRecord>& ranks = r.data_parallel->ranks;
         for (size_t i = 0; i < ranks.size(); ++i) {
             const int tid = 2 + static_cast<int>(i);
             events.push_back(
@@ -137,7 +137,7 @@ json trace_json(const ExperimentResult& ex) {
     return {{"traceEvents", events},
             {"displayTimeUnit", "ms"},
             {"otherData",
-             {{"experiment", ex.name},
+             {{"experiment", results.experiment.name},
               {"note",
                "measured steps only (profile.trace_steps per variant); device phases are "
                "timed on the device clock and placed relative to the step start"}}}};

@@ -30,6 +30,7 @@
 #include "report/step_files.h"
 #include "report/suggestions.h"
 #include "test_util.h"
+#include "tests/hand_made_run.h"
 
 namespace mt {
 namespace {
@@ -442,7 +443,7 @@ TEST(ShapeJitter, TheSessionTrainsJitteredBatchesAndCountsTheirRealTokens) {
 }
 
 TEST(ShapeJitter, ThroughputCountsTheRealTokensOfTheMeasuredSteps) {
-    RunResult r;
+    HandMadeRun r;
     r.config.data.batch_size = 4;
     r.config.data.seq_len = 64;
     r.config.data.seq_len_jitter = 0.5f;
@@ -456,19 +457,19 @@ TEST(ShapeJitter, ThroughputCountsTheRealTokensOfTheMeasuredSteps) {
         s.model_flops = s.tokens * 2;
         r.steps.push_back(s);
     }
-    const RunStats st = compute_run_stats(r);
+    const VariantResult v = r.record();
     const double mean_tokens = 4.0 * (40 + 48 + 56) / 3;
-    EXPECT_DOUBLE_EQ(st.tokens_per_s, mean_tokens / 0.1);
-    EXPECT_DOUBLE_EQ(st.achieved_flops_per_s, 2 * mean_tokens / 0.1);
-    EXPECT_DOUBLE_EQ(st.samples_per_s, 4 / 0.1);
+    EXPECT_DOUBLE_EQ(v.stats.tokens_per_s, mean_tokens / 0.1);
+    EXPECT_DOUBLE_EQ(v.flops.achieved_per_s, 2 * mean_tokens / 0.1);
+    EXPECT_DOUBLE_EQ(v.stats.samples_per_s, 4 / 0.1);
     r.config.data.seq_len_jitter = 0;  // without jitter: the nominal batch, as before
-    EXPECT_DOUBLE_EQ(compute_run_stats(r).tokens_per_s, 4.0 * 64 / 0.1);
+    EXPECT_DOUBLE_EQ(r.record().stats.tokens_per_s, 4.0 * 64 / 0.1);
 }
 
 // A measured variant with the given step times, and data.seq_len_jitter when `jitter` is set.
-RunResult timed_run(const std::string& name, const std::vector<double>& walls,
-                    const std::string& jitter = "") {
-    RunResult r;
+HandMadeRun timed_run(const std::string& name, const std::vector<double>& walls,
+                      const std::string& jitter = "") {
+    HandMadeRun r;
     r.config.variant = name;
     r.config.data.batch_size = 4;
     r.config.data.seq_len = 64;
@@ -494,13 +495,13 @@ RunResult timed_run(const std::string& name, const std::vector<double>& walls,
 }
 
 TEST(ShapeJitter, TheReportNamesTheKnobAsTheCauseOfTheSpread) {
-    ExperimentResult ex;
+    HandMadeExperiment ex;
     ex.name = "jitter";
     ex.baseline = "fixed";
     ex.runs.push_back(timed_run("fixed", {10, 10.1, 9.9, 10, 10.05, 10}));
     ex.runs.push_back(timed_run("jitter-50", {6, 10, 7.5, 9, 5.5, 8.5}, "0.5"));
     ex.runs.push_back(timed_run("noisy", {6, 10, 7.5, 9, 5.5, 8.5}));
-    const Results res = to_results(ex);
+    const Results res = ex.results();
     const Comparison cmp = build_comparison(res);
     std::string notes;
     for (const std::string& n : cmp.notes) notes += n + "\n";

@@ -73,7 +73,7 @@ class HostSyncTest : public ::testing::Test {
     }
 };
 
-ExperimentResult run_all_settings(int grad_accum, RunnerOptions opt = {}) {
+ExperimentRun run_all_settings(int grad_accum, RunnerOptions opt = {}) {
     ExperimentSpec spec;
     spec.name = "host-sync";
     for (HostSync m : kAllSettings) spec.variants.push_back(tiny_config(m, grad_accum));
@@ -169,29 +169,28 @@ TEST_F(HostSyncTest, NoneRefusesMoreThanOneWindowOfEnqueuedSteps) {
 // `none` goes through its windows: warm-up, measured steps).
 TEST_F(HostSyncTest, LossAndGradNormAreBitwiseTheSameUnderEverySetting) {
     for (int accum : {1, 2}) {
-        const ExperimentResult ex = run_all_settings(accum);
-        ASSERT_EQ(ex.runs.size(), 4u);
-        const std::vector<StepRecord>& base = ex.runs[0].steps;
+        const ExperimentRun ex = run_all_settings(accum);
+        ASSERT_EQ(ex.results.variants.size(), 4u);
+        const std::vector<StepRow>& base = ex.results.variants[0].steps;
         ASSERT_EQ(base.size(), 5u);
-        for (const RunResult& r : ex.runs) {
-            ASSERT_EQ(r.status, RunStatus::ok) << r.config.variant << ": " << r.message;
-            ASSERT_EQ(r.steps.size(), base.size()) << r.config.variant;
+        for (const VariantResult& r : ex.results.variants) {
+            ASSERT_EQ(r.status, RunStatus::ok) << r.name << ": " << r.message;
+            ASSERT_EQ(r.steps.size(), base.size()) << r.name;
             for (size_t s = 0; s < base.size(); ++s) {
                 EXPECT_EQ(r.steps[s].step, static_cast<int>(s));
-                EXPECT_EQ(r.steps[s].loss, base[s].loss) << r.config.variant << " step " << s;
-                EXPECT_EQ(r.steps[s].grad_norm, base[s].grad_norm)
-                    << r.config.variant << " step " << s;
+                EXPECT_EQ(r.steps[s].loss, base[s].loss) << r.name << " step " << s;
+                EXPECT_EQ(r.steps[s].grad_norm, base[s].grad_norm) << r.name << " step " << s;
                 EXPECT_GT(r.steps[s].grad_norm, 0.0);
             }
-            EXPECT_EQ(r.trace.size(), 2u) << r.config.variant;
+            EXPECT_EQ(r.trace.size(), 2u) << r.name;
         }
     }
 }
 
 TEST_F(HostSyncTest, NoneCountsItsReadBacksInTheLastStepOfEachWindow) {
-    const ExperimentResult ex = run_all_settings(1);
-    const RunResult& none = ex.runs[3];
-    ASSERT_EQ(none.config.run.host_sync, HostSync::none);
+    const ExperimentRun ex = run_all_settings(1);
+    const VariantResult& none = ex.results.variants[3];
+    ASSERT_EQ(none.config_value("run.host_sync"), "none");
     // Warm-up window: steps 0-1, measured window: steps 2-4.
     const std::vector<int> expected = {0, 2, 0, 0, 2};
     for (size_t s = 0; s < expected.size(); ++s)
@@ -202,20 +201,20 @@ TEST_F(HostSyncTest, NoneStopsAtAStopSignalWithEveryStepItRan) {
     RunnerOptions opt;
     opt.inject_variant = "sync-none";
     opt.interrupt_at_step = 3;
-    const ExperimentResult ex = run_all_settings(1, opt);
-    const RunResult& none = ex.runs[3];
+    const ExperimentRun ex = run_all_settings(1, opt);
+    const VariantResult& none = ex.results.variants[3];
     EXPECT_EQ(none.status, RunStatus::interrupted);
     ASSERT_EQ(none.steps.size(), 4u);
     EXPECT_EQ(none.steps.back().step, 3);
-    for (const StepRecord& s : none.steps) EXPECT_TRUE(std::isfinite(s.loss));
+    for (const StepRow& s : none.steps) EXPECT_TRUE(std::isfinite(s.loss));
 }
 
 TEST_F(HostSyncTest, NoneFailsAtTheFirstNonFiniteLossOfAWindowAndDropsTheRest) {
     RunnerOptions opt;
     opt.inject_variant = "sync-none";
     opt.inject_nan_at_step = 3;
-    const ExperimentResult ex = run_all_settings(1, opt);
-    const RunResult& none = ex.runs[3];
+    const ExperimentRun ex = run_all_settings(1, opt);
+    const VariantResult& none = ex.results.variants[3];
     EXPECT_EQ(none.status, RunStatus::failed);
     EXPECT_EQ(none.failed_step, 3);
     EXPECT_EQ(none.steps.size(), 4u);

@@ -88,8 +88,8 @@ class LossCheckTest : public ::testing::Test {
     fs::path dir_;
 };
 
-const ComparisonVerdict& verdict_of(const Results& r, const std::string& name) {
-    for (const ComparisonVerdict& v : r.comparison.rows)
+const ComparisonRow& verdict_of(const Results& r, const std::string& name) {
+    for (const ComparisonRow& v : r.comparison.rows)
         if (v.variant == name) return v;
     throw std::runtime_error("no verdict for " + name);
 }
@@ -105,7 +105,7 @@ TEST_F(LossCheckTest, WrongGradientVariantIsToldDoNotKeep) {
     o.modify_backend = [](Backend& b) {
         b.kernels().layernorm_backward = &layernorm_backward_dropping_the_mean_terms;
     };
-    const Results res = to_results(run_experiment(spec, o));
+    const Results res = run_experiment(spec, o).results;
     ASSERT_EQ(res.variants.size(), 3u);
     for (const VariantResult& v : res.variants) ASSERT_EQ(v.status, RunStatus::ok) << v.message;
 
@@ -116,11 +116,11 @@ TEST_F(LossCheckTest, WrongGradientVariantIsToldDoNotKeep) {
     EXPECT_NE(res.comparison.loss_tolerance_basis.find("step-to-step"), std::string::npos)
         << res.comparison.loss_tolerance_basis;
 
-    const ComparisonVerdict& fused = verdict_of(res, "fused-adamw");
+    const ComparisonRow& fused = verdict_of(res, "fused-adamw");
     ASSERT_TRUE(fused.loss_within_tolerance.has_value());
     EXPECT_TRUE(*fused.loss_within_tolerance) << fused.verdict;
 
-    const ComparisonVerdict& wrong = verdict_of(res, "wrong-gradient");
+    const ComparisonRow& wrong = verdict_of(res, "wrong-gradient");
     std::printf("  tolerance: %.4f nats (%s)\n  fused-adamw: %s\n  wrong-gradient: %s\n",
                 *res.comparison.loss_tolerance_nats, res.comparison.loss_tolerance_basis.c_str(),
                 fused.verdict.c_str(), wrong.verdict.c_str());
@@ -140,24 +140,24 @@ TEST_F(LossCheckTest, DefaultSyntheticDataIsLearnedUniformIsNot) {
         load_experiment(write_yaml("  - name: baseline\n"
                                    "  - name: uniform\n"
                                    "    set: { data.synthetic: uniform }\n"));
-    const ExperimentResult ex = run_experiment(spec, quiet());
-    ASSERT_EQ(ex.runs.size(), 2u);
-    const auto& markov = ex.runs[0].steps;
-    const auto& uniform = ex.runs[1].steps;
+    const ExperimentRun ex = run_experiment(spec, quiet());
+    ASSERT_EQ(ex.results.variants.size(), 2u);
+    const auto& markov = ex.results.variants[0].steps;
+    const auto& uniform = ex.results.variants[1].steps;
     // markov: at least 10% below the first step by the last; uniform: within 2% of ln V.
     EXPECT_LT(markov.back().loss, 0.9 * markov.front().loss)
         << markov.front().loss << " -> " << markov.back().loss;
     const double lnV = std::log(512.0);
     EXPECT_NEAR(uniform.back().loss, lnV, 0.02 * lnV);
     // And the comparison says so: uniform data is not the same experiment's loss.
-    const Results res = to_results(ex);
+    const Results res = ex.results;
     EXPECT_FALSE(verdict_of(res, "uniform").loss_within_tolerance.value_or(true));
 }
 
 TEST_F(LossCheckTest, GivenRelativeToleranceIsAppliedToTheBaselineMeanLoss) {
     const ExperimentSpec spec =
         load_experiment(write_yaml("  - name: baseline\n", ", loss_tolerance: 0.05"));
-    const Results res = to_results(run_experiment(spec, quiet()));
+    const Results res = run_experiment(spec, quiet()).results;
     ASSERT_TRUE(res.experiment.loss_tolerance.has_value());
     ASSERT_TRUE(res.variants[0].loss.mean_measured.has_value());
     EXPECT_DOUBLE_EQ(*res.comparison.loss_tolerance_nats,
@@ -198,16 +198,16 @@ TEST(LossTolerance, DerivedFromTheBaselineStepToStepSpread) {
     const double want = 1.4826 * 0.05 / std::sqrt(2.0);
     Results r = two_variant_results(base, base);
     const Comparison c = build_comparison(r);
-    ASSERT_TRUE(c.tolerance_nats.has_value());
-    EXPECT_NEAR(*c.tolerance_nats, want, 1e-9);
-    EXPECT_TRUE(c.rows[1].loss_ok.value_or(false));
-    EXPECT_DOUBLE_EQ(*c.rows[1].dmean_loss, 0.0);
+    ASSERT_TRUE(c.loss_tolerance_nats.has_value());
+    EXPECT_NEAR(*c.loss_tolerance_nats, want, 1e-9);
+    EXPECT_TRUE(c.rows[1].loss_within_tolerance.value_or(false));
+    EXPECT_DOUBLE_EQ(*c.rows[1].delta_mean_loss, 0.0);
 
     // Shifted by 2x the tolerance at the end only: the mean moves little, the final loss fails.
     std::vector<double> drift = base;
     drift.back() += 2 * want;
     const Comparison d = build_comparison(two_variant_results(base, drift));
-    EXPECT_FALSE(d.rows[1].loss_ok.value_or(true));
+    EXPECT_FALSE(d.rows[1].loss_within_tolerance.value_or(true));
     EXPECT_NE(d.rows[1].verdict.find("loss not within tolerance: do not keep"), std::string::npos)
         << d.rows[1].verdict;
 }
@@ -216,10 +216,10 @@ TEST(LossTolerance, ComparesOnlyTheStepsBothVariantsMeasured) {
     // The variant stopped after 3 steps (interrupted): its 3 losses equal the baseline's first 3.
     const std::vector<double> base{5.0, 4.90, 4.60, 4.45, 4.25, 4.15};
     const Comparison c = build_comparison(two_variant_results(base, {5.0, 4.90, 4.60}));
-    ASSERT_TRUE(c.rows[1].dmean_loss.has_value());
-    EXPECT_DOUBLE_EQ(*c.rows[1].dmean_loss, 0.0);
-    EXPECT_DOUBLE_EQ(*c.rows[1].dfinal_loss, 0.0);
-    EXPECT_TRUE(c.rows[1].loss_ok.value_or(false));
+    ASSERT_TRUE(c.rows[1].delta_mean_loss.has_value());
+    EXPECT_DOUBLE_EQ(*c.rows[1].delta_mean_loss, 0.0);
+    EXPECT_DOUBLE_EQ(*c.rows[1].delta_final_loss, 0.0);
+    EXPECT_TRUE(c.rows[1].loss_within_tolerance.value_or(false));
 }
 
 TEST(SyntheticTokens, MarkovStreamIsDeterministicRandomAccessAndPredictable) {

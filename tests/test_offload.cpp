@@ -343,15 +343,16 @@ TEST_F(OffloadKnobs, CpuVariantsAreSkippedAsNeedingAGpu) {
     RunnerOptions o;
     o.out = nullptr;
     o.handle_sigint = false;
-    const ExperimentResult ex = run_experiment(spec, o);
-    ASSERT_EQ(ex.runs.size(), 3u);
-    EXPECT_EQ(ex.runs[0].status, RunStatus::ok) << ex.runs[0].message;
-    EXPECT_EQ(ex.runs[1].status, RunStatus::skipped);
-    EXPECT_NE(ex.runs[1].message.find("needs a GPU (run.offload activations)"), std::string::npos)
-        << ex.runs[1].message;
-    EXPECT_EQ(ex.runs[2].status, RunStatus::skipped);
-    EXPECT_NE(ex.runs[2].message.find("needs a GPU (optim.offload)"), std::string::npos)
-        << ex.runs[2].message;
+    const ExperimentRun ex = run_experiment(spec, o);
+    ASSERT_EQ(ex.results.variants.size(), 3u);
+    EXPECT_EQ(ex.results.variants[0].status, RunStatus::ok) << ex.results.variants[0].message;
+    EXPECT_EQ(ex.results.variants[1].status, RunStatus::skipped);
+    EXPECT_NE(ex.results.variants[1].message.find("needs a GPU (run.offload activations)"),
+              std::string::npos)
+        << ex.results.variants[1].message;
+    EXPECT_EQ(ex.results.variants[2].status, RunStatus::skipped);
+    EXPECT_NE(ex.results.variants[2].message.find("needs a GPU (optim.offload)"), std::string::npos)
+        << ex.results.variants[2].message;
 }
 
 TEST_F(OffloadKnobs, ValidateNotesThatTheyNeedAGpu) {

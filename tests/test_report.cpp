@@ -16,6 +16,7 @@
 #include "report/run_folder.h"
 #include "report/step_files.h"
 #include "report/suggestions.h"
+#include "tests/hand_made_run.h"
 
 namespace mt {
 namespace {
@@ -39,9 +40,9 @@ std::string slurp(const fs::path& p) {
 }
 
 // A measured run with the given step wall times (ms), constant loss and tracked peak (bytes).
-RunResult make_run(const std::string& name, const std::vector<double>& walls, double loss,
-                   size_t peak, std::map<std::string, std::string> changed = {}) {
-    RunResult r;
+HandMadeRun make_run(const std::string& name, const std::vector<double>& walls, double loss,
+                     size_t peak, std::map<std::string, std::string> changed = {}) {
+    HandMadeRun r;
     r.config.variant = name;
     r.config.changed = std::move(changed);
     r.config.data.batch_size = 4;
@@ -104,8 +105,8 @@ RunResult make_run(const std::string& name, const std::vector<double>& walls, do
     return r;
 }
 
-ExperimentResult make_experiment() {
-    ExperimentResult ex;
+HandMadeExperiment make_experiment() {
+    HandMadeExperiment ex;
     ex.name = "unit";
     ex.source_path = "unit.yaml";
     ex.baseline = "baseline";
@@ -124,7 +125,7 @@ ExperimentResult make_experiment() {
     // Two knobs at once.
     ex.runs.push_back(make_run("combo", {5, 5.05, 4.95, 5, 5.02}, 5.0, 100 << 20,
                                {{"optim.impl", "fused"}, {"kernels.classifier", "fused"}}));
-    RunResult skipped;
+    HandMadeRun skipped;
     skipped.config.variant = "gpu-only";
     skipped.status = RunStatus::skipped;
     skipped.message = "needs a GPU (run.precision bf16), and this machine has none";
@@ -134,12 +135,12 @@ ExperimentResult make_experiment() {
 
 const ComparisonRow& row(const Comparison& c, const std::string& name) {
     for (const auto& r : c.rows)
-        if (r.name == name) return r;
+        if (r.variant == name) return r;
     throw std::runtime_error("no row " + name);
 }
 
 TEST(ResultsJson, HoldsSchemaEnvironmentAndEveryVariant) {
-    const json j = results_to_json(make_experiment());
+    const json j = results_to_json(make_experiment().results());
     EXPECT_EQ(j["schema_version"], kResultsSchemaVersion);
     EXPECT_EQ(j["experiment"]["name"], "unit");
     EXPECT_EQ(j["experiment"]["baseline"], "baseline");
@@ -177,29 +178,30 @@ TEST(ResultsJson, HoldsSchemaEnvironmentAndEveryVariant) {
 }
 
 TEST(ResultsJson, NonFiniteLossIsNullNotInvalidJson) {
-    ExperimentResult ex = make_experiment();
+    HandMadeExperiment ex = make_experiment();
     ex.runs[0].steps.back().loss = std::nan("");
-    const std::string text = results_to_json(ex).dump();
+    const std::string text = results_to_json(ex.results()).dump();
     const json back = json::parse(text);  // must parse
     EXPECT_TRUE(back["variants"][0]["steps"].back()["loss"].is_null());
     EXPECT_TRUE(back["variants"][0]["loss"]["final"].is_null());
 }
 
 TEST(StepsCsv, IsConsistentWithResultsJson) {
-    const ExperimentResult ex = make_experiment();
-    const json j = results_to_json(ex);
-    std::istringstream in(steps_csv(ex));
+    const HandMadeExperiment ex = make_experiment();
+    const json j = results_to_json(ex.results());
+    std::istringstream in(steps_csv(ex.results()));
     std::string header;
     std::getline(in, header);
     EXPECT_EQ(header,
               "variant,step,warmup,wall_ms,data_ms,h2d_ms,forward_ms,backward_ms,comm_ms,"
-              "optimizer_ms,sync_ms,other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes,tokens");
+              "optimizer_ms,sync_ms,other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes,tokens,"
+              "other_cpu_ms");
     std::map<std::string, std::vector<std::vector<std::string>>> rows;
     for (std::string line; std::getline(in, line);) {
         std::vector<std::string> cells;
         std::stringstream ls(line);
         for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
-        ASSERT_EQ(cells.size(), 18u) << line;
+        ASSERT_EQ(cells.size(), 19u) << line;
         rows[cells[0]].push_back(cells);
     }
     for (const json& v : j["variants"]) {
@@ -218,7 +220,7 @@ TEST(StepsCsv, IsConsistentWithResultsJson) {
 }
 
 TEST(TraceJson, IsChromeTraceFormatWithEveryPhase) {
-    const json t = json::parse(trace_json(make_experiment()).dump());
+    const json t = json::parse(trace_json(make_experiment().results()).dump());
     ASSERT_TRUE(t["traceEvents"].is_array());
     std::set<std::string> phases;
     bool has_op = false, has_step = false, has_meta = false;
@@ -244,29 +246,29 @@ TEST(TraceJson, IsChromeTraceFormatWithEveryPhase) {
 }
 
 TEST(Comparison, DeltasAreBaselineMinusVariantAndVerdictsFollow) {
-    const Comparison c =
-        build_comparison(results_from_json(results_to_json(make_experiment()), "results"));
-    ASSERT_EQ(c.rows.front().name, "baseline");
+    const Comparison c = build_comparison(
+        results_from_json(results_to_json(make_experiment().results()), "results"));
+    ASSERT_EQ(c.rows.front().variant, "baseline");
     EXPECT_TRUE(c.rows.front().is_baseline);
     EXPECT_EQ(c.rows.front().verdict, "baseline");
 
     const ComparisonRow& fast = row(c, "fast");
-    ASSERT_TRUE(fast.dtime_ms.has_value());
-    EXPECT_NEAR(*fast.dtime_ms, 5.0, 1e-9);  // positive = variant faster
+    ASSERT_TRUE(fast.delta_time_ms.has_value());
+    EXPECT_NEAR(*fast.delta_time_ms, 5.0, 1e-9);  // positive = variant faster
     EXPECT_NEAR(*fast.speedup, 2.0, 1e-9);
     EXPECT_FALSE(fast.within_noise);
-    EXPECT_EQ(fast.loss_ok, true);
+    EXPECT_EQ(fast.loss_within_tolerance, true);
     EXPECT_EQ(fast.verdict.rfind("keep", 0), 0u) << fast.verdict;
 
     const ComparisonRow& lean = row(c, "lean");
-    EXPECT_LT(*lean.dtime_ms, 0);                          // slower
-    EXPECT_NEAR(*lean.dmem_bytes, 40.0 * (1 << 20), 1.0);  // positive = less memory
+    EXPECT_LT(*lean.delta_time_ms, 0);                             // slower
+    EXPECT_NEAR(*lean.delta_memory_bytes, 40.0 * (1 << 20), 1.0);  // positive = less memory
     EXPECT_EQ(lean.verdict.rfind("trade-off", 0), 0u) << lean.verdict;
     EXPECT_NE(lean.verdict.find("costs"), std::string::npos) << lean.verdict;
 
     const ComparisonRow& lossy = row(c, "lossy");
     EXPECT_TRUE(lossy.within_noise);
-    EXPECT_EQ(lossy.loss_ok, false);
+    EXPECT_EQ(lossy.loss_within_tolerance, false);
     EXPECT_EQ(lossy.verdict.rfind("reject", 0), 0u) << lossy.verdict;
     EXPECT_NE(lossy.verdict.find("loss"), std::string::npos);
 
@@ -280,21 +282,22 @@ TEST(Comparison, DeltasAreBaselineMinusVariantAndVerdictsFollow) {
 }
 
 TEST(Comparison, SmallDeltaInsideTheSpreadIsWithinNoise) {
-    ExperimentResult ex;
+    HandMadeExperiment ex;
     ex.name = "noise";
     ex.baseline = "baseline";
     ex.runs.push_back(make_run("baseline", {9, 10, 11, 10, 12, 8}, 5.0, 1 << 20));
     ex.runs.push_back(make_run("tiny-gain", {8.8, 9.8, 10.8, 9.8, 11.8, 7.8}, 5.0, 1 << 20));
-    const Comparison c = build_comparison(results_from_json(results_to_json(ex), "results"));
+    const Comparison c =
+        build_comparison(results_from_json(results_to_json(ex.results()), "results"));
     const ComparisonRow& r = row(c, "tiny-gain");
-    EXPECT_GT(*r.dtime_ms, 0);
+    EXPECT_GT(*r.delta_time_ms, 0);
     EXPECT_TRUE(r.within_noise);
     EXPECT_EQ(r.verdict.find("keep"), std::string::npos) << r.verdict;  // not called a win
     EXPECT_NE(r.verdict.find("within noise"), std::string::npos) << r.verdict;
 }
 
 TEST(ReportMd, HasTheTableDeltasWithSignsAndTheAnswers) {
-    const std::string md = render_report_md(to_results(make_experiment()));
+    const std::string md = render_report_md(make_experiment().results());
     for (const char* s :
          {"| Variant | Changed | Step ms (median) | p90 ms | Samples/s | Tokens/s | MFU |",
           "## Answers", "Where is the step slow?", "Where does memory peak?",
@@ -307,10 +310,10 @@ TEST(ReportMd, HasTheTableDeltasWithSignsAndTheAnswers) {
 }
 
 TEST(Suggestions, FollowTheDominantPhase) {
-    ExperimentResult ex;
+    HandMadeExperiment ex;
     ex.name = "s";
     ex.baseline = "b";
-    RunResult r = make_run("b", {10, 10, 10}, 5.0, 1 << 20);
+    HandMadeRun r = make_run("b", {10, 10, 10}, 5.0, 1 << 20);
     for (auto& s : r.steps) {  // make it data-bound
         s.times[Phase::data] = 0.6 * s.times.wall_ms;
         s.times[Phase::forward] = 0.1 * s.times.wall_ms;
@@ -318,7 +321,7 @@ TEST(Suggestions, FollowTheDominantPhase) {
     }
     r.config.optim.impl = AdamWImpl::unfused;
     ex.runs.push_back(r);
-    const auto sug = suggestions_for(to_results(ex).variants[0]);
+    const auto sug = suggestions_for(ex.results().variants[0]);
     std::string all;
     for (const auto& s : sug) all += s + "\n";
     EXPECT_NE(all.find("data-bound"), std::string::npos) << all;
@@ -330,10 +333,10 @@ TEST(Suggestions, FollowTheDominantPhase) {
 // suggests training fewer parameters (LoRA, freeze), then int8 storage once they are frozen.
 TEST(Suggestions, OptimizerBoundFullTrainingSuggestsLoraOrFreezeThenInt8) {
     auto suggestions = [](const std::function<void(RunConfig&)>& set) {
-        ExperimentResult ex;
+        HandMadeExperiment ex;
         ex.name = "s";
         ex.baseline = "b";
-        RunResult r = make_run("b", {10, 10, 10}, 5.0, 1 << 20);
+        HandMadeRun r = make_run("b", {10, 10, 10}, 5.0, 1 << 20);
         for (auto& s : r.steps) {
             s.times[Phase::optimizer] = 0.4 * s.times.wall_ms;
             s.times[Phase::backward] = 0.25 * s.times.wall_ms;
@@ -343,7 +346,7 @@ TEST(Suggestions, OptimizerBoundFullTrainingSuggestsLoraOrFreezeThenInt8) {
         set(r.config);
         ex.runs.push_back(r);
         std::string all;
-        for (const auto& s : suggestions_for(to_results(ex).variants[0])) all += s + "\n";
+        for (const auto& s : suggestions_for(ex.results().variants[0])) all += s + "\n";
         return all;
     };
     const std::string full = suggestions([](RunConfig& c) { c.optim.impl = AdamWImpl::fused; });
@@ -361,10 +364,10 @@ TEST(Suggestions, OptimizerBoundFullTrainingSuggestsLoraOrFreezeThenInt8) {
 }
 
 TEST(Suggestions, NameTheOffloadKnobsTheirCost) {
-    ExperimentResult ex;
+    HandMadeExperiment ex;
     ex.name = "s";
     ex.baseline = "b";
-    RunResult r = make_run("b", {10, 10, 10}, 5.0, 1 << 20);
+    HandMadeRun r = make_run("b", {10, 10, 10}, 5.0, 1 << 20);
     for (auto& s : r.steps) {  // optimizer-bound, as a host AdamW makes a step
         s.times[Phase::optimizer] = 0.4 * s.times.wall_ms;
         s.times[Phase::forward] = 0.25 * s.times.wall_ms;
@@ -375,14 +378,14 @@ TEST(Suggestions, NameTheOffloadKnobsTheirCost) {
     r.config.run.offload = OffloadMode::activations;
     ex.runs.push_back(r);
     std::string all;
-    for (const auto& s : suggestions_for(to_results(ex).variants[0])) all += s + "\n";
+    for (const auto& s : suggestions_for(ex.results().variants[0])) all += s + "\n";
     EXPECT_NE(all.find("with `optim.offload: true`: AdamW runs on the host"), std::string::npos)
         << all;
     EXPECT_NE(all.find("`run.offload: none` if memory allows"), std::string::npos) << all;
 }
 
 TEST(ReportHtml, IsSelfContainedWithCharts) {
-    const std::string html = render_report_html(to_results(make_experiment()));
+    const std::string html = render_report_html(make_experiment().results());
     EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
     size_t svgs = 0;
     for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
@@ -397,7 +400,7 @@ TEST(ReportHtml, IsSelfContainedWithCharts) {
 
 TEST(RunFolder, WritesAllFilesAtomically) {
     const fs::path dir = temp_dir("folder");
-    const std::string run = write_run_folder(make_experiment(), dir.string());
+    const std::string run = write_run_folder(make_experiment().results(), dir.string());
     EXPECT_EQ(fs::path(run).parent_path(), dir);
     EXPECT_EQ(fs::path(run).filename().string().rfind("unit-", 0), 0u);
     for (const char* f : {"report.md", "report.html", "results.json", "steps.csv", "trace.json"})
@@ -405,7 +408,7 @@ TEST(RunFolder, WritesAllFilesAtomically) {
     for (const auto& e : fs::directory_iterator(run))  // no temporary files left behind
         EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
     // A second run in the same second gets its own folder.
-    const std::string run2 = write_run_folder(make_experiment(), dir.string());
+    const std::string run2 = write_run_folder(make_experiment().results(), dir.string());
     EXPECT_NE(run, run2);
     EXPECT_NO_THROW(load_results(run + "/results.json"));
     fs::remove_all(dir);
@@ -428,23 +431,23 @@ TEST(AtomicFile, ReplacesContentAndReportsErrors) {
 
 TEST(Compare, TwoResultsFilesGiveTheSameTable) {
     const fs::path dir = temp_dir("compare");
-    ExperimentResult a = make_experiment();
-    ExperimentResult b;
+    HandMadeExperiment a = make_experiment();
+    HandMadeExperiment b;
     b.name = "other";
     b.baseline = "baseline";
-    RunResult tuned = make_run("baseline", {8, 8.05, 7.95, 8, 8.02}, 5.0, 90 << 20);
+    HandMadeRun tuned = make_run("baseline", {8, 8.05, 7.95, 8, 8.02}, 5.0, 90 << 20);
     tuned.config.optim.impl = AdamWImpl::unfused;  // differs from a's baseline (default fused)
     b.runs.push_back(tuned);
-    const std::string ra = write_run_folder(a, (dir / "a").string());
-    const std::string rb = write_run_folder(b, (dir / "b").string());
+    const std::string ra = write_run_folder(a.results(), (dir / "a").string());
+    const std::string rb = write_run_folder(b.results(), (dir / "b").string());
     const Results ja = read_results(ra + "/results.json");
     const Results jb = read_results(rb + "/results.json");
     const Comparison c = compare_results(ja, "A", jb, "B");
     ASSERT_EQ(c.rows.size(), 2u);
-    EXPECT_EQ(c.rows[0].name, "A:baseline");
+    EXPECT_EQ(c.rows[0].variant, "A:baseline");
     EXPECT_TRUE(c.rows[0].is_baseline);
-    EXPECT_EQ(c.rows[1].name, "B:baseline");
-    EXPECT_NEAR(*c.rows[1].dtime_ms, 2.0, 1e-9);
+    EXPECT_EQ(c.rows[1].variant, "B:baseline");
+    EXPECT_NEAR(*c.rows[1].delta_time_ms, 2.0, 1e-9);
     EXPECT_NEAR(*c.rows[1].speedup, 1.25, 1e-9);
     EXPECT_NE(c.rows[1].changed.find("optim.impl=unfused"), std::string::npos) << c.rows[1].changed;
     const std::string md = render_comparison_md(c);
@@ -472,8 +475,8 @@ TEST(LoadResults, BadFilesGiveClearErrors) {
     expect_error((dir / "other.json").string(), "not a microtrain results.json");
     { std::ofstream(dir / "v1.json") << R"({"schema_version": 1, "variants": []})"; }
     expect_error((dir / "v1.json").string(),
-                 "has schema_version 1, this microtrain reads schema_version 6");
-    json j = results_to_json(make_experiment());
+                 "has schema_version 1, this microtrain reads schema_version 7");
+    json j = results_to_json(make_experiment().results());
     j["variants"][1].erase("stats");
     { std::ofstream(dir / "nostats.json") << j.dump(); }
     expect_error((dir / "nostats.json").string(), "variants[1]: missing key 'stats'");
@@ -484,8 +487,8 @@ TEST(LoadResults, BadFilesGiveClearErrors) {
 
 // make_experiment plus a variant whose time delta is within noise and whose loss is within
 // tolerance, and a non-finite loss (written as null).
-ExperimentResult make_experiment_with_noise() {
-    ExperimentResult ex = make_experiment();
+HandMadeExperiment make_experiment_with_noise() {
+    HandMadeExperiment ex = make_experiment();
     ex.runs.push_back(make_run("same", {10.02, 10.08, 9.92, 10.01, 10.04}, 5.01, 100 << 20,
                                {{"data.workers", "2"}}));
     ex.runs[3].steps.back().grad_norm = std::nan("");
@@ -493,23 +496,23 @@ ExperimentResult make_experiment_with_noise() {
 }
 
 TEST(ResultsSchema, ResultsJsonRoundTripsThroughTheSchema) {
-    const ExperimentResult ex = make_experiment_with_noise();
-    const Results typed = to_results(ex);
+    const HandMadeExperiment ex = make_experiment_with_noise();
+    const Results typed = ex.results();
     const json written = json::parse(results_to_json(typed).dump());  // as the file holds it
     const Results read = results_from_json(written, "results.json");
     const json rewritten = json::parse(results_to_json(read).dump());
     EXPECT_EQ(written, rewritten);
     EXPECT_EQ(written.dump(2), rewritten.dump(2));
     EXPECT_TRUE(written["variants"][3]["steps"].back()["grad_norm"].is_null());
-    EXPECT_FALSE(read.variants[3].steps.back().grad_norm.has_value());
+    EXPECT_TRUE(std::isnan(read.variants[3].steps.back().grad_norm));  // null: not finite
     // Everything the reports need came back: the same report from the file as from the run.
     EXPECT_EQ(render_report_md(read), render_report_md(typed));
     EXPECT_EQ(render_report_html(read), render_report_html(typed));
 }
 
 TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
-    const json j = results_to_json(make_experiment());
-    EXPECT_EQ(j["schema_version"], 6);
+    const json j = results_to_json(make_experiment().results());
+    EXPECT_EQ(j["schema_version"], 7);
     for (const char* key : {"tool", "experiment", "started_utc", "interrupted", "environment",
                             "units", "variants", "comparison"})
         EXPECT_TRUE(j.contains(key)) << key;
@@ -552,7 +555,7 @@ std::map<std::string, std::vector<std::string>> comparison_table(const std::stri
 }
 
 TEST(ResultsSchema, StoredComparisonEqualsTheVerdictsOfReportMd) {
-    const Results res = to_results(make_experiment_with_noise());
+    const Results res = make_experiment_with_noise().results();
     const json j = results_to_json(res);
     const auto table = comparison_table(render_report_md(res));
     ASSERT_EQ(table.size(), res.variants.size());
@@ -597,7 +600,7 @@ TEST(ResultsSchema, StoredComparisonEqualsTheVerdictsOfReportMd) {
 }
 
 TEST(ResultsSchema, ReadingNamesTheKeyPathOfAMissingOrMistypedKey) {
-    const json good = json::parse(results_to_json(make_experiment()).dump());
+    const json good = json::parse(results_to_json(make_experiment().results()).dump());
     auto error_of = [](const json& j) {
         try {
             results_from_json(j, "results.json");
@@ -634,7 +637,7 @@ TEST(ResultsSchema, ReadingNamesTheKeyPathOfAMissingOrMistypedKey) {
 }
 
 TEST(ResultsSchema, VersionOneIsRefusedNamingBothVersions) {
-    json v1 = json::parse(results_to_json(make_experiment()).dump());
+    json v1 = json::parse(results_to_json(make_experiment().results()).dump());
     v1["schema_version"] = 1;
     v1.erase("comparison");
     try {
@@ -643,7 +646,7 @@ TEST(ResultsSchema, VersionOneIsRefusedNamingBothVersions) {
     } catch (const ReportError& e) {
         EXPECT_EQ(std::string(e.what()),
                   "'old/results.json' has schema_version 1, this microtrain reads schema_version "
-                  "6; re-run the experiment with this version");
+                  "7; re-run the experiment with this version");
     }
 }
 
@@ -651,7 +654,7 @@ TEST(ResultsSchema, VersionOneIsRefusedNamingBothVersions) {
 // gets a "sync grew" line naming the setting and where the cost landed; the baseline and a
 // variant that syncs no more than it get none, but every variant states its host syncs.
 TEST(Report, NamesTheSyncPhaseWhenAVariantSynchronisesMoreThanTheBaseline) {
-    ExperimentResult ex;
+    HandMadeExperiment ex;
     ex.name = "sync";
     ex.baseline = "sync-step";
     ex.started_utc = "2026-01-01T00:00:00Z";
@@ -668,7 +671,7 @@ TEST(Report, NamesTheSyncPhaseWhenAVariantSynchronisesMoreThanTheBaseline) {
         s.host_wait_ms = 6.5;
         s.times[Phase::sync] = 2.0;  // grown from 0.2 ms (2% of the 10 ms step)
     }
-    const std::string md = render_report_md(to_results(ex));
+    const std::string md = render_report_md(ex.results());
     const size_t at = md.find("### sync-every-op");
     ASSERT_NE(at, std::string::npos) << md;
     const std::string section = md.substr(at, md.find("### sync-none") - at);

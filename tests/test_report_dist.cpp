@@ -12,6 +12,7 @@
 #include "report/run_folder.h"
 #include "report/step_files.h"
 #include "report/suggestions.h"
+#include "tests/hand_made_run.h"
 
 namespace mt {
 namespace {
@@ -36,8 +37,8 @@ void set_phases(PhaseTimes& t, double wall, const PhaseShares& s) {
     t[Phase::sync] = s.sync * wall;
 }
 
-RankSummary rank_summary(int rank, double wall, const PhaseShares& s) {
-    RankSummary r;
+RankRecord rank_record(int rank, double wall, const PhaseShares& s) {
+    RankRecord r;
     r.rank = rank;
     r.step_ms = wall;
     PhaseTimes t;
@@ -59,9 +60,9 @@ RankSummary rank_summary(int rank, double wall, const PhaseShares& s) {
 
 // A measured variant of 10 ms steps (rank 0) with the given phase shares; with `world` > 1 it is
 // data parallel, rank r taking 10 * (1 + r * rank_slowdown) ms per step.
-RunResult make_run(const std::string& name, const PhaseShares& s, int world, bool overlap = true,
-                   double rank_slowdown = 0.2) {
-    RunResult r;
+HandMadeRun make_run(const std::string& name, const PhaseShares& s, int world, bool overlap = true,
+                     double rank_slowdown = 0.2) {
+    HandMadeRun r;
     r.config.variant = name;
     r.config.data.batch_size = 4;
     r.config.data.seq_len = 64;
@@ -90,9 +91,9 @@ RunResult make_run(const std::string& name, const PhaseShares& s, int world, boo
         }
         r.steps.push_back(st);
     }
-    r.trace = rank_summary(0, wall, s).trace;
+    r.trace = rank_record(0, wall, s).trace;
     if (world > 1) {
-        DataParallelRun d;
+        DataParallelRecord d;
         d.world_size = world;
         d.transport = "MPI (Test MPI 1.0)";
         d.zero = 0;
@@ -106,15 +107,15 @@ RunResult make_run(const std::string& name, const PhaseShares& s, int world, boo
         d.probe_busbw_gbps = 0.125;
         d.probe_source = "measured now (test)";
         for (int k = 0; k < world; ++k)
-            d.ranks.push_back(rank_summary(k, wall * (1 + k * rank_slowdown), s));
+            d.ranks.push_back(rank_record(k, wall * (1 + k * rank_slowdown), s));
         r.dist = d;
     }
     return r;
 }
 
-ExperimentResult make_experiment(const PhaseShares& s, bool overlap = true,
-                                 double rank_slowdown = 0.2) {
-    ExperimentResult ex;
+HandMadeExperiment make_experiment(const PhaseShares& s, bool overlap = true,
+                                   double rank_slowdown = 0.2) {
+    HandMadeExperiment ex;
     ex.name = "dist";
     ex.source_path = "dist.yaml";
     ex.baseline = "one";
@@ -133,8 +134,8 @@ std::string section(const std::string& md, const std::string& heading) {
 }
 
 TEST(ReportDistResults, DataParallelIsNullForOneRankAndFullForTwo) {
-    const json j = results_to_json(make_experiment(kCommHeavy));
-    EXPECT_EQ(j["schema_version"], 6);
+    const json j = results_to_json(make_experiment(kCommHeavy).results());
+    EXPECT_EQ(j["schema_version"], 7);
     EXPECT_TRUE(j["variants"][0]["data_parallel"].is_null());
     const json& d = j["variants"][1]["data_parallel"];
     ASSERT_TRUE(d.is_object());
@@ -181,17 +182,17 @@ TEST(ReportDistResults, DataParallelIsNullForOneRankAndFullForTwo) {
 }
 
 TEST(ReportDistResults, AMissingProbeIsNullAndSoIsItsFraction) {
-    ExperimentResult ex = make_experiment(kCommHeavy);
+    HandMadeExperiment ex = make_experiment(kCommHeavy);
     ex.runs[1].dist->probe_busbw_gbps.reset();
-    const json d = results_to_json(ex)["variants"][1]["data_parallel"];
+    const json d = results_to_json(ex.results())["variants"][1]["data_parallel"];
     EXPECT_TRUE(d["probe_busbw_gbps"].is_null());
     EXPECT_TRUE(d["busbw_fraction_of_probe"].is_null());
-    EXPECT_NE(render_report_md(to_results(ex)).find("(no probe of this transport)"),
+    EXPECT_NE(render_report_md(ex.results()).find("(no probe of this transport)"),
               std::string::npos);
 }
 
 TEST(ReportDistResults, BatchShapeCountsTheGlobalBatchOfEveryRank) {
-    const json j = results_to_json(make_experiment(kCommHeavy));
+    const json j = results_to_json(make_experiment(kCommHeavy).results());
     // B 4 x grad_accum 2, times 2 ranks for the data-parallel variant.
     EXPECT_EQ(j["variants"][0]["batch"]["samples_per_step"], 8);
     EXPECT_EQ(j["variants"][0]["batch"]["tokens_per_step"], 8 * 64);
@@ -200,7 +201,7 @@ TEST(ReportDistResults, BatchShapeCountsTheGlobalBatchOfEveryRank) {
 }
 
 TEST(ReportDistResults, RoundTripGivesTheSameText) {
-    const std::string text = results_to_json(make_experiment(kCommHeavy)).dump(2);
+    const std::string text = results_to_json(make_experiment(kCommHeavy).results()).dump(2);
     const Results back = results_from_json(json::parse(text), "results.json");
     ASSERT_TRUE(back.variants[1].data_parallel);
     EXPECT_FALSE(back.variants[0].data_parallel);
@@ -209,7 +210,7 @@ TEST(ReportDistResults, RoundTripGivesTheSameText) {
 }
 
 TEST(ReportDistResults, ATypeErrorInARankIsNamedByItsKeyPath) {
-    json j = json::parse(results_to_json(make_experiment(kCommHeavy)).dump());
+    json j = json::parse(results_to_json(make_experiment(kCommHeavy).results()).dump());
     j["variants"][1]["data_parallel"]["ranks"][1]["step_ms"] = "slow";
     try {
         results_from_json(j, "results.json");
@@ -219,7 +220,7 @@ TEST(ReportDistResults, ATypeErrorInARankIsNamedByItsKeyPath) {
                   "results.json: variants[1].data_parallel.ranks[1].step_ms: expected a number, "
                   "got \"slow\"");
     }
-    json missing = json::parse(results_to_json(make_experiment(kCommHeavy)).dump());
+    json missing = json::parse(results_to_json(make_experiment(kCommHeavy).results()).dump());
     missing["variants"][1]["data_parallel"]["ranks"][0]["phases_ms"].erase("comm");
     try {
         results_from_json(missing, "results.json");
@@ -232,7 +233,7 @@ TEST(ReportDistResults, ATypeErrorInARankIsNamedByItsKeyPath) {
 }
 
 TEST(ReportDistMarkdown, CommunicationSectionLabelsTheSimulatedLinkAndTablesEveryRank) {
-    const std::string md = render_report_md(to_results(make_experiment(kCommHeavy)));
+    const std::string md = render_report_md(make_experiment(kCommHeavy).results());
     const std::string comm = section(md, "## Communication (data parallel)");
     ASSERT_FALSE(comm.empty()) << md;
     EXPECT_NE(comm.find("### two"), std::string::npos);
@@ -256,7 +257,7 @@ TEST(ReportDistMarkdown, CommunicationSectionLabelsTheSimulatedLinkAndTablesEver
 
 TEST(ReportDistMarkdown, CommAtFortyPercentIsTheBottleneckAndOverlapOffIsSuggested) {
     const std::string md =
-        render_report_md(to_results(make_experiment(kCommHeavy, /*overlap=*/false)));
+        render_report_md(make_experiment(kCommHeavy, /*overlap=*/false).results());
     const std::string comm = section(md, "## Communication (data parallel)");
     EXPECT_NE(comm.find("**Is communication the bottleneck?** Yes: the exposed communication "
                         "wait is 40.0% of the median step"),
@@ -278,7 +279,7 @@ TEST(ReportDistMarkdown, CommAtFortyPercentIsTheBottleneckAndOverlapOffIsSuggest
 
 TEST(ReportDistMarkdown, OverlapOnWithLittleHiddenUnderSimulatedLatencySuggestsLargerBuckets) {
     const std::string md =
-        render_report_md(to_results(make_experiment(kCommHeavy, /*overlap=*/true)));
+        render_report_md(make_experiment(kCommHeavy, /*overlap=*/true).results());
     const std::string comm = section(md, "## Communication (data parallel)");
     EXPECT_EQ(comm.find("set `dist.overlap: true`"), std::string::npos) << comm;
     EXPECT_NE(comm.find("a larger `dist.bucket_mb` (now 25 MiB, 2 buckets per step)"),
@@ -288,13 +289,13 @@ TEST(ReportDistMarkdown, OverlapOnWithLittleHiddenUnderSimulatedLatencySuggestsL
 
 TEST(ReportDistMarkdown,
      OverlapOnWithFewBucketsOnARealLinkSuggestsSmallerBucketsAndZeroOneIsNoFix) {
-    ExperimentResult ex = make_experiment(kCommHeavy, /*overlap=*/true);
-    DataParallelRun& d = *ex.runs[1].dist;
+    HandMadeExperiment ex = make_experiment(kCommHeavy, /*overlap=*/true);
+    DataParallelRecord& d = *ex.runs[1].dist;
     d.simulated_link_gbps = 0;
     d.simulated_latency_us = 0;
     d.zero = 1;
     const std::string comm =
-        section(render_report_md(to_results(ex)), "## Communication (data parallel)");
+        section(render_report_md(ex.results()), "## Communication (data parallel)");
     EXPECT_NE(comm.find("link: the real transport (no simulated link)"), std::string::npos);
     EXPECT_EQ(comm.find("not a real interconnect"), std::string::npos);
     EXPECT_NE(comm.find("a smaller `dist.bucket_mb` (now 25 MiB, 2 buckets per step)"),
@@ -306,7 +307,7 @@ TEST(ReportDistMarkdown,
 
 TEST(ReportDistMarkdown, CommAtTwoPercentIsNotTheBottleneck) {
     const std::string md =
-        render_report_md(to_results(make_experiment(kCommLight, true, /*rank_slowdown=*/0.01)));
+        render_report_md(make_experiment(kCommLight, true, /*rank_slowdown=*/0.01).results());
     const std::string comm = section(md, "## Communication (data parallel)");
     EXPECT_NE(comm.find("**Is communication the bottleneck?** No: the exposed communication wait "
                         "is 2.0% of the median step"),
@@ -319,25 +320,25 @@ TEST(ReportDistMarkdown, CommAtTwoPercentIsNotTheBottleneck) {
 }
 
 TEST(ReportDistMarkdown, OneRankOnlyHasNoCommunicationSection) {
-    ExperimentResult ex = make_experiment(kCommLight);
+    HandMadeExperiment ex = make_experiment(kCommLight);
     ex.runs.pop_back();
-    EXPECT_EQ(render_report_md(to_results(ex)).find("## Communication"), std::string::npos);
+    EXPECT_EQ(render_report_md(ex.results()).find("## Communication"), std::string::npos);
 }
 
 TEST(ReportDistFiles, StepsCsvHasTheCommColumns) {
-    std::istringstream in(steps_csv(make_experiment(kCommHeavy)));
+    std::istringstream in(steps_csv(make_experiment(kCommHeavy).results()));
     std::string header, line;
     std::getline(in, header);
     EXPECT_NE(header.find(",backward_ms,comm_ms,optimizer_ms,"), std::string::npos) << header;
-    EXPECT_EQ(header.substr(header.size() - 31), ",comm_busy_ms,comm_bytes,tokens");
+    EXPECT_EQ(header.substr(header.size() - 44), ",comm_busy_ms,comm_bytes,tokens,other_cpu_ms");
     std::string last;
     while (std::getline(in, line)) last = line;  // variant two's last step
     EXPECT_EQ(last.rfind("two,4,0,", 0), 0u) << last;
-    EXPECT_EQ(last.substr(last.size() - 19), ",4.500000,3000000,0") << last;
+    EXPECT_EQ(last.substr(last.size() - 28), ",4.500000,3000000,0,0.000000") << last;
 }
 
 TEST(ReportDistFiles, TraceJsonHasOnePhasesTrackPerRank) {
-    const json t = json::parse(trace_json(make_experiment(kCommHeavy)).dump());
+    const json t = json::parse(trace_json(make_experiment(kCommHeavy).results()).dump());
     std::map<int, std::set<std::string>> tracks;  // pid -> track names
     std::map<std::pair<int, int>, int> events;    // (pid, tid) -> events
     std::map<int, std::map<std::string, int>> tid_of;
@@ -359,7 +360,7 @@ TEST(ReportDistFiles, TraceJsonHasOnePhasesTrackPerRank) {
 
 TEST(ReportDistFiles, HtmlHasTheRankTableAndTheVerdict) {
     const std::string html =
-        render_report_html(to_results(make_experiment(kCommHeavy, /*overlap=*/false)));
+        render_report_html(make_experiment(kCommHeavy, /*overlap=*/false).results());
     EXPECT_NE(html.find("<h2>Communication (data parallel)</h2>"), std::string::npos);
     EXPECT_NE(html.find("<th>comm overlapped ms</th>"), std::string::npos);
     EXPECT_NE(html.find("<td><strong>1</strong> (slowest)</td>"), std::string::npos);

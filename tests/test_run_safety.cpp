@@ -260,16 +260,16 @@ TEST_F(RunSafetyTest, RunSkipsAVariantThatDoesNotFitAndRunsTheOthers) {
         "model.max_seq_len: 1024, model.vocab_size: 50257, data.batch_size: 512, "
         "data.seq_len: 1024 }\n");
     const auto t0 = std::chrono::steady_clock::now();
-    const ExperimentResult ex = run_experiment(load_experiment(yaml), quiet());
+    const ExperimentRun ex = run_experiment(load_experiment(yaml), quiet());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ASSERT_EQ(ex.runs.size(), 2u);
-    EXPECT_EQ(ex.runs[0].status, RunStatus::ok) << ex.runs[0].message;
-    EXPECT_EQ(ex.runs[1].status, RunStatus::skipped);
-    EXPECT_CONTAINS(ex.runs[1].message, "does not fit in memory");
-    EXPECT_TRUE(ex.runs[1].steps.empty());
-    EXPECT_GT(ex.runs[1].estimate.total(), size_t{1} << 40);
+    ASSERT_EQ(ex.results.variants.size(), 2u);
+    EXPECT_EQ(ex.results.variants[0].status, RunStatus::ok) << ex.results.variants[0].message;
+    EXPECT_EQ(ex.results.variants[1].status, RunStatus::skipped);
+    EXPECT_CONTAINS(ex.results.variants[1].message, "does not fit in memory");
+    EXPECT_TRUE(ex.results.variants[1].steps.empty());
+    EXPECT_GT(ex.results.variants[1].memory.estimate_total, size_t{1} << 40);
     EXPECT_LT(s, 60) << "the refusal must come before any work";
-    const Comparison c = build_comparison(to_results(ex));
+    const Comparison c = build_comparison(ex.results);
     EXPECT_CONTAINS(c.rows[1].verdict, "not run: does not fit in memory");
 }
 
@@ -289,9 +289,9 @@ TEST_F(RunSafetyTest, RunFoldersStartingInTheSameSecondAreDistinct) {
         EXPECT_TRUE(fs::exists(fs::path(d) / kPartialMarker)) << d;  // marked until written
     }
     // A written folder loses its marker and holds every file.
-    ExperimentResult ex;
-    ex.name = "same";
-    write_run_files(ex, made[0]);
+    Results results;
+    results.experiment.name = "same";
+    write_run_files(results, made[0]);
     EXPECT_FALSE(fs::exists(fs::path(made[0]) / kPartialMarker));
     for (const char* f : {"results.json", "steps.csv", "trace.json", "report.md", "report.html"})
         EXPECT_TRUE(fs::exists(fs::path(made[0]) / f)) << f;
@@ -553,14 +553,14 @@ TEST_F(RunSafetyTest, TheNotRunVerdictSaysNotRunOnce) {
     RunnerOptions o = quiet();
     o.interrupt_at_step = 1;
     o.inject_variant = "baseline";
-    ExperimentResult ex = run_experiment(spec, o);
-    ASSERT_EQ(ex.runs.at(1).status, RunStatus::skipped);
-    Comparison c = build_comparison(to_results(ex));
+    ExperimentRun ex = run_experiment(spec, o);
+    ASSERT_EQ(ex.results.variants.at(1).status, RunStatus::skipped);
+    Comparison c = build_comparison(ex.results);
     EXPECT_EQ(c.rows[1].verdict.find("not run: not run"), std::string::npos) << c.rows[1].verdict;
     EXPECT_CONTAINS(c.rows[1].verdict, "not run: the experiment was interrupted by SIGINT");
     // A results.json written before the fix holds the old message: still said once.
-    ex.runs[1].message = "not run: the experiment was interrupted (Ctrl-C)";
-    c = build_comparison(to_results(ex));
+    ex.results.variants[1].message = "not run: the experiment was interrupted (Ctrl-C)";
+    c = build_comparison(ex.results);
     EXPECT_EQ(c.rows[1].verdict, "not run: the experiment was interrupted (Ctrl-C)");
 }
 

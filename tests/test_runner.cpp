@@ -77,33 +77,34 @@ const char* kTwoVariants =
 TEST_F(RunnerTest, EndToEndTinyExperimentWritesACompleteRunFolder) {
     const ExperimentSpec spec =
         load_experiment(write_yaml(kTwoVariants, "profile: { kernels: true, trace_steps: 2 }\n"));
-    const ExperimentResult ex = run_experiment(spec, quiet());
-    ASSERT_EQ(ex.runs.size(), 2u);
-    EXPECT_FALSE(ex.interrupted);
-    for (const RunResult& r : ex.runs) {
+    const ExperimentRun ex = run_experiment(spec, quiet());
+    ASSERT_EQ(ex.results.variants.size(), 2u);
+    EXPECT_FALSE(ex.results.interrupted);
+    for (const VariantResult& r : ex.results.variants) {
         EXPECT_EQ(r.status, RunStatus::ok) << r.message;
         ASSERT_EQ(r.steps.size(), 5u);
         EXPECT_TRUE(r.steps[1].warmup);
         EXPECT_FALSE(r.steps[2].warmup);
-        for (const StepRecord& s : r.steps) {
+        for (const StepRow& s : r.steps) {
             EXPECT_TRUE(std::isfinite(s.loss));
-            EXPECT_GT(s.times.wall_ms, 0);
-            EXPECT_GT(s.times[Phase::forward], 0);
-            EXPECT_GT(s.times[Phase::backward], 0);
+            EXPECT_GT(s.wall_ms, 0);
+            EXPECT_GT(s.phases_ms[static_cast<int>(Phase::forward)], 0);
+            EXPECT_GT(s.phases_ms[static_cast<int>(Phase::backward)], 0);
         }
         EXPECT_EQ(r.trace.size(), 2u);
         EXPECT_FALSE(r.kernels.empty());
-        EXPECT_GT(r.flops_per_step, 0);
+        EXPECT_GT(r.flops.per_step, 0);
         EXPECT_GT(r.memory.tracked_peak_total, 0u);
-        EXPECT_GT(r.estimate.total(), 0u);
+        EXPECT_GT(r.memory.estimate_total, 0u);
         EXPECT_EQ(r.backend, "cpu");
     }
     // Same seed, same batches, same initial weights: both AdamW implementations are bitwise
     // identical, so the losses must match exactly.
-    for (size_t i = 0; i < ex.runs[0].steps.size(); ++i)
-        EXPECT_EQ(ex.runs[0].steps[i].loss, ex.runs[1].steps[i].loss) << "step " << i;
+    for (size_t i = 0; i < ex.results.variants[0].steps.size(); ++i)
+        EXPECT_EQ(ex.results.variants[0].steps[i].loss, ex.results.variants[1].steps[i].loss)
+            << "step " << i;
 
-    const std::string run = write_run_folder(ex, spec.out_dir);
+    const std::string run = write_run_folder(ex.results, spec.out_dir);
     for (const char* f : {"report.md", "report.html", "results.json", "steps.csv", "trace.json"})
         EXPECT_TRUE(fs::exists(fs::path(run) / f)) << f;
     const json j = load_results(run + "/results.json");
@@ -132,8 +133,8 @@ TEST_F(RunnerTest, EndToEndTinyExperimentWritesACompleteRunFolder) {
 TEST_F(RunnerTest, GradAccumulationRepeatsTheMicroStepPhases) {
     const ExperimentSpec spec = load_experiment(
         write_yaml("  - name: baseline\n", "profile: { trace_steps: 1 }\n"), {"run.grad_accum=3"});
-    const ExperimentResult ex = run_experiment(spec, quiet());
-    const RunResult& r = ex.runs.at(0);
+    const ExperimentRun ex = run_experiment(spec, quiet());
+    const VariantResult& r = ex.results.variants.at(0);
     ASSERT_EQ(r.status, RunStatus::ok) << r.message;
     ASSERT_EQ(r.trace.size(), 1u);
     int data = 0, fwd = 0, opt = 0;
@@ -145,10 +146,10 @@ TEST_F(RunnerTest, GradAccumulationRepeatsTheMicroStepPhases) {
     EXPECT_EQ(data, 3);
     EXPECT_EQ(fwd, 3);
     EXPECT_EQ(opt, 1);
-    for (const StepRecord& s : r.steps) EXPECT_TRUE(std::isfinite(s.loss));
+    for (const StepRow& s : r.steps) EXPECT_TRUE(std::isfinite(s.loss));
     // The step's loss is the mean over its micro-batches: near ln(128) for a fresh model.
     EXPECT_NEAR(r.steps[0].loss, std::log(128.0), 0.5);
-    const RunStats st = compute_run_stats(r);
+    const StepStatistics& st = r.stats;
     EXPECT_NEAR(st.samples_per_s, 2 * 3 / (st.step_ms.median / 1000.0), 1e-6);
 }
 
@@ -157,10 +158,10 @@ TEST_F(RunnerTest, InjectedNaNStopsTheVariantAndTheReportIsStillWritten) {
     RunnerOptions o = quiet();
     o.inject_variant = "fused";
     o.inject_nan_at_step = 3;
-    const ExperimentResult ex = run_experiment(spec, o);
-    ASSERT_EQ(ex.runs.size(), 2u);
-    EXPECT_EQ(ex.runs[0].status, RunStatus::ok);
-    const RunResult& bad = ex.runs[1];
+    const ExperimentRun ex = run_experiment(spec, o);
+    ASSERT_EQ(ex.results.variants.size(), 2u);
+    EXPECT_EQ(ex.results.variants[0].status, RunStatus::ok);
+    const VariantResult& bad = ex.results.variants[1];
     EXPECT_EQ(bad.status, RunStatus::failed);
     EXPECT_EQ(bad.failed_step, 3);
     EXPECT_EQ(bad.failed_phase, "forward");
@@ -169,7 +170,7 @@ TEST_F(RunnerTest, InjectedNaNStopsTheVariantAndTheReportIsStillWritten) {
     EXPECT_NE(bad.message.find("step 3"), std::string::npos) << bad.message;
     EXPECT_NE(bad.message.find("forward"), std::string::npos) << bad.message;
 
-    const std::string run = write_run_folder(ex, spec.out_dir);
+    const std::string run = write_run_folder(ex.results, spec.out_dir);
     const json j = load_results(run + "/results.json");
     EXPECT_EQ(j["variants"][1]["status"], "failed");
     EXPECT_EQ(j["variants"][1]["failed_step"], 3);
@@ -186,17 +187,41 @@ TEST_F(RunnerTest, InterruptStopsAfterTheCurrentStepAndMarksTheRun) {
     RunnerOptions o = quiet();
     o.inject_variant = "baseline";
     o.interrupt_at_step = 2;
-    const ExperimentResult ex = run_experiment(spec, o);
-    EXPECT_TRUE(ex.interrupted);
-    EXPECT_EQ(ex.runs[0].status, RunStatus::interrupted);
-    EXPECT_EQ(ex.runs[0].steps.size(), 3u);  // 2 warm-up + the step that was running
-    EXPECT_EQ(ex.runs[1].status, RunStatus::skipped);
-    EXPECT_NE(ex.runs[1].message.find("interrupted"), std::string::npos);
-    const std::string run = write_run_folder(ex, spec.out_dir);
+    const ExperimentRun ex = run_experiment(spec, o);
+    EXPECT_TRUE(ex.results.interrupted);
+    EXPECT_EQ(ex.results.variants[0].status, RunStatus::interrupted);
+    EXPECT_EQ(ex.results.variants[0].steps.size(), 3u);  // 2 warm-up + the step that was running
+    EXPECT_EQ(ex.results.variants[1].status, RunStatus::skipped);
+    EXPECT_NE(ex.results.variants[1].message.find("interrupted"), std::string::npos);
+    const std::string run = write_run_folder(ex.results, spec.out_dir);
     const json j = load_results(run + "/results.json");
     EXPECT_TRUE(j["interrupted"].get<bool>());
     EXPECT_EQ(j["variants"][0]["status"], "interrupted");
     EXPECT_EQ(j["variants"][0]["measured_steps"], 1);
+}
+
+// The CPU time other processes took during each step (engine/cpu_load.h): a real step's figure
+// is finite and >= 0, and it reaches results.json (per step and its statistics) and steps.csv.
+TEST_F(RunnerTest, EveryStepRecordsTheCpuTimeOfOtherProcesses) {
+    const ExperimentSpec spec = load_experiment(write_yaml("  - name: baseline\n"));
+    const ExperimentRun ex = run_experiment(spec, quiet());
+    const VariantResult& r = ex.results.variants.at(0);
+    ASSERT_EQ(r.status, RunStatus::ok) << r.message;
+    for (const StepRow& s : r.steps) {
+        EXPECT_TRUE(std::isfinite(s.other_cpu_ms)) << "step " << s.step;
+        EXPECT_GE(s.other_cpu_ms, 0.0) << "step " << s.step;
+    }
+    EXPECT_EQ(r.stats.other_cpu_ms.n, 3u);
+    const std::string run = write_run_folder(ex.results, spec.out_dir);
+    const json j = load_results(run + "/results.json");
+    for (const json& s : j["variants"][0]["steps"]) EXPECT_GE(s["other_cpu_ms"].get<double>(), 0);
+    EXPECT_EQ(j["variants"][0]["stats"]["other_cpu_ms"]["n"], 3);
+    std::ifstream csv(fs::path(run) / "steps.csv");
+    std::string header, row;
+    std::getline(csv, header);
+    std::getline(csv, row);
+    EXPECT_EQ(header.substr(header.rfind(',') + 1), "other_cpu_ms");
+    EXPECT_GE(std::stod(row.substr(row.rfind(',') + 1)), 0.0) << row;
 }
 
 TEST_F(RunnerTest, VariantNeedingAGpuIsSkippedWithAReason) {
@@ -204,11 +229,12 @@ TEST_F(RunnerTest, VariantNeedingAGpuIsSkippedWithAReason) {
     if (cuda_available(&why)) GTEST_SKIP() << "a GPU is present: nothing to skip";
     const ExperimentSpec spec = load_experiment(
         write_yaml("  - name: baseline\n  - name: on-gpu\n    set: { backend: cuda }\n"));
-    const ExperimentResult ex = run_experiment(spec, quiet());
-    EXPECT_EQ(ex.runs[0].status, RunStatus::ok);
-    EXPECT_EQ(ex.runs[1].status, RunStatus::skipped);
-    EXPECT_NE(ex.runs[1].message.find("needs a GPU"), std::string::npos) << ex.runs[1].message;
-    const Comparison c = build_comparison(to_results(ex));
+    const ExperimentRun ex = run_experiment(spec, quiet());
+    EXPECT_EQ(ex.results.variants[0].status, RunStatus::ok);
+    EXPECT_EQ(ex.results.variants[1].status, RunStatus::skipped);
+    EXPECT_NE(ex.results.variants[1].message.find("needs a GPU"), std::string::npos)
+        << ex.results.variants[1].message;
+    const Comparison c = build_comparison(ex.results);
     EXPECT_NE(c.rows[1].verdict.find("needs a GPU"), std::string::npos) << c.rows[1].verdict;
 }
 

@@ -1,6 +1,8 @@
-// Step statistics, the PhaseTimer, the memory tracker, the per-op profiler and the peak cache.
+// Step statistics, the PhaseTimer, the memory tracker, the per-op profiler, the peak cache and
+// the CPU time of other processes (/proc parsing).
 // No assertion on how fast anything is: only on arithmetic and bookkeeping.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "engine/cpu_load.h"
 #include "engine/memory.h"
 #include "engine/profile.h"
 #include "engine/timing.h"
@@ -349,6 +352,67 @@ TEST(Peaks, ReprobeKeepsTheBestFigureEverMeasured) {
     EXPECT_DOUBLE_EQ(again.flops_per_s, high);
     EXPECT_DOUBLE_EQ(*peak_flops(backend->device_name(), Precision::fp32), high);
     std::filesystem::remove_all(dir);
+}
+
+// ---- the CPU time of other processes (engine/cpu_load.h) ---------------------------------------
+
+// /proc/stat's first lines and a /proc/<pid>/stat whose command name holds ") (" and spaces.
+constexpr const char* kProcStatA =
+    "cpu  1000 20 300 50000 40 5 6 7 11 0\n"
+    "cpu0 500 10 150 25000 20 2 3 3 5 0\n";
+constexpr const char* kProcStatB =
+    "cpu  1250 20 350 50200 45 6 8 9 13 0\n"
+    "cpu0 600 10 170 25100 22 3 4 4 6 0\n";
+constexpr const char* kPidStatA =
+    "4242 (my (odd) prog) S 1 4242 4242 0 -1 4194560 900 0 0 0 120 30 0 0 20 0 3 0 777 "
+    "123456 789 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n";
+constexpr const char* kPidStatB =
+    "4242 (my (odd) prog) R 1 4242 4242 0 -1 4194560 950 0 0 0 200 50 0 0 20 0 3 0 777 "
+    "123456 789 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n";
+
+TEST(CpuLoad, ParsesTheBusyTicksOfEveryCpu) {
+    // user + nice + system + irq + softirq + steal; idle, iowait and guest are not added.
+    EXPECT_EQ(busy_ticks_from_proc_stat(kProcStatA), 1000u + 20 + 300 + 5 + 6 + 7);
+    EXPECT_EQ(busy_ticks_from_proc_stat(kProcStatB), 1250u + 20 + 350 + 6 + 8 + 9);
+    EXPECT_FALSE(busy_ticks_from_proc_stat("cpu0 1 2 3 4 5 6 7 8\n").has_value());
+    EXPECT_FALSE(busy_ticks_from_proc_stat("cpu  1 2 3\n").has_value());  // too few fields
+    EXPECT_FALSE(busy_ticks_from_proc_stat("").has_value());
+}
+
+TEST(CpuLoad, ParsesUtimePlusStimeAfterTheCommandName) {
+    EXPECT_EQ(own_ticks_from_proc_pid_stat(kPidStatA), 120u + 30);
+    EXPECT_EQ(own_ticks_from_proc_pid_stat(kPidStatB), 200u + 50);
+    EXPECT_FALSE(own_ticks_from_proc_pid_stat("4242 (x) S 1 2").has_value());
+    EXPECT_FALSE(own_ticks_from_proc_pid_stat("no parenthesis").has_value());
+}
+
+TEST(CpuLoad, OtherCpuTimeIsTheMachinesBusyTimeMinusOurs) {
+    const CpuLoadSample a = cpu_load_sample_from(kProcStatA, kPidStatA);
+    const CpuLoadSample b = cpu_load_sample_from(kProcStatB, kPidStatB);
+    ASSERT_TRUE(a.valid);
+    ASSERT_TRUE(b.valid);
+    // busy +305 ticks (1643 - 1338), ours +100 (250 - 150): others took 205 ticks.
+    const double ms_per_tick = 1000.0 / static_cast<double>(::sysconf(_SC_CLK_TCK));
+    EXPECT_DOUBLE_EQ(other_cpu_ms(a, b), 205 * ms_per_tick);
+    // Our own time growing faster than the machine's (samples read a moment apart): 0, not < 0.
+    EXPECT_EQ(other_cpu_ms(a, cpu_load_sample_from(kProcStatA, kPidStatB)), 0.0);
+    // No /proc: no figure.
+    EXPECT_FALSE(cpu_load_sample_from("", kPidStatA).valid);
+    EXPECT_EQ(other_cpu_ms(CpuLoadSample{}, b), 0.0);
+}
+
+TEST(CpuLoad, ALiveSampleOfThisMachineIsValidAndMonotonic) {
+    const CpuLoadSample a = CpuLoadSample::take();
+    if (!a.valid) GTEST_SKIP() << "no /proc here";
+    volatile double x = 0;
+    for (int i = 0; i < 2000000; ++i) x = x + 1e-9 * i;  // some CPU time of our own
+    const CpuLoadSample b = CpuLoadSample::take();
+    ASSERT_TRUE(b.valid);
+    EXPECT_GE(b.busy_ticks, a.busy_ticks);
+    EXPECT_GE(b.own_ticks, a.own_ticks);
+    const double other = other_cpu_ms(a, b);
+    EXPECT_TRUE(std::isfinite(other));
+    EXPECT_GE(other, 0.0);
 }
 
 }  // namespace

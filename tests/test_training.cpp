@@ -66,10 +66,10 @@ void expect_session_matches_runner(const RunConfig& c) {
     RunnerOptions quiet;
     quiet.out = nullptr;
     quiet.handle_sigint = false;
-    const ExperimentResult ex = run_experiment(spec, quiet);
-    ASSERT_EQ(ex.runs.size(), 1u);
-    ASSERT_EQ(ex.runs[0].status, RunStatus::ok) << ex.runs[0].message;
-    const std::vector<StepRecord>& runner_steps = ex.runs[0].steps;
+    const ExperimentRun ex = run_experiment(spec, quiet);
+    ASSERT_EQ(ex.results.variants.size(), 1u);
+    ASSERT_EQ(ex.results.variants[0].status, RunStatus::ok) << ex.results.variants[0].message;
+    const std::vector<StepRow>& runner_steps = ex.results.variants[0].steps;
 
     TrainingSession session = tiny_session(c);
     const int total = c.run.warmup_steps + c.run.measure_steps;

@@ -1,0 +1,44 @@
+// The CPU time other processes take while a step runs: a machine shared with other work slows a
+// step without any phase of it saying why, and a variant measured during someone else's build
+// looks slower than it is (the variants run one after another). Each step records it
+// (StepRecord::other_cpu_ms) so the report can tell a busy machine from a slow variant.
+//
+// From two samples of Linux's /proc (the first line of /proc/stat: every CPU's time since boot in
+// clock ticks, USER_HZ = sysconf(_SC_CLK_TCK); /proc/self/stat: this process's utime and stime):
+//   other = (busy_b - busy_a) - (own_b - own_a),   busy = user + nice + system + irq + softirq
+//                                                         + steal (guest time is inside user)
+// in ticks, converted to ms and clamped at 0 (the two files are read a moment apart, so the
+// difference of two small counts can dip below 0). Tick resolution: 1000 / USER_HZ ms (10 ms at
+// the usual 100 Hz), summed over every CPU, so a short step reads 0 or a multiple of it. Where
+// /proc is absent (not Linux) a sample is invalid and the CPU time is 0. A sample is two small
+// file reads (microseconds), taken at the start and the end of each step.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+namespace mt {
+
+struct CpuLoadSample {
+    bool valid = false;                 // false: /proc could not be read or parsed
+    unsigned long long busy_ticks = 0;  // every CPU's busy time since boot
+    unsigned long long own_ticks = 0;   // this process's utime + stime (all its threads)
+    // Reads /proc/stat and /proc/self/stat now.
+    static CpuLoadSample take();
+};
+
+// The busy ticks of every CPU from /proc/stat's text (its first line, "cpu  user nice system
+// idle iowait irq softirq steal ..."); nullopt when the text is not that.
+std::optional<unsigned long long> busy_ticks_from_proc_stat(std::string_view proc_stat);
+// utime + stime (fields 14 and 15) from /proc/<pid>/stat's text; nullopt when malformed. The
+// command name (field 2) is in parentheses and may hold spaces or ')': fields are counted from
+// the last ')'.
+std::optional<unsigned long long> own_ticks_from_proc_pid_stat(std::string_view pid_stat);
+// A sample from the two files' texts (what take() reads).
+CpuLoadSample cpu_load_sample_from(std::string_view proc_stat, std::string_view pid_stat);
+
+// The CPU time (ms) other processes took between samples a and b (b taken after a), >= 0; 0
+// unless both samples are valid.
+double other_cpu_ms(const CpuLoadSample& a, const CpuLoadSample& b);
+
+}  // namespace mt

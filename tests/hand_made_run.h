@@ -1,0 +1,76 @@
+// Hand-made results for the report tests: what a variant measured, written in the engine's own
+// types (StepRecord, MemorySummary, MachinePeaks, ...) as a test states it, and turned into the
+// run's record (report/results.h) by the functions the runner itself records with
+// (variant_result_for, report/recording.h, derive_statistics, complete_results). So the files a
+// test writes are the files a run with those measurements would write.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/memory.h"
+#include "engine/profile.h"
+#include "engine/step_record.h"
+#include "experiment/runner.h"
+#include "report/recording.h"
+#include "report/results.h"
+
+namespace mt {
+
+struct HandMadeRun {
+    RunConfig config;
+    RunStatus status = RunStatus::ok;
+    std::string message;
+    std::string backend, device_name;
+    int threads = 0;
+    double flops_per_step = 0;         // analytic
+    std::optional<double> peak_flops;  // for MFU
+    std::string peak_flops_source;
+    MachinePeaks peaks;
+    MemoryEstimate estimate;
+    MemorySummary memory;
+    std::vector<StepRecord> steps;
+    std::vector<TraceStep> trace;
+    std::optional<DataParallelRecord> dist;  // as measured (its derived numbers are derived)
+
+    VariantResult record() const {
+        VariantResult v = variant_result_for(config);
+        v.status = status;
+        v.message = message;
+        v.backend = backend;
+        v.device_name = device_name;
+        v.threads = threads;
+        v.flops.per_step = flops_per_step;
+        v.flops.peak_per_s = peak_flops;
+        v.flops.peak_source = peak_flops_source;
+        v.roofline = roofline_record(peaks);
+        v.memory = memory_record(estimate, memory);
+        for (const StepRecord& s : steps) v.steps.push_back(step_row(s));
+        v.trace = trace;
+        v.data_parallel = dist;
+        derive_statistics(v);
+        return v;
+    }
+};
+
+struct HandMadeExperiment {
+    std::string name, source_path, baseline;
+    std::optional<double> loss_tolerance;
+    std::string started_utc;
+    bool interrupted = false;
+    std::vector<HandMadeRun> runs;
+
+    // The complete results: every variant's record, the environment and the comparison.
+    Results results() const {
+        Results r;
+        r.experiment = {name, source_path, baseline, loss_tolerance};
+        r.started_utc = started_utc;
+        r.interrupted = interrupted;
+        for (const HandMadeRun& run : runs) r.variants.push_back(run.record());
+        complete_results(r);
+        return r;
+    }
+};
+
+}  // namespace mt
