@@ -240,6 +240,7 @@ int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOption
         const StepRecord& rec = done.record;
         record_trace(session, done, cfg, trace_t0, v);
         v.steps.push_back(step_row(rec));
+        v.steps.back().round = rec.warmup ? -1 : 0;  // one round: every variant in turn
         // Data parallel: once a stop signal arrived, mpirun stops reading the ranks' output
         // while it ends the job; a progress line could then block rank 0 before the report
         // is written, so none is printed.

@@ -216,6 +216,7 @@ struct JsonFields<StepRow> {
         json_field("host_syncs", &S::host_syncs),
         json_field("host_wait_ms", &S::host_wait_ms),
         json_field("other_cpu_ms", &S::other_cpu_ms),
+        json_field("round", &S::round),
     };
 };
 
@@ -343,10 +344,9 @@ template <>
 struct JsonFields<ExperimentHeader> {
     using S = ExperimentHeader;
     static inline const auto list = std::tuple{
-        json_field("name", &S::name),
-        json_field("source", &S::source),
-        json_field("baseline", &S::baseline),
-        json_field("loss_tolerance", &S::loss_tolerance),
+        json_field("name", &S::name),         json_field("source", &S::source),
+        json_field("baseline", &S::baseline), json_field("loss_tolerance", &S::loss_tolerance),
+        json_field("rounds", &S::rounds),
     };
 };
 

@@ -36,7 +36,8 @@
 // per step and per second count the GLOBAL batch (all ranks). v5 adds the host synchronisation
 // points (run.host_sync): `host_syncs` / `host_wait_ms` per step and their statistics in `stats`.
 // v6 adds `impl` per op of `kernels`. v7 adds `other_cpu_ms` per step (the CPU time other
-// processes took during the step, engine/cpu_load.h) and its statistics in `stats`.
+// processes took during the step, engine/cpu_load.h) and its statistics in `stats`. v8 adds the
+// interleaved rounds (run.rounds): `experiment.rounds` and `round` per step (-1: warm-up).
 #pragma once
 
 #include <array>
@@ -55,7 +56,7 @@
 
 namespace mt {
 
-inline constexpr int kResultsSchemaVersion = 7;
+inline constexpr int kResultsSchemaVersion = 8;
 
 // How a variant ended. skipped: never run (needs a GPU, does not fit, the experiment stopped
 // before it); the message says why.
@@ -170,6 +171,9 @@ struct StepRow {
     int host_syncs = 0;       // host synchronisation points in the step (run.host_sync)
     double host_wait_ms = 0;  // host time spent waiting in them
     double other_cpu_ms = 0;  // CPU time other processes took during the step (engine/cpu_load.h)
+    // The round (run.rounds) whose slice held this measured step, 0-based; -1 for a warm-up step.
+    // The comparison pairs a variant's round-r steps with the baseline's round-r steps.
+    int round = -1;
     // Not in results.json (steps.csv has tokens; results.json their measured means,
     // batch.tokens_per_step and flops.per_step): what the step trained over every rank, at the
     // batches' real lengths (StepRecord::tokens, ::model_flops).
@@ -266,6 +270,8 @@ const SeriesSummary& phase_column_stats(const StepStatistics& stats, int column)
 struct ExperimentHeader {
     std::string name, source, baseline;
     std::optional<double> loss_tolerance;  // compare.loss_tolerance; nullopt: derived (null)
+    // run.rounds: the measured steps of every variant were taken in this many interleaved rounds.
+    int rounds = 1;
 };
 
 // The machine and checkout the run came from; optional entries are absent when unknown.

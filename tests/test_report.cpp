@@ -475,7 +475,7 @@ TEST(LoadResults, BadFilesGiveClearErrors) {
     expect_error((dir / "other.json").string(), "not a microtrain results.json");
     { std::ofstream(dir / "v1.json") << R"({"schema_version": 1, "variants": []})"; }
     expect_error((dir / "v1.json").string(),
-                 "has schema_version 1, this microtrain reads schema_version 7");
+                 "has schema_version 1, this microtrain reads schema_version 8");
     json j = results_to_json(make_experiment().results());
     j["variants"][1].erase("stats");
     { std::ofstream(dir / "nostats.json") << j.dump(); }
@@ -512,7 +512,7 @@ TEST(ResultsSchema, ResultsJsonRoundTripsThroughTheSchema) {
 
 TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
     const json j = results_to_json(make_experiment().results());
-    EXPECT_EQ(j["schema_version"], 7);
+    EXPECT_EQ(j["schema_version"], 8);
     for (const char* key : {"tool", "experiment", "started_utc", "interrupted", "environment",
                             "units", "variants", "comparison"})
         EXPECT_TRUE(j.contains(key)) << key;
@@ -646,7 +646,7 @@ TEST(ResultsSchema, VersionOneIsRefusedNamingBothVersions) {
     } catch (const ReportError& e) {
         EXPECT_EQ(std::string(e.what()),
                   "'old/results.json' has schema_version 1, this microtrain reads schema_version "
-                  "7; re-run the experiment with this version");
+                  "8; re-run the experiment with this version");
     }
 }
 
