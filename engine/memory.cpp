@@ -1,6 +1,7 @@
 // MemoryTracker and process memory queries (see memory.h).
 #include "engine/memory.h"
 
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -12,9 +13,30 @@
 namespace mt {
 
 size_t process_peak_rss_bytes() {
+    // VmHWM, the high-water mark that reset_peak_rss() resets; getrusage's ru_maxrss where
+    // /proc is absent.
+    if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+        char line[256];
+        unsigned long long kib = 0;
+        bool found = false;
+        while (!found && std::fgets(line, sizeof line, f))
+            found = std::sscanf(line, "VmHWM: %llu kB", &kib) == 1;
+        std::fclose(f);
+        if (found) return static_cast<size_t>(kib) * 1024;
+    }
     rusage ru{};
     if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
     return static_cast<size_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+bool reset_peak_rss() {
+    // First give the heap's free pages back, so the current RSS is what is in use.
+    malloc_trim(0);
+    // Linux >= 4.0: writing 5 to clear_refs sets the high-water mark to the current RSS.
+    std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+    if (!f) return false;
+    const bool ok = std::fputs("5", f) >= 0;
+    return std::fclose(f) == 0 && ok;
 }
 
 size_t process_current_rss_bytes() {

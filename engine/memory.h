@@ -21,8 +21,15 @@
 
 namespace mt {
 
-// Peak resident set size of this process in bytes (getrusage ru_maxrss); 0 if unavailable.
+// Peak resident set size of this process in bytes since it started or since the last
+// reset_peak_rss() (/proc/self/status VmHWM; getrusage's ru_maxrss without /proc); 0 if
+// unavailable.
 size_t process_peak_rss_bytes();
+// Sets the peak RSS to the current RSS (/proc/self/clear_refs), so that a peak read later is
+// what came after: the runner resets it once the machine's peak probe (its GEMM and copy
+// buffers, hundreds of MiB, freed again) is done, so a variant's peak is its own whether or not
+// it ran the probe. False where the kernel does not support it (the peak then includes it).
+bool reset_peak_rss();
 // Current resident set size in bytes (/proc/self/statm); 0 if unavailable.
 size_t process_current_rss_bytes();
 // Physical memory of the machine in bytes (sysconf); 0 if unknown.

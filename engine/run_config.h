@@ -40,6 +40,9 @@ struct EnumSpelling<HostSync> {
 // runtime checks (engine/training_session.cpp): data.workers loader threads, and the CPU threads of
 // run.threads / --threads (kMaxThreads, kernels/types.h).
 inline constexpr int kMaxDataWorkers = 256;
+// run.rounds: more rounds than this adds nothing a report can use (each holds at least one
+// measured step of every variant) and only multiplies the slices' start-up cost.
+inline constexpr int kMaxRounds = 1000;
 
 struct DataConfig {
     DataSource source = DataSource::synthetic;
@@ -67,6 +70,11 @@ struct RunSettings {
     uint64_t seed = 1337;
     int warmup_steps = 3;
     int measure_steps = 20;
+    // The measured steps of every variant are taken in this many interleaved rounds: in each
+    // round every variant runs its slice of them, in an order shuffled per round from the seed
+    // (experiment/rounds.h). The same for every variant (the experiment's schedule). 1: the
+    // variants run one after another, as before rounds existed.
+    int rounds = 5;
     Precision precision = Precision::fp32;
     Recompute recompute = Recompute::none;
     int grad_accum = 1;

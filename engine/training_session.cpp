@@ -331,6 +331,7 @@ int TrainingSession::micro_step(int m) {
                                std::to_string(B_) + " and data.seq_len " + std::to_string(T_) +
                                (jitter ? " (or shorter, with data.seq_len_jitter)" : ""));
     const int T = batch.T;
+    last_T_ = T;
     const size_t n = static_cast<size_t>(B_) * T;
 
     enter(Phase::h2d);
@@ -595,6 +596,15 @@ MemorySummary TrainingSession::finish() {
     if (!memory_) return {};
     memory_->finish();
     return memory_->summary();
+}
+
+void TrainingSession::rewarm() {
+    if (last_T_ == 0 || cfg_.run.offload != OffloadMode::none) return;
+    OpObserver* observer = backend_->op_observer();
+    backend_->set_op_observer(nullptr);
+    model_.forward(d_inputs_.as<int>(), d_targets_.as<int>(), B_, last_T_);
+    backend_->synchronize();
+    backend_->set_op_observer(observer);
 }
 
 }  // namespace mt

@@ -155,6 +155,14 @@ class TrainingSession {
     // failure happened, for the error message.
     const char* current_phase() const { return phase_name_; }
 
+    // A forward pass over the last batch, outside every phase and unprofiled: after another
+    // process ran (the interleaved rounds of experiment/rounds.h), this brings the weights back
+    // into the caches and wakes the threads, so the next step's time is not a cold start. Changes
+    // nothing the next step reads (its forward overwrites every activation and loss; weights,
+    // moments and the data position are untouched). Nothing before the first step (no batch
+    // yet), and nothing under run.offload (whose host arenas expect each forward's backward).
+    void rewarm();
+
     // Ends memory tracking (process peak RSS) and returns the summary; detaches the profiler.
     MemorySummary finish();
 
@@ -226,6 +234,7 @@ class TrainingSession {
     Backend::HostSyncStats syncs_at_step_start_;
     std::unique_ptr<KernelProfiler> profiler_;
     PhaseTimer timer_;
+    int last_T_ = 0;  // the length of the last micro-batch copied to d_inputs_ (0: none yet)
     const char* phase_name_ = "setup";
 };
 

@@ -8,11 +8,13 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <ctime>
 #include <exception>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -20,6 +22,9 @@
 #include "engine/signals.h"
 #include "engine/step_loop.h"
 #include "engine/training_session.h"
+#include "experiment/rounds.h"
+#include "experiment/worker_process.h"
+#include "report/json_fields.h"
 #include "report/recording.h"
 
 namespace mt {
@@ -154,6 +159,9 @@ std::unique_ptr<TrainingSession> set_up_session(const RunConfig& cfg, BackendKin
     print_estimate(out, m.estimate);
 
     m.peaks = measure_peaks(*backend);
+    // The probe's buffers are freed; whether this variant ran it (the first on a machine
+    // without a cached peak) must not show in its peak RSS.
+    if (kind == BackendKind::cpu) reset_peak_rss();
     v.flops.peak_per_s = peak_flops(v.device_name, cfg.run.precision);
     v.flops.peak_source = peak_flops_source(v.device_name, cfg.run.precision);
 
@@ -211,61 +219,6 @@ void mark_interrupted(int step, int sig, VariantResult& v) {
     for (const StepRow& s : v.steps) measured += s.warmup ? 0 : 1;
     v.message = "interrupted by " + signal_description(sig) + " after step " +
                 std::to_string(step) + "; " + std::to_string(measured) + " measured step(s) kept";
-}
-
-// Warm-up + measured steps through a StepLoop (engine/step_loop.h: the windows of run.host_sync
-// none, the non-finite and stop-signal policy), each step recorded with its trace and a progress
-// line. `step` is the step running now (for an exception's message). Returns the stop signal's
-// number when interrupted, 0 otherwise.
-int run_steps(TrainingSession& session, const RunConfig& cfg, const RunnerOptions& opt, bool inject,
-              VariantResult& v, int& step) {
-    const int total_steps = cfg.run.warmup_steps + cfg.run.measure_steps;
-    Progress progress(opt.out, opt.progress_bar.value_or(opt.out && isatty(fileno(opt.out))),
-                      cfg.variant, total_steps, cfg.run.warmup_steps);
-    if (opt.out && session.defers_read_back())
-        std::fprintf(opt.out,
-                     "  run.host_sync none: no step waits for the device; losses and times are "
-                     "read back after each window (warm-up, measured steps, or %zu steps)\n",
-                     TrainingSession::kHostSyncWindow);
-    std::optional<std::chrono::steady_clock::time_point> trace_t0;
-    StepLoopOptions loop;
-    loop.warmup_steps = cfg.run.warmup_steps;
-    loop.before_step = [&](int s) {
-        step = s;
-        if (!opt.fault.empty() && s == opt.fault_step && opt.world &&
-            opt.world->rank() == opt.fault_rank)
-            inject_fault(opt.fault);
-    };
-    loop.on_step = [&](const TrainingSession::CompletedStep& done) {
-        const StepRecord& rec = done.record;
-        record_trace(session, done, cfg, trace_t0, v);
-        v.steps.push_back(step_row(rec));
-        v.steps.back().round = rec.warmup ? -1 : 0;  // one round: every variant in turn
-        // Data parallel: once a stop signal arrived, mpirun stops reading the ranks' output
-        // while it ends the job; a progress line could then block rank 0 before the report
-        // is written, so none is printed.
-        if (!(session.world_size() > 1 && rec.stop_signal))
-            progress.step(rec.step, rec.loss, rec.times.wall_ms);
-    };
-    if (inject) {
-        loop.inject_nan_at_step = opt.inject_nan_at_step;
-        loop.interrupt_at_step = opt.interrupt_at_step;
-    }
-    StepLoop steps(session, std::move(loop));
-    const LoopOutcome outcome = steps.run(0, total_steps);
-    step = steps.step();
-    progress.end();
-    switch (outcome.end) {
-        case LoopOutcome::End::completed:
-            return 0;
-        case LoopOutcome::End::non_finite:
-            fail_on_non_finite(outcome, v);  // the window's later steps are dropped
-            return 0;
-        case LoopOutcome::End::interrupted:
-            mark_interrupted(outcome.step, outcome.signal, v);
-            return outcome.signal;
-    }
-    return 0;
 }
 
 // After the steps: the memory summary, an honest MFU denominator and the per-op table.
@@ -405,84 +358,363 @@ void gather_ranks(const TrainingSession& session, const RunConfig& cfg, World& w
     }
 }
 
-VariantResult skipped_variant(const RunConfig& cfg, const std::string& reason, std::FILE* out) {
-    VariantResult v = variant_result_for(cfg);
-    v.status = RunStatus::skipped;
-    v.message = reason;
-    v.backend = cfg.backend == BackendChoice::cpu ? "cpu" : "cuda";
-    if (out) std::fprintf(out, "  skipped: %s\n", reason.c_str());
-    return v;
-}
+// One variant's run, in the three parts a schedule calls: set_up (backend, estimate, peaks,
+// session, warm-up steps), run_steps (a range of its measured steps: all of them one after
+// another, or one round's slice), finish (memory summary, MFU re-probe, per-op table, the ranks'
+// gather). A failure in any part is recorded in the variant's record (failed with the step and
+// phase, or skipped when the machine lacks what it needs), never thrown, except on a rank other
+// than 0 of a data-parallel job, which cannot go on without that rank.
+class VariantRun {
+  public:
+    VariantRun(const RunConfig& cfg, const RunnerOptions& opt, bool inject)
+        : cfg_(cfg),
+          opt_(opt),
+          inject_(inject),
+          v_(variant_result_for(cfg)),
+          progress_(opt.out, opt.progress_bar.value_or(opt.out && isatty(fileno(opt.out))),
+                    cfg.variant, cfg.run.warmup_steps + cfg.run.measure_steps,
+                    cfg.run.warmup_steps) {}
 
-VariantResult run_variant(const RunConfig& cfg, const RunnerOptions& opt, bool inject,
-                          int* interrupted, bool* job_failed) {
-    std::FILE* out = opt.out;
-    if (out) std::fprintf(out, "\nvariant '%s'\n", cfg.variant.c_str());
-    std::string skip;
-    const auto kind = resolve_backend(cfg, &skip);
-    if (!kind) return skipped_variant(cfg, skip, out);
-    // The same decision on every rank (it follows from the config and the world size).
-    if (cfg.run.host_sync == HostSync::none && opt.world && opt.world->distributed())
-        return skipped_variant(cfg,
-                               "run.host_sync none needs one process: under data parallel every "
-                               "step all-reduces the loss and agrees on a stop signal on the host",
-                               out);
+    // The variant's header, its backend and session, then its warm-up steps (steps [0, W)).
+    // False when it cannot go on (skipped or failed: the record says why).
+    bool set_up() {
+        std::FILE* out = opt_.out;
+        if (out) std::fprintf(out, "\nvariant '%s'\n", cfg_.variant.c_str());
+        std::string skip;
+        kind_ = resolve_backend(cfg_, &skip);
+        if (!kind_) return skip_with(skip, out);
+        // The same decision on every rank (it follows from the config and the world size).
+        if (cfg_.run.host_sync == HostSync::none && opt_.world && opt_.world->distributed())
+            return skip_with(
+                "run.host_sync none needs one process: under data parallel every step "
+                "all-reduces the loss and agrees on a stop signal on the host",
+                out);
+        v_.backend = to_string(*kind_);
+        return guarded([&] {
+            session_ = set_up_session(
+                cfg_, *kind_, out, v_, m_,
+                inject_ ? opt_.modify_backend : std::function<void(Backend&)>(), opt_.world);
+            if (session_->world_size() > 1)
+                probe_collectives(*session_, cfg_, *opt_.world, out, v_);
+            if (out && session_->defers_read_back())
+                std::fprintf(out,
+                             "  run.host_sync none: no step waits for the device; losses and times "
+                             "are read back after each window (warm-up, measured steps, or %zu "
+                             "steps)\n",
+                             TrainingSession::kHostSyncWindow);
+            run_range(0, cfg_.run.warmup_steps, -1);
+        });
+    }
 
-    VariantResult v = variant_result_for(cfg);
-    v.backend = to_string(*kind);
-    EngineMeasures m;
-    std::unique_ptr<TrainingSession> session;
-    int step = -1;
-    try {
-        session = set_up_session(cfg, *kind, out, v, m,
-                                 inject ? opt.modify_backend : std::function<void(Backend&)>(),
-                                 opt.world);
-        if (session->world_size() > 1) probe_collectives(*session, cfg, *opt.world, out, v);
-        if (const int sig = run_steps(*session, cfg, opt, inject, v, step)) *interrupted = sig;
-        finish_variant(*session, cfg, *kind, v, m);
-        if (session->world_size() > 1) gather_ranks(*session, cfg, *opt.world, v);
-    } catch (const ResourceError& e) {
-        // The machine lacks what the variant needs (like a GPU): skipped, with the estimate.
-        session.reset();
-        VariantResult skipped = skipped_variant(cfg, e.what(), nullptr);
-        skipped.backend = v.backend;
-        skipped.device_name = v.device_name;
-        skipped.memory = memory_record(m.estimate, MemorySummary{});
-        if (out) std::fprintf(out, "  skipped: %s\n", skipped.message.c_str());
-        return skipped;
-    } catch (const std::exception& e) {
-        const std::string phase = session ? session->current_phase() : "setup";
+    // Steps [first, last) as round `round` (its measured steps record it; -1 for the warm-up).
+    // `rewarm`: a forward pass first, untimed (TrainingSession::rewarm), so that the slice's
+    // first timed step does not pay for the caches and threads another variant's slice left
+    // cold. False when the variant cannot go on (failed, interrupted).
+    bool run_steps(int first, int last, int round, bool rewarm) {
+        if (!active()) return false;
+        return guarded([&] {
+            if (rewarm) session_->rewarm();
+            run_range(first, last, round);
+        });
+    }
+
+    // After its steps (or a non-finite value, or an interruption): what the engine measured,
+    // into the record. A variant whose session failed keeps the estimate and the peaks.
+    VariantResult finish() {
+        if (session_)
+            guarded([&] {
+                if (inject_ && opt_.inspect_model)
+                    opt_.inspect_model(cfg_.variant, session_->model());
+                finish_variant(*session_, cfg_, *kind_, v_, m_);
+                if (session_->world_size() > 1) gather_ranks(*session_, cfg_, *opt_.world, v_);
+            });
+        session_.reset();
+        if (v_.status != RunStatus::skipped || kind_)
+            v_.memory = memory_record(m_.estimate, m_.memory);
+        v_.roofline = roofline_record(m_.peaks);
+        return v_;
+    }
+
+    // Whether it can run more steps.
+    bool active() const { return session_ && v_.status == RunStatus::ok; }
+    int stop_signal_seen() const { return signal_; }
+    const VariantResult& record() const { return v_; }
+    VariantResult& record() { return v_; }
+
+  private:
+    bool skip_with(const std::string& reason, std::FILE* out) {
+        v_.status = RunStatus::skipped;
+        v_.message = reason;
+        v_.backend = cfg_.backend == BackendChoice::cpu ? "cpu" : "cuda";
+        if (out) std::fprintf(out, "  skipped: %s\n", reason.c_str());
+        return false;
+    }
+
+    // Steps [first, last) through a StepLoop (engine/step_loop.h: the windows of run.host_sync
+    // none, the non-finite and stop-signal policy), each step recorded with its round and trace,
+    // and a progress line.
+    void run_range(int first, int last, int round) {
+        if (first >= last) return;
+        StepLoopOptions loop;
+        loop.warmup_steps = cfg_.run.warmup_steps;
+        loop.before_step = [&](int s) {
+            step_ = s;
+            if (!opt_.fault.empty() && s == opt_.fault_step && opt_.world &&
+                opt_.world->rank() == opt_.fault_rank)
+                inject_fault(opt_.fault);
+        };
+        loop.on_step = [&](const TrainingSession::CompletedStep& done) {
+            const StepRecord& rec = done.record;
+            record_trace(*session_, done, cfg_, trace_t0_, v_);
+            v_.steps.push_back(step_row(rec));
+            v_.steps.back().round = rec.warmup ? -1 : round;
+            // Data parallel: once a stop signal arrived, mpirun stops reading the ranks' output
+            // while it ends the job; a progress line could then block rank 0 before the report
+            // is written, so none is printed.
+            if (!(session_->world_size() > 1 && rec.stop_signal))
+                progress_.step(rec.step, rec.loss, rec.times.wall_ms);
+        };
+        if (inject_) {
+            loop.inject_nan_at_step = opt_.inject_nan_at_step;
+            loop.interrupt_at_step = opt_.interrupt_at_step;
+        }
+        StepLoop steps(*session_, std::move(loop));
+        const LoopOutcome outcome = steps.run(first, last);
+        step_ = steps.step();
+        progress_.end();
+        switch (outcome.end) {
+            case LoopOutcome::End::completed:
+                break;
+            case LoopOutcome::End::non_finite:
+                fail_on_non_finite(outcome, v_);  // the window's later steps are dropped
+                if (opt_.out) std::fprintf(opt_.out, "  %s\n", v_.message.c_str());
+                break;
+            case LoopOutcome::End::interrupted:
+                mark_interrupted(outcome.step, outcome.signal, v_);
+                signal_ = outcome.signal;
+                // Data parallel: nothing more is printed before the report (see on_step).
+                if (opt_.out && !(opt_.world && opt_.world->distributed()))
+                    std::fprintf(opt_.out, "  %s\n", v_.message.c_str());
+                break;
+        }
+    }
+
+    // Runs `part`; a failure marks the variant (skipped: the machine lacks what it needs, like
+    // a GPU; failed: with the step and phase it happened in). Returns whether it can go on.
+    template <class Part>
+    bool guarded(Part&& part) {
+        try {
+            part();
+            return active();
+        } catch (const ResourceError& e) {
+            session_.reset();
+            skip_with(e.what(), nullptr);
+            v_.backend = kind_ ? to_string(*kind_) : v_.backend;
+            v_.memory = memory_record(m_.estimate, MemorySummary{});
+            if (opt_.out) std::fprintf(opt_.out, "  skipped: %s\n", v_.message.c_str());
+            return false;
+        } catch (const std::exception& e) {
+            record_failure(e);
+            return false;
+        }
+    }
+
+    void record_failure(const std::exception& e) {
+        const std::string phase = session_ ? session_->current_phase() : "setup";
+        const World* world = opt_.world;
+        const bool distributed = world && world->distributed();
+        const std::string where =
+            step_ < 0 ? std::string("during setup")
+                      : "at step " + std::to_string(step_) + " in the " + phase + " phase";
         // Data parallel: the other ranks are waiting for this one in a collective; they cannot
         // go on. Rank 0 records the failure (the report of what was measured is written before
         // the caller ends the job); another rank's caller ends the job at once.
-        if (opt.world && opt.world->distributed() && opt.world->rank() == 0) *job_failed = true;
-        if (opt.world && opt.world->distributed() && opt.world->rank() != 0)
-            throw std::runtime_error(
-                "rank " + std::to_string(opt.world->rank()) + " of " +
-                std::to_string(opt.world->size()) + ": variant '" + cfg.variant + "' failed " +
-                (step < 0 ? std::string("during setup")
-                          : "at step " + std::to_string(step) + " in the " + phase + " phase") +
-                ": " + e.what());
-        v.status = RunStatus::failed;
-        if (step >= 0) v.failed_step = step;
-        v.failed_phase = phase;
-        v.message =
-            std::string(*job_failed ? "rank 0 of " + std::to_string(opt.world->size()) + ": "
-                                    : "") +
-            "variant '" + cfg.variant + "' failed " +
-            (step < 0 ? std::string("during setup")
-                      : "at step " + std::to_string(step) + " in the " + phase + " phase") +
-            ": " + e.what();
+        if (distributed && world->rank() != 0)
+            throw std::runtime_error("rank " + std::to_string(world->rank()) + " of " +
+                                     std::to_string(world->size()) + ": variant '" + cfg_.variant +
+                                     "' failed " + where + ": " + e.what());
+        job_failed_ = distributed;
+        v_.status = RunStatus::failed;
+        if (step_ >= 0) v_.failed_step = step_;
+        v_.failed_phase = phase;
+        v_.message =
+            std::string(distributed ? "rank 0 of " + std::to_string(world->size()) + ": " : "") +
+            "variant '" + cfg_.variant + "' failed " + where + ": " + e.what();
+        if (opt_.out) std::fprintf(opt_.out, "  %s\n", v_.message.c_str());
+        session_.reset();
     }
-    // (Data parallel, interrupted: nothing more is printed before the report; see run_steps.)
-    const bool quiet = v.status == RunStatus::interrupted && opt.world && opt.world->distributed();
-    if (out && v.status != RunStatus::ok && !quiet) std::fprintf(out, "  %s\n", v.message.c_str());
-    // What the engine measured, in whatever state the variant ended (a failure keeps the
-    // estimate and the peaks; the tracked memory only once the steps finished).
-    v.memory = memory_record(m.estimate, m.memory);
-    v.roofline = roofline_record(m.peaks);
+
+  public:
+    // Data parallel: this variant failed on rank 0, which ends the job after the report.
+    bool job_failed() const { return job_failed_; }
+
+  private:
+    const RunConfig& cfg_;
+    const RunnerOptions& opt_;
+    bool inject_;
+    VariantResult v_;
+    EngineMeasures m_;
+    std::optional<BackendKind> kind_;
+    std::unique_ptr<TrainingSession> session_;
+    Progress progress_;
+    std::optional<std::chrono::steady_clock::time_point> trace_t0_;
+    int step_ = -1;
+    int signal_ = 0;
+    bool job_failed_ = false;
+};
+
+// ---- the worker of a variant (interleaved rounds) ----------------------------------------------
+
+// A variant's record travels from its worker process to the runner as one line of JSON: the
+// record as results.json holds it, plus what results.json leaves out but the run folder needs
+// (each step's tokens and FLOPs, the trace steps).
+struct WorkerRecord {
+    std::vector<double> tokens, model_flops;  // per step, in the order of VariantResult::steps
+    std::vector<TraceStep> trace;
+};
+
+}  // namespace
+
+template <>
+struct JsonFields<PhaseInterval> {
+    using S = PhaseInterval;
+    static inline const auto list = std::tuple{
+        json_field("phase", &S::phase), json_field("micro_step", &S::micro_step),
+        json_field("start_ms", &S::start_ms), json_field("duration_ms", &S::duration_ms)};
+};
+template <>
+struct JsonFields<OpInterval> {
+    using S = OpInterval;
+    static inline const auto list =
+        std::tuple{json_field("name", &S::name), json_field("start_ms", &S::start_ms),
+                   json_field("duration_ms", &S::duration_ms)};
+};
+template <>
+struct JsonFields<TraceStep> {
+    using S = TraceStep;
+    static inline const auto list =
+        std::tuple{json_field("step", &S::step), json_field("start_ms", &S::start_ms),
+                   json_field("wall_ms", &S::wall_ms), json_field("phases", &S::phases),
+                   json_field("ops", &S::ops)};
+};
+template <>
+struct JsonFields<WorkerRecord> {
+    using S = WorkerRecord;
+    static inline const auto list =
+        std::tuple{json_field("tokens", &S::tokens), json_field("model_flops", &S::model_flops),
+                   json_field("trace", &S::trace)};
+};
+
+namespace {
+
+std::string worker_reply(const VariantRun& run) {
+    const VariantResult& v = run.record();
+    WorkerRecord extras;
+    for (const StepRow& s : v.steps) {
+        extras.tokens.push_back(s.tokens);
+        extras.model_flops.push_back(s.model_flops);
+    }
+    extras.trace = v.trace;
+    nlohmann::json j;
+    j["signal"] = run.stop_signal_seen();
+    j["variant"] = variant_to_json(v);
+    j["extras"] = to_json_value(extras);
+    return j.dump();
+}
+
+VariantResult record_from_worker(const std::string& reply, int* signal) {
+    const std::string label = "a variant's worker process";
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(reply);
+    } catch (const nlohmann::json::exception& e) {
+        throw std::runtime_error(label + " sent what is not JSON: " + e.what());
+    }
+    VariantResult v = variant_from_json(j.at("variant"), label);
+    WorkerRecord extras;
+    read_json_value(JsonNode(j.at("extras"), label, "extras"), extras);
+    if (extras.tokens.size() != v.steps.size() || extras.model_flops.size() != v.steps.size())
+        throw std::runtime_error(label + " sent " + std::to_string(extras.tokens.size()) +
+                                 " step extras for " + std::to_string(v.steps.size()) + " steps");
+    for (size_t i = 0; i < v.steps.size(); ++i) {
+        v.steps[i].tokens = extras.tokens[i];
+        v.steps[i].model_flops = extras.model_flops[i];
+    }
+    v.trace = std::move(extras.trace);
+    *signal = j.at("signal").get<int>();
     return v;
 }
+
+// The runner's side of a variant's worker: requests "setup", "slice FIRST LAST ROUND" and
+// "finish", each answered with the variant's record so far (so a worker that dies loses only the
+// slice it was running).
+class VariantWorker {
+  public:
+    VariantWorker(const RunConfig& cfg, const RunnerOptions& opt, bool inject)
+        : cfg_(cfg),
+          record_(variant_result_for(cfg)),
+          process_([&cfg, &opt, inject, run = std::make_shared<std::unique_ptr<VariantRun>>()](
+                       const std::string& request) -> std::string {
+              // In the child: the variant's run lives here from the first request to the last.
+              if (!*run) *run = std::make_unique<VariantRun>(cfg, opt, inject);
+              VariantRun& r = **run;
+              if (request == "setup") {
+                  r.set_up();
+              } else if (request.rfind("slice ", 0) == 0) {
+                  int first = 0, last = 0, round = 0;
+                  if (std::sscanf(request.c_str(), "slice %d %d %d", &first, &last, &round) != 3)
+                      throw std::invalid_argument("a bad request '" + request + "'");
+                  r.run_steps(first, last, round, /*rewarm=*/true);
+              } else if (request == "finish") {
+                  r.finish();
+              } else {
+                  throw std::invalid_argument("an unknown request '" + request + "'");
+              }
+              return worker_reply(r);
+          }) {}
+
+    // Sends the request; false when the variant cannot go on (its record says why).
+    bool ask(const std::string& request) {
+        if (done_) return false;
+        const std::optional<std::string> reply = process_.request(request);
+        if (!reply) {
+            record_.status = RunStatus::failed;
+            record_.message = "variant '" + cfg_.variant + "': its worker process " +
+                              process_.death() + " during '" + request + "'; the steps it " +
+                              "measured before are kept";
+            done_ = true;
+            return false;
+        }
+        int signal = 0;
+        record_ = record_from_worker(*reply, &signal);
+        signal_ = signal;
+        if (record_.status != RunStatus::ok) done_ = true;
+        return !done_;
+    }
+
+    // Ends the worker: the final record (memory summary, per-op table) when it is alive.
+    VariantResult finish() {
+        if (!process_dead()) {
+            int signal = 0;
+            if (const std::optional<std::string> reply = process_.request("finish"))
+                record_ = record_from_worker(*reply, &signal);
+        }
+        return record_;
+    }
+
+    bool can_run() const { return !done_; }
+    int signal() const { return signal_; }
+    VariantResult& record() { return record_; }
+
+  private:
+    bool process_dead() const { return !process_.death().empty(); }
+
+    const RunConfig& cfg_;
+    VariantResult record_;
+    WorkerProcess process_;
+    bool done_ = false;
+    int signal_ = 0;
+};
 
 }  // namespace
 
@@ -504,18 +736,33 @@ VariantResult variant_result_for(const RunConfig& cfg) {
     return v;
 }
 
-ExperimentRun run_experiment(const ExperimentSpec& spec, const RunnerOptions& options) {
-    std::optional<StopSignals> signals;
-    if (options.handle_sigint) signals.emplace();
-    ExperimentRun run;
+namespace {
+
+// The message of a variant that was waiting for its next slice when a stop signal ended the
+// experiment: what it measured is kept.
+void mark_interrupted_between_slices(VariantResult& v, int sig, int round, int rounds) {
+    if (v.status != RunStatus::ok) return;
+    const int measured = static_cast<int>(
+        std::count_if(v.steps.begin(), v.steps.end(), [](const StepRow& s) { return !s.warmup; }));
+    if (measured >= v.measure_steps) return;  // it had run every slice
+    v.status = RunStatus::interrupted;
+    v.message = "interrupted by " + signal_description(sig) + " in round " +
+                std::to_string(round + 1) + " of " + std::to_string(rounds) + "; " +
+                std::to_string(measured) + " measured step(s) kept";
+}
+
+VariantResult not_run(const RunConfig& cfg, const std::string& why) {
+    VariantResult v = variant_result_for(cfg);
+    v.status = RunStatus::skipped;
+    v.message = why;
+    return v;
+}
+
+// One variant after another, each in this process (one round; data parallel, or nothing to
+// interleave).
+void run_one_after_another(const ExperimentSpec& spec, const RunnerOptions& options,
+                           ExperimentRun& run, const std::function<void(VariantResult)>& add) {
     Results& res = run.results;
-    res.experiment = {spec.name, spec.source_path, spec.baseline, spec.loss_tolerance};
-    res.started_utc = utc_now_iso();
-    // Every variant's record is complete (its statistics derived) once it is added.
-    auto add = [&res](VariantResult v) {
-        derive_statistics(v);
-        res.variants.push_back(std::move(v));
-    };
     World* world = options.world && options.world->distributed() ? options.world : nullptr;
     for (const RunConfig& cfg : spec.variants) {
         // A signal that arrived between two variants' steps (on any rank: all stop together).
@@ -527,27 +774,148 @@ ExperimentRun run_experiment(const ExperimentSpec& spec, const RunnerOptions& op
             res.interrupted = true;
         }
         if (res.interrupted) {
-            VariantResult v = variant_result_for(cfg);
-            v.status = RunStatus::skipped;
-            v.message = "the experiment was interrupted by " + signal_description(run.stop_signal) +
-                        " before this variant";
-            add(std::move(v));
+            add(not_run(cfg, "the experiment was interrupted by " +
+                                 signal_description(run.stop_signal) + " before this variant"));
             continue;
         }
         if (!run.job_failure.empty()) {  // data parallel: the job ends after this report
-            VariantResult v = variant_result_for(cfg);
-            v.status = RunStatus::skipped;
-            v.message =
-                "not run: the data-parallel job ended after a failure (" + run.job_failure + ")";
-            add(std::move(v));
+            add(not_run(cfg, "not run: the data-parallel job ended after a failure (" +
+                                 run.job_failure + ")"));
             continue;
         }
         const bool inject = options.inject_variant.empty() || options.inject_variant == cfg.variant;
-        bool job_failed = false;
-        add(run_variant(cfg, options, inject, &run.stop_signal, &job_failed));
-        if (job_failed) run.job_failure = res.variants.back().message;
+        VariantRun variant(cfg, options, inject);
+        if (variant.set_up())
+            variant.run_steps(cfg.run.warmup_steps, cfg.run.warmup_steps + cfg.run.measure_steps, 0,
+                              /*rewarm=*/false);
+        if (variant.stop_signal_seen()) run.stop_signal = variant.stop_signal_seen();
+        add(variant.finish());
+        if (variant.job_failed()) run.job_failure = res.variants.back().message;
         res.interrupted = run.stop_signal != 0;
     }
+}
+
+// The machine's peaks (engine/profile.h) measured once, in a process of their own, before any
+// variant's worker starts: the probe's GEMM and copy buffers (and the GEMM workspace its
+// 1024^3 shape grows) then stay out of every variant's memory, and the workers read the peaks
+// from the cache. A config whose probe fails here is left to its worker, which reports it.
+void fill_peak_cache(const ExperimentSpec& spec) {
+    WorkerProcess probe([&spec](const std::string&) -> std::string {
+        for (const RunConfig& cfg : spec.variants) {
+            std::string skip;
+            const std::optional<BackendKind> kind = resolve_backend(cfg, &skip);
+            if (!kind || *kind != BackendKind::cpu) continue;  // the CPU peaks are cached
+            try {
+                std::unique_ptr<Backend> backend = create_training_backend(cfg, *kind);
+                measure_peaks(*backend);
+            } catch (const std::exception&) {
+            }
+        }
+        return "done";
+    });
+    probe.request("probe");
+}
+
+// Interleaved rounds (experiment/rounds.h), each variant in its own worker process
+// (experiment/worker_process.h): every worker is set up (its warm-up steps included) in file
+// order, then each round runs one slice of every variant in the round's shuffled order, then
+// every worker hands back its record.
+void run_in_rounds(const ExperimentSpec& spec, const RunnerOptions& options, int rounds,
+                   ExperimentRun& run, const std::function<void(VariantResult)>& add) {
+    std::FILE* out = options.out;
+    const size_t n = spec.variants.size();
+    std::vector<std::unique_ptr<VariantWorker>> workers(n);
+    int stopped_in_round = -1;
+    auto check_signal = [&](int round) {
+        if (!run.stop_signal && stop_signal()) run.stop_signal = stop_signal();
+        if (run.stop_signal && stopped_in_round < 0) stopped_in_round = round;
+        return run.stop_signal != 0;
+    };
+    fill_peak_cache(spec);
+    // Every worker is forked before any is set up: each starts from the same parent (a child's
+    // resident memory begins as the parent's), whatever place its variant has in the file.
+    for (size_t i = 0; i < n; ++i) {
+        const RunConfig& cfg = spec.variants[i];
+        const bool inject = options.inject_variant.empty() || options.inject_variant == cfg.variant;
+        workers[i] = std::make_unique<VariantWorker>(cfg, options, inject);
+    }
+    for (size_t i = 0; i < n; ++i) {
+        if (check_signal(0)) {
+            workers[i].reset();  // never set up: "interrupted before this variant"
+            continue;
+        }
+        workers[i]->ask("setup");
+        if (workers[i]->signal()) run.stop_signal = workers[i]->signal();
+    }
+    const uint64_t seed = spec.variants.front().run.seed;
+    for (int r = 0; r < rounds && !check_signal(r); ++r) {
+        const std::vector<int> order = round_order(static_cast<int>(n), seed, r);
+        if (out) {
+            std::fprintf(out, "\nround %d/%d:", r + 1, rounds);
+            for (int i : order) std::fprintf(out, " '%s'", spec.variants[i].variant.c_str());
+            std::fprintf(out, "\n");
+            std::fflush(out);
+        }
+        for (int i : order) {
+            if (!workers[i] || !workers[i]->can_run()) continue;
+            const RunConfig& cfg = spec.variants[i];
+            const std::vector<RoundSlice> slices =
+                round_slices(cfg.run.warmup_steps, cfg.run.measure_steps, rounds);
+            if (r >= static_cast<int>(slices.size())) continue;
+            if (check_signal(r)) break;
+            const RoundSlice s = slices[static_cast<size_t>(r)];
+            workers[i]->ask("slice " + std::to_string(s.first) + " " + std::to_string(s.last) +
+                            " " + std::to_string(r));
+            if (workers[i]->signal() && !run.stop_signal) {
+                run.stop_signal = workers[i]->signal();
+                stopped_in_round = r;
+            }
+        }
+    }
+    for (size_t i = 0; i < n; ++i) {
+        const RunConfig& cfg = spec.variants[i];
+        if (!workers[i]) {
+            add(not_run(cfg, "the experiment was interrupted by " +
+                                 signal_description(run.stop_signal) + " before this variant"));
+            continue;
+        }
+        VariantResult v = workers[i]->finish();
+        workers[i].reset();  // the worker quits: its memory is the machine's again
+        if (run.stop_signal)
+            mark_interrupted_between_slices(v, run.stop_signal, std::max(stopped_in_round, 0),
+                                            rounds);
+        add(std::move(v));
+    }
+    run.results.interrupted = run.stop_signal != 0;
+}
+
+}  // namespace
+
+ExperimentRun run_experiment(const ExperimentSpec& spec, const RunnerOptions& options) {
+    std::optional<StopSignals> signals;
+    if (options.handle_sigint) signals.emplace();
+    ExperimentRun run;
+    Results& res = run.results;
+    res.experiment = {spec.name, spec.source_path, spec.baseline, spec.loss_tolerance};
+    res.started_utc = utc_now_iso();
+    // Every variant's record is complete (its statistics derived) once it is added.
+    const std::function<void(VariantResult)> add = [&res](VariantResult v) {
+        derive_statistics(v);
+        res.variants.push_back(std::move(v));
+    };
+    // Rounds interleave the variants; they need more than one variant, more than one measured
+    // step per variant, and one process (a data-parallel job's ranks run each variant in
+    // lockstep, one after another: its report says the variants were not interleaved).
+    int rounds = 1;
+    for (const RunConfig& cfg : spec.variants)
+        rounds = std::max(rounds, effective_rounds(cfg.run.rounds, cfg.run.measure_steps));
+    const bool distributed = options.world && options.world->distributed();
+    if (distributed || spec.variants.size() < 2) rounds = 1;
+    res.experiment.rounds = rounds;
+    if (rounds > 1)
+        run_in_rounds(spec, options, rounds, run, add);
+    else
+        run_one_after_another(spec, options, run, add);
     // The environment and the comparison: on the rank that writes the report (one process: it).
     if (!options.world || options.world->rank() == 0) complete_results(res);
     return run;

@@ -17,6 +17,7 @@
 #include "distributed/world.h"
 #include "experiment/spec.h"
 #include "kernels/backend.h"
+#include "model/gpt.h"
 #include "report/results.h"
 
 namespace mt {
@@ -50,6 +51,10 @@ struct RunnerOptions {
     // Called on the variant's backend before the model is built: a test swaps in a kernel here
     // (Backend::kernels()), e.g. a deliberately wrong one that the loss check must catch.
     std::function<void(Backend&)> modify_backend;
+    // Called with the variant's model once its steps are done, before its memory summary: a
+    // test reads the final weights here (under run.rounds it runs in the variant's worker
+    // process, so it must leave its findings outside the process, e.g. in a file).
+    std::function<void(const std::string& variant, GPT& model)> inspect_model;
     // Install the stop-signal handlers (engine/signals.h) for the duration of the run. Off in
     // tests, and where the caller holds a StopSignals of its own (`microtrain run`, whose scope
     // also covers writing the report).

@@ -539,6 +539,12 @@ void add_run_keys(std::vector<KeyDef>& t) {
     t.push_back(int_key(
         "run.measure_steps", 1, [](RunConfig& c) -> int& { return c.run.measure_steps; },
         "statistics need at least one measured step (20 or more is better)"));
+    t.push_back(int_key(
+        "run.rounds", 1, kMaxRounds,
+        "each round holds at least one measured step of every variant; more rounds than that "
+        "only add slice start-ups",
+        [](RunConfig& c) -> int& { return c.run.rounds; },
+        "use 1 to run the variants one after another (no paired interval then)"));
     t.push_back(enum_key<Precision>("run.precision",
                                     [](RunConfig& c) -> Precision& { return c.run.precision; }));
     t.push_back(enum_key<Recompute>("run.recompute",
@@ -996,6 +1002,11 @@ void add_setting(Settings& out, const std::string& dotted, const YAML::Node& key
                  const YAML::Node& value, const std::string& file, const std::string& base_dir,
                  const std::string& context, bool from_variant) {
     const std::string key_where = mark_text(file, key_node.Mark());
+    if (from_variant && dotted == "run.rounds")
+        throw SpecError(key_where + ": key 'run.rounds' (" + context +
+                        "): cannot be set per variant: the rounds are the experiment's schedule "
+                        "(every variant runs a slice in each round); set it in the base `run:` "
+                        "section");
     if (!find_knob(dotted)) {
         if (is_experiment_key(dotted))
             throw SpecError(key_where + ": key '" + dotted + "' (" + context +

@@ -383,6 +383,16 @@ json results_to_json(const Results& results) {
     return to_json_value(results);
 }
 
+json variant_to_json(const VariantResult& variant) {
+    return to_json_value(variant);
+}
+
+VariantResult variant_from_json(const json& j, const std::string& label) {
+    VariantResult v;
+    read_json_value(JsonNode(j, label, "variant"), v);
+    return v;
+}
+
 json environment_to_json(const Environment& environment) {
     return to_json_value(environment);
 }

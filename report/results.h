@@ -366,6 +366,11 @@ Environment capture_environment(const std::string& experiment_source_path);
 nlohmann::json results_to_json(const Results& results);
 // The `environment` object of results.json (also listed key by key in report.md).
 nlohmann::json environment_to_json(const Environment& environment);
+// One variant's record as results.json's `variants[i]` holds it, and read back with every key
+// checked (`label` starts the error messages). How a variant's worker process hands its record
+// to the runner (experiment/runner.cpp).
+nlohmann::json variant_to_json(const VariantResult& variant);
+VariantResult variant_from_json(const nlohmann::json& j, const std::string& label);
 // Reads a results.json document. `label` (the file name) starts every error message. Refuses a
 // schema_version other than kResultsSchemaVersion. Throws ReportError.
 Results results_from_json(const nlohmann::json& j, const std::string& label);

@@ -73,10 +73,11 @@ class HostSyncTest : public ::testing::Test {
     }
 };
 
-ExperimentRun run_all_settings(int grad_accum, RunnerOptions opt = {}) {
+ExperimentRun run_all_settings(int grad_accum, RunnerOptions opt = {}, int rounds = 5) {
     ExperimentSpec spec;
     spec.name = "host-sync";
     for (HostSync m : kAllSettings) spec.variants.push_back(tiny_config(m, grad_accum));
+    for (RunConfig& c : spec.variants) c.run.rounds = rounds;
     spec.baseline = spec.variants.front().variant;
     opt.out = nullptr;
     opt.handle_sigint = false;
@@ -188,7 +189,8 @@ TEST_F(HostSyncTest, LossAndGradNormAreBitwiseTheSameUnderEverySetting) {
 }
 
 TEST_F(HostSyncTest, NoneCountsItsReadBacksInTheLastStepOfEachWindow) {
-    const ExperimentRun ex = run_all_settings(1);
+    // One round: the measured steps are one window (under rounds each slice is its own).
+    const ExperimentRun ex = run_all_settings(1, {}, /*rounds=*/1);
     const VariantResult& none = ex.results.variants[3];
     ASSERT_EQ(none.config_value("run.host_sync"), "none");
     // Warm-up window: steps 0-1, measured window: steps 2-4.

@@ -549,7 +549,8 @@ TEST_F(RunSafetyTest, TheNotRunVerdictSaysNotRunOnce) {
     const ExperimentSpec spec =
         load_experiment(write_yaml(kOneVariant + std::string("  - name: other\n"
                                                              "    set: { "
-                                                             "run.seed: 8 }\n")));
+                                                             "run.seed: 8 }\n")),
+                        {"run.rounds=1"});  // one after another: the second never starts
     RunnerOptions o = quiet();
     o.interrupt_at_step = 1;
     o.inject_variant = "baseline";

@@ -182,8 +182,9 @@ TEST_F(RunnerTest, InjectedNaNStopsTheVariantAndTheReportIsStillWritten) {
     EXPECT_NE(md.str().find("| fused (failed) |"), std::string::npos);
 }
 
+// One variant after another (run.rounds 1): the variants after the interrupted one never start.
 TEST_F(RunnerTest, InterruptStopsAfterTheCurrentStepAndMarksTheRun) {
-    const ExperimentSpec spec = load_experiment(write_yaml(kTwoVariants));
+    const ExperimentSpec spec = load_experiment(write_yaml(kTwoVariants), {"run.rounds=1"});
     RunnerOptions o = quiet();
     o.inject_variant = "baseline";
     o.interrupt_at_step = 2;
