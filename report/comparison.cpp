@@ -441,8 +441,9 @@ namespace {
 std::string time_call_legend(const Comparison& c) {
     const std::string m = f("%g", 100 * c.min_effect) + " %";
     const std::string how =
-        c.paired ? "from the " + std::to_string(c.rounds) +
-                       " interleaved rounds of this run: per round, the log of the baseline's "
+        c.paired ? "from the " + std::to_string(c.rounds) + " interleaved round" +
+                       (c.rounds == 1 ? "" : "s") +
+                       " of this run: per round, the log of the baseline's "
                        "median step over the variant's; a t-interval on those paired log ratios; "
                        "the point estimate is its centre"
                  : "UNPAIRED (two runs, whose rounds are not pairs): a Welch t-interval on the two "
