@@ -440,19 +440,21 @@ namespace {
 // What the time call column means, for the legend under the table.
 std::string time_call_legend(const Comparison& c) {
     const std::string m = f("%g", 100 * c.min_effect) + " %";
-    const std::string how =
-        c.paired ? "from the " + std::to_string(c.rounds) + " interleaved round" +
-                       (c.rounds == 1 ? "" : "s") +
-                       " of this run: per round, the log of the baseline's "
-                       "median step over the variant's; a t-interval on those paired log ratios; "
-                       "the point estimate is its centre"
-                 : "UNPAIRED (two runs, whose rounds are not pairs): a Welch t-interval on the two "
-                   "runs' log per-round median steps";
-    return "Time call: the 95 % confidence interval of the speedup, " + how +
-           ". *faster* / "
-           "*slower* when the whole interval is beyond ±" +
-           m + " (compare.min_effect), *no difference* when it lies within ±" + m +
-           ", *inconclusive* when it straddles a boundary; only a call counts in the verdict.";
+    std::string how;
+    if (c.paired)
+        how = "from the " + std::to_string(c.rounds) + " interleaved round" +
+              (c.rounds == 1 ? "" : "s") +
+              " of this run: per round, the log of the baseline's median step over the "
+              "variant's; a t-interval on those paired log ratios; the point estimate is its "
+              "centre";
+    else
+        how =
+            "UNPAIRED (two runs, whose rounds are not pairs): a Welch t-interval on the two "
+            "runs' log per-round median steps";
+    return "Time call: the 95 % confidence interval of the speedup, " + how + ". *faster* / " +
+           "*slower* when the whole interval is beyond ±" + m + " (compare.min_effect), *no " +
+           "difference* when it lies within ±" + m + ", *inconclusive* when it straddles a " +
+           "boundary; only a call counts in the verdict.";
 }
 
 }  // namespace
@@ -480,7 +482,7 @@ std::string render_comparison_md(const Comparison& c) {
               << " | " << (r.final_loss ? f("%.4f", *r.final_loss) : "n/a") << " | "
               << (r.mean_loss ? f("%.4f", *r.mean_loss) : "n/a") << " | ";
         } else {
-            o << "– | – | – | – | – | – | – | – | – | ";  // to Loss mean
+            o << "– | – | – | – | – | – | – | – | – | ";
         }
         if (r.is_baseline) {
             o << "0 (1.00x) | – | 0 | – | ";

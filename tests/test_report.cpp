@@ -309,6 +309,48 @@ TEST(Comparison, SmallDeltaInsideTheSpreadIsWithinNoise) {
     EXPECT_NE(r.verdict.find("time: inconclusive ["), std::string::npos) << r.verdict;
 }
 
+// Time enters a verdict only through the call: a leaner variant whose time shows no difference
+// is kept, and says so.
+TEST(Comparison, LeanerWithNoTimeDifferenceIsKeptOnItsCall) {
+    HandMadeExperiment ex;
+    ex.name = "lean";
+    ex.baseline = "baseline";
+    ex.runs.push_back(make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20));
+    ex.runs.push_back(make_run("lean", {10.01, 10.09, 9.91, 10.02, 10.04}, 5.0, 60 << 20,
+                               {{"run.recompute", "gelu"}}));
+    const Comparison c = build_comparison(ex.results());
+    const ComparisonRow& r = row(c, "lean");
+    EXPECT_EQ(r.time_call, TimeCall::no_difference);
+    EXPECT_EQ(r.decision, Decision::keep);
+    EXPECT_EQ(r.verdict.rfind("keep: 40.0 MiB less tracked memory, time: 1.00x no difference [", 0),
+              0u)
+        << r.verdict;
+}
+
+// With one round (today's runner without run.rounds) there is no interval: every time call is
+// inconclusive and says so, speedup_ci95 is null, and a note says no verdict rests on time;
+// memory and the loss check still decide.
+TEST(Comparison, OneRoundGivesNoIntervalAndNoVerdictOnTime) {
+    HandMadeExperiment ex = make_experiment();
+    ex.rounds = 1;
+    const Results res = ex.results();
+    const Comparison& c = res.comparison;
+    const ComparisonRow& fast = row(c, "fast");
+    EXPECT_EQ(fast.time_call, TimeCall::inconclusive);
+    EXPECT_FALSE(fast.speedup_ci95.has_value());
+    EXPECT_EQ(fast.decision, Decision::reject);  // 2x by its medians, but no call: no gain shown
+    EXPECT_NE(fast.verdict.find("inconclusive: 1 paired round, an interval needs at least 2"),
+              std::string::npos)
+        << fast.verdict;
+    const ComparisonRow& lean = row(c, "lean");
+    EXPECT_EQ(lean.decision, Decision::keep);  // its memory is exact: 40 MiB less
+    EXPECT_EQ(row(c, "lossy").decision, Decision::reject);
+    bool noted = false;
+    for (const std::string& n : c.notes) noted |= n.find("taken in 1 round") != std::string::npos;
+    EXPECT_TRUE(noted);
+    EXPECT_TRUE(results_to_json(res)["comparison"]["variants"][1]["speedup_ci95"].is_null());
+}
+
 TEST(ReportMd, HasTheTableDeltasWithSignsAndTheAnswers) {
     const std::string md = render_report_md(make_experiment().results());
     for (const char* s :
