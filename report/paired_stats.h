@@ -22,10 +22,11 @@
 // cancels inside the pair; what is left is each slice's own noise and the small drift between
 // the two slices of a round, whose sign the shuffled order makes random). It is exact for normal
 // d_r with any R >= 2, and the per-round medians are close to normal. A round hit by a burst is
-// an outlier d_r: it moves the mean by 1/R of its size but widens the interval by about
-// t/sqrt(R) of it, so a burst makes the interval wider (an honest `inconclusive`) rather than
-// wrong. Why not a bootstrap over rounds: with R = 5 it under-covers (it cannot see the tails of
-// 5 values); why not a rank interval (Walsh averages / Hodges–Lehmann): with R = 5 the highest
+// an outlier d_r: an outlier D among R values moves the mean by D/R but raises the standard
+// deviation to about D/sqrt(R), so the half-width grows by about t·D/R (t = 2.78 at R = 5): the
+// interval widens more than it moves, and a burst gives an honest `inconclusive` rather than a
+// wrong call. Why not a bootstrap over rounds: with R = 5 it under-covers (it cannot see the tails
+// of 5 values); why not a rank interval (Walsh averages / Hodges–Lehmann): with R = 5 the highest
 // confidence it can reach is 1 - 2/32 = 93.75 %, never 95 %. tests/test_paired_stats.cpp shows,
 // on a simulator of step times with drift, noise and bursts, the coverage, the A/A false-call
 // rate and the power of these calls.
