@@ -77,8 +77,8 @@ int run_validate(const ValidateArgs& a) {
         spec.loss_tolerance
             ? std::to_string(*spec.loss_tolerance) + " (relative, mean and final loss)"
             : std::string("from the baseline's step-to-step loss spread");
-    std::printf("compare: loss_tolerance %s   report: out_dir %s\n", tolerance.c_str(),
-                spec.out_dir.c_str());
+    std::printf("compare: loss_tolerance %s   min_effect %g   report: out_dir %s\n",
+                tolerance.c_str(), spec.min_effect, spec.out_dir.c_str());
     for (const auto& o : a.overrides) std::printf("--set %s\n", o.c_str());
 
     // The base config is what every variant starts from; the variants list only what they change.

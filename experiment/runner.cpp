@@ -896,7 +896,8 @@ ExperimentRun run_experiment(const ExperimentSpec& spec, const RunnerOptions& op
     if (options.handle_sigint) signals.emplace();
     ExperimentRun run;
     Results& res = run.results;
-    res.experiment = {spec.name, spec.source_path, spec.baseline, spec.loss_tolerance};
+    res.experiment = {spec.name, spec.source_path, spec.baseline, spec.loss_tolerance,
+                      spec.min_effect};
     res.started_utc = utc_now_iso();
     // Every variant's record is complete (its statistics derived) once it is added.
     const std::function<void(VariantResult)> add = [&res](VariantResult v) {

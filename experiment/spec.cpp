@@ -716,6 +716,7 @@ const std::vector<std::string>& experiment_keys() {
     static const std::vector<std::string> k = {"name",
                                                "compare.baseline",
                                                "compare.loss_tolerance",
+                                               "compare.min_effect",
                                                "report.out_dir",
                                                "train.steps",
                                                "train.eval_every",
@@ -859,6 +860,7 @@ struct ParsedFile {
     std::string name;
     std::string baseline, baseline_where;
     std::optional<double> loss_tolerance;
+    double min_effect = kDefaultMinEffect;
     std::string out_dir = "runs";
     TrainSpec train;  // the `train:` section (microtrain train)
     bool has_variants = false;
@@ -989,6 +991,17 @@ void set_experiment_key(ParsedFile& pf, const std::string& key, const YAML::Node
                  "expected a number >= 0, got " + format_double(d) +
                      "; it is the allowed relative difference of the mean loss");
         pf.loss_tolerance = d;
+    } else if (key == "compare.min_effect") {
+        double d = 0;
+        if (!value.IsScalar() || !parse_number(value.Scalar(), d))
+            fail(where, key, "",
+                 "expected a number, got " + got_text(value) +
+                     "; write the smallest speedup that counts, as a fraction such as 0.02");
+        if (!(d >= 0 && d < 1))
+            fail(where, key, "",
+                 "expected a number >= 0 and < 1, got " + format_double(d) +
+                     "; it is the smallest speedup that counts as faster or slower (0.02 = 2 %)");
+        pf.min_effect = d;
     } else if (key == "report.out_dir") {
         pf.out_dir = scalar_string(value, where, key, "");
     } else if (key.rfind("train.", 0) == 0) {
@@ -1524,6 +1537,7 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
     spec.name = pf.name;
     spec.source_path = path;
     spec.loss_tolerance = pf.loss_tolerance;
+    spec.min_effect = pf.min_effect;
     spec.out_dir = pf.out_dir;
     spec.train = pf.train;
 

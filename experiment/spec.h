@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/run_config.h"
+#include "report/paired_stats.h"
 
 namespace mt {
 
@@ -36,6 +37,9 @@ struct ExperimentSpec {
     // compare.loss_tolerance (relative, on the mean and the final loss); nullopt when the file
     // gives none: the comparison then derives one from the baseline's step-to-step spread.
     std::optional<double> loss_tolerance;
+    // compare.min_effect: the smallest speedup (a fraction, default 2 %) a time call counts
+    // (report/paired_stats.h).
+    double min_effect = kDefaultMinEffect;
     std::string out_dir = "runs";                             // report.out_dir
     TrainSpec train;                                          // train.*
     const RunConfig& variant(const std::string& name) const;  // throws SpecError if absent

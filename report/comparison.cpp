@@ -50,8 +50,13 @@ ComparisonRow row_from(const VariantResult& v) {
     r.device_kind = v.memory.device.kind;
     r.final_loss = v.loss.final;
     r.mean_loss = v.loss.mean_measured;
-    for (const StepRow& s : v.steps)
-        if (!s.warmup && std::isfinite(s.loss)) r.measured_losses.emplace_back(s.step, s.loss);
+    std::vector<std::pair<int, double>> round_and_ms;
+    for (const StepRow& s : v.steps) {
+        if (s.warmup) continue;
+        if (std::isfinite(s.loss)) r.measured_losses.emplace_back(s.step, s.loss);
+        round_and_ms.emplace_back(s.round, s.wall_ms);
+    }
+    r.round_ms = round_medians(round_and_ms);
     return r;
 }
 
@@ -182,29 +187,44 @@ bool judge_unmeasurable(ComparisonRow& r, const ComparisonRow& b, bool baseline_
     return true;
 }
 
-// Deltas against the baseline: time (median), memory (tracked peak), noise and loss.
-void measure_against(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol) {
+// The time call of r against b (report/paired_stats.h): paired over the rounds of one run, or
+// unpaired (`compare`: two runs).
+void call_time(ComparisonRow& r, const ComparisonRow& b, const Comparison& c) {
+    const SpeedupInterval s = c.paired ? paired_speedup_interval(b.round_ms, r.round_ms)
+                                       : unpaired_speedup_interval(b.round_ms, r.round_ms);
+    const TimeCallResult call = make_time_call(s, c.min_effect);
+    r.time_call = call.call;
+    r.speedup_ci95 = call.ci95;
+    r.time_call_text = call.text;
+    r.more_rounds = call.more_rounds;
+}
+
+// Deltas against the baseline: time (median, and the call), memory (tracked peak), noise, loss.
+void measure_against(ComparisonRow& r, const ComparisonRow& b, const Comparison& c) {
     r.delta_time_ms = b.median_ms - r.median_ms;
     r.speedup = r.median_ms > 0 ? b.median_ms / r.median_ms : 0;
     r.delta_memory_bytes = b.tracked_peak - r.tracked_peak;
     const double noise = std::max(b.iqr_ms, r.iqr_ms);
     r.within_noise = std::fabs(*r.delta_time_ms) <= noise;
-    check_loss(r, b, tol);
+    call_time(r, b, c);
+    check_loss(r, b, c.loss_tolerance_nats);
 }
 
-// keep / trade-off / reject from the measured deltas (measure_against ran).
+// keep / trade-off / reject from the time call and the memory and loss deltas (measure_against
+// ran). Time counts only as called: `faster` / `slower` when the whole 95 % interval is beyond
+// the minimal effect; `no difference` and `inconclusive` are no gain and no cost, never a point
+// estimate inside the noise.
 void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol) {
-    const bool faster = !r.within_noise && *r.delta_time_ms > 0;
-    const bool slower = !r.within_noise && *r.delta_time_ms < 0;
+    const bool faster = r.time_call == TimeCall::faster;
+    const bool slower = r.time_call == TimeCall::slower;
     // Tracked bytes are deterministic; count a change only above 1% of the baseline or 64 KiB.
     const double mem_eps = std::max(0.01 * b.tracked_peak, 64.0 * 1024.0);
     const bool leaner = *r.delta_memory_bytes > mem_eps;
     const bool fatter = *r.delta_memory_bytes < -mem_eps;
-    const std::string speed = f("%.2f", *r.speedup) + "x " + (faster ? "faster" : "slower");
+    const std::string& speed = r.time_call_text;  // "1.23x faster [1.18–1.27]"
     const std::string mem_gain = mib(*r.delta_memory_bytes) + " MiB less tracked memory";
     const std::string mem_cost = "costs +" + mib(-*r.delta_memory_bytes) + " MiB tracked memory";
-    const std::string time_cost = "costs +" + f("%.2f", -*r.delta_time_ms) + " ms/step (" +
-                                  f("%.2f", 1.0 / *r.speedup) + "x)";
+    const std::string time_cost = "costs +" + f("%.2f", -*r.delta_time_ms) + " ms/step: " + speed;
 
     Decision d = Decision::reject;
     std::string v;
@@ -219,15 +239,15 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
         v = "trade-off: " + speed + ", " + mem_cost;
     } else if (leaner && !slower) {
         d = Decision::keep;
-        v = "keep: " + mem_gain + ", time within noise";
+        v = "keep: " + mem_gain + ", time: " + speed;
     } else if (leaner && slower) {
         d = Decision::trade_off;
         v = "trade-off: " + mem_gain + ", " + time_cost;
     } else if (slower) {
         v = "reject: " + speed + (fatter ? " and " + mem_cost : "");
     } else {
-        v = "reject: no measurable gain (time within noise" +
-            std::string(fatter ? ", " + mem_cost : ", memory unchanged") + ")";
+        v = "reject: no measurable gain (time: " + speed +
+            std::string(fatter ? "; " + mem_cost : "; memory unchanged") + ")";
     }
     if (!r.loss_within_tolerance) v += " (loss not comparable)";
     // Shape jitter shortens the variant's batches, so its steps are shorter by construction: the
@@ -241,11 +261,10 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
     set_verdict(r, d, v);
 }
 
-void judge(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol,
-           bool baseline_present) {
+void judge(ComparisonRow& r, const ComparisonRow& b, const Comparison& c, bool baseline_present) {
     if (judge_unmeasurable(r, b, baseline_present)) return;
-    measure_against(r, b, tol);
-    judge_measured(r, b, tol);
+    measure_against(r, b, c);
+    judge_measured(r, b, c.loss_tolerance_nats);
 }
 
 // The notes on step-time spread. A variant whose own config varies its shapes
@@ -275,10 +294,19 @@ void add_notes(Comparison& c) {
         jittery = true;
         c.notes.push_back("warning: '" + r.variant + "' step times jitter " + pct(r.jitter) +
                           " (IQR/median > " + pct(kJitterWarnThreshold) +
-                          "): deltas smaller than its spread are noise; more warm-up or "
-                          "measured steps, and a quiet machine, help");
+                          "): its time call's interval is wider for it; more rounds "
+                          "(run.rounds), more warm-up or measured steps, and a quiet machine, "
+                          "help");
     }
-    if (jittery)
+    // Without two rounds there is no interval: every time call is inconclusive, so the verdicts
+    // rest on memory and the loss check alone, and load changes between variants go unseen.
+    if (c.rounds > 0 && c.rounds < kMinRoundsForInterval)
+        c.notes.push_back("note: the measured steps were taken in " + std::to_string(c.rounds) +
+                          " round: a time call needs at least " +
+                          std::to_string(kMinRoundsForInterval) +
+                          " (run.rounds), so every time call is inconclusive and no verdict "
+                          "rests on time");
+    if (jittery && c.rounds < kMinRoundsForInterval)
         c.notes.push_back(
             "caution: variants run one after another, so a change in machine load between them "
             "(other processes) looks like a difference between variants that no within-variant "
@@ -352,7 +380,10 @@ Comparison build_comparison(const Results& results) {
         std::rotate(rows.begin(), rows.begin() + base, rows.begin() + base + 1);
     }
     if (!rows.empty()) set_loss_tolerance(c, rows.front(), results.experiment.loss_tolerance);
-    for (ComparisonRow& r : rows) judge(r, rows.front(), c.loss_tolerance_nats, base >= 0);
+    c.min_effect = results.experiment.min_effect;
+    c.paired = true;
+    c.rounds = rows.empty() ? 0 : static_cast<int>(rows.front().round_ms.size());
+    for (ComparisonRow& r : rows) judge(r, rows.front(), c, base >= 0);
     c.rows = std::move(rows);
     add_notes(c);
     return c;
@@ -385,7 +416,15 @@ Comparison compare_results(const Results& a, const std::string& a_label, const R
         throw ReportError(b_label + (b_variant.empty() ? ": has no variants"
                                                        : ": no variant named '" + b_variant + "'"));
     set_loss_tolerance(c, c.rows.front(), a.experiment.loss_tolerance);
-    for (ComparisonRow& r : c.rows) judge(r, c.rows.front(), c.loss_tolerance_nats, true);
+    c.min_effect = a.experiment.min_effect;
+    c.paired = false;
+    c.rounds = static_cast<int>(c.rows.front().round_ms.size());
+    for (ComparisonRow& r : c.rows) judge(r, c.rows.front(), c, true);
+    c.notes.push_back(
+        "unpaired: A and B are two runs made at different times, so their rounds are not pairs; "
+        "each time call is a Welch 95 % interval over the two runs' per-round median step times "
+        "(log scale). It covers the noise within each run, not a change of the machine between "
+        "the runs: compare variants of one run (paired rounds) where you can");
     add_notes(c);
     return c;
 }
@@ -396,12 +435,36 @@ json load_results(const std::string& path) {
     return j;
 }
 
+namespace {
+
+// What the time call column means, for the legend under the table.
+std::string time_call_legend(const Comparison& c) {
+    const std::string m = f("%g", 100 * c.min_effect) + " %";
+    std::string how;
+    if (c.paired)
+        how = "from the " + std::to_string(c.rounds) + " interleaved round" +
+              (c.rounds == 1 ? "" : "s") +
+              " of this run: per round, the log of the baseline's median step over the "
+              "variant's; a t-interval on those paired log ratios; the point estimate is its "
+              "centre";
+    else
+        how =
+            "UNPAIRED (two runs, whose rounds are not pairs): a Welch t-interval on the two "
+            "runs' log per-round median steps";
+    return "Time call: the 95 % confidence interval of the speedup, " + how + ". *faster* / " +
+           "*slower* when the whole interval is beyond ±" + m + " (compare.min_effect), *no " +
+           "difference* when it lies within ±" + m + ", *inconclusive* when it straddles a " +
+           "boundary; only a call counts in the verdict.";
+}
+
+}  // namespace
+
 std::string render_comparison_md(const Comparison& c) {
     std::ostringstream o;
     o << "| Variant | Changed | Step ms (median) | p90 ms | Samples/s | Tokens/s | MFU | "
          "Peak tracked MiB | Peak device/RSS MiB | Loss final | Loss mean | Δtime ms (speedup) | "
-         "Δmem MiB | Loss within tol. | Verdict |\n";
-    o << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
+         "Time call [95% CI] | Δmem MiB | Loss within tol. | Verdict |\n";
+    o << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|\n";
     auto cell = [](const std::string& s) {
         std::string out;
         for (char ch : s) out += ch == '|' ? std::string("\\|") : std::string(1, ch);
@@ -422,10 +485,10 @@ std::string render_comparison_md(const Comparison& c) {
             o << "– | – | – | – | – | – | – | – | – | ";
         }
         if (r.is_baseline) {
-            o << "0 (1.00x) | 0 | – | ";
+            o << "0 (1.00x) | – | 0 | – | ";
         } else if (r.delta_time_ms) {
-            o << signed_f("%.2f", *r.delta_time_ms) << " (" << f("%.2f", *r.speedup) << "x"
-              << (r.within_noise ? ", within noise" : "") << ") | "
+            o << signed_f("%.2f", *r.delta_time_ms) << " (" << f("%.2f", *r.speedup) << "x) | "
+              << cell(r.time_call_text) << " | "
               << (std::fabs(*r.delta_memory_bytes) < 0.05 * kMiB
                       ? std::string("0")
                       : signed_f("%.1f", to_mib(*r.delta_memory_bytes)))
@@ -433,14 +496,15 @@ std::string render_comparison_md(const Comparison& c) {
               << (r.loss_within_tolerance ? (*r.loss_within_tolerance ? "yes" : "no") : "n/a")
               << " | ";
         } else {
-            o << "– | – | – | ";
+            o << "– | – | – | – | ";
         }
         o << cell(r.verdict) << " |\n";
     }
     o << "\nΔ = baseline − variant: positive Δtime = the variant is faster, positive Δmem = it "
-         "uses less tracked memory. Speedup = baseline median / variant median. A Δtime no larger "
-         "than the larger IQR of the two is *within noise*. Loss within tolerance: over the "
-         "measured steps both ran, |Δ mean loss| and |Δ loss of the last common step| ≤ "
+         "uses less tracked memory. Speedup = baseline median / variant median. "
+      << time_call_legend(c)
+      << " Loss within tolerance: over the measured steps both ran, |Δ mean loss| and |Δ loss of "
+         "the last common step| ≤ "
       << (c.loss_tolerance_nats
               ? f("%.4f", *c.loss_tolerance_nats) + " nats (" + c.loss_tolerance_basis + ")"
               : std::string("n/a (") + c.loss_tolerance_basis + ")")

@@ -1,8 +1,12 @@
 // The comparison of every variant against the baseline, and the loss check.
 //
 // Conventions (docs/design.md): delta = baseline - variant, so positive = the variant is
-// faster / leaner; speedup = baseline median / variant median. A time delta no larger than the
-// measured spread (the larger of the two IQRs) is "within noise". The loss check compares the
+// faster / leaner; speedup = baseline median / variant median. Time enters a verdict only through
+// the time call (report/paired_stats.h): a 95 % interval of the speedup from the per-round pairs
+// of the run's interleaved rounds, called faster / slower / no difference / inconclusive against
+// compare.min_effect; `compare` (two runs) makes an unpaired interval and says so. (A time delta
+// no larger than the larger of the two IQRs is still flagged "within noise" in results.json for
+// readers; it no longer decides anything.) Memory deltas are exact. The loss check compares the
 // mean and the last loss over the measured steps both ran against a tolerance in nats (the
 // baseline's step-to-step spread unless compare.loss_tolerance is given). `microtrain compare`
 // renders the same table from two earlier results.json files, so a table means the same thing

@@ -309,6 +309,22 @@ struct JsonFields<Environment> {
     };
 };
 
+// [low, high] of an interval, or null (speedup_ci95).
+struct LowHighOrNull {
+    static json write(const std::optional<std::pair<double, double>>& x) {
+        return x ? json::array({x->first, x->second}) : json(nullptr);
+    }
+    static void read(const JsonNode& n, std::optional<std::pair<double, double>>& out) {
+        out.reset();
+        if (n.is_null()) return;
+        const std::vector<JsonNode> e = n.elements();
+        if (e.size() != 2) n.expected("[low, high] or null");
+        const double low = e[0].number(), high = e[1].number();
+        if (!(low <= high)) n.expected("[low, high] with low <= high");
+        out = std::make_pair(low, high);
+    }
+};
+
 // The verdict part of a row (results.h: the table's cells are not stored).
 template <>
 struct JsonFields<ComparisonRow> {
@@ -320,6 +336,8 @@ struct JsonFields<ComparisonRow> {
         json_field("speedup", &S::speedup),
         json_field("delta_memory_bytes", &S::delta_memory_bytes),
         json_field("within_noise", &S::within_noise),
+        json_field_as<LowHighOrNull>("speedup_ci95", &S::speedup_ci95),
+        json_field("time_call", &S::time_call),
         json_field("loss_within_tolerance", &S::loss_within_tolerance),
         json_field("delta_mean_loss", &S::delta_mean_loss),
         json_field("delta_final_loss", &S::delta_final_loss),
@@ -346,7 +364,7 @@ struct JsonFields<ExperimentHeader> {
     static inline const auto list = std::tuple{
         json_field("name", &S::name),         json_field("source", &S::source),
         json_field("baseline", &S::baseline), json_field("loss_tolerance", &S::loss_tolerance),
-        json_field("rounds", &S::rounds),
+        json_field("rounds", &S::rounds),     json_field("min_effect", &S::min_effect),
     };
 };
 

@@ -38,6 +38,8 @@
 // v6 adds `impl` per op of `kernels`. v7 adds `other_cpu_ms` per step (the CPU time other
 // processes took during the step, engine/cpu_load.h) and its statistics in `stats`. v8 adds the
 // interleaved rounds (run.rounds): `experiment.rounds` and `round` per step (-1: warm-up).
+// v9 adds the time call (report/paired_stats.h): `experiment.min_effect` (compare.min_effect) and
+// per row of `comparison.variants` `speedup_ci95` ([low, high] or null) and `time_call`.
 #pragma once
 
 #include <array>
@@ -53,10 +55,11 @@
 #include "engine/profile.h"
 #include "engine/timing.h"
 #include "report/json_fields.h"
+#include "report/paired_stats.h"
 
 namespace mt {
 
-inline constexpr int kResultsSchemaVersion = 8;
+inline constexpr int kResultsSchemaVersion = 9;
 
 // How a variant ended. skipped: never run (needs a GPU, does not fit, the experiment stopped
 // before it); the message says why.
@@ -270,6 +273,8 @@ const SeriesSummary& phase_column_stats(const StepStatistics& stats, int column)
 struct ExperimentHeader {
     std::string name, source, baseline;
     std::optional<double> loss_tolerance;  // compare.loss_tolerance; nullopt: derived (null)
+    // compare.min_effect: the smallest speedup (a fraction) the time call counts as one.
+    double min_effect = kDefaultMinEffect;
     // run.rounds: the measured steps of every variant were taken in this many interleaved rounds.
     int rounds = 1;
 };
@@ -308,10 +313,16 @@ struct ComparisonRow {
     std::string variant;  // the variant's name (prefixed with the file label in `compare`)
     bool is_baseline = false;
     // Set when both the variant and the baseline have measured steps.
-    std::optional<double> delta_time_ms;        // baseline median - variant median
-    std::optional<double> speedup;              // baseline median / variant median
-    std::optional<double> delta_memory_bytes;   // baseline tracked peak - variant tracked peak
-    bool within_noise = false;                  // |delta_time_ms| <= the larger IQR
+    std::optional<double> delta_time_ms;       // baseline median - variant median
+    std::optional<double> speedup;             // baseline median / variant median
+    std::optional<double> delta_memory_bytes;  // baseline tracked peak - variant tracked peak
+    // |delta_time_ms| <= the larger IQR: kept for readers; the verdict comes from time_call.
+    bool within_noise = false;
+    // The 95 % interval of the speedup (report/paired_stats.h: paired over the rounds in a run,
+    // unpaired in `compare`) and the call made from it; nullopt: no interval (fewer than 2
+    // rounds) / no call (the baseline row, or nothing measured to compare).
+    std::optional<std::pair<double, double>> speedup_ci95;
+    std::optional<TimeCall> time_call;
     std::optional<bool> loss_within_tolerance;  // nullopt: no common measured step to compare
     // The loss check over the measured steps both ran: baseline - variant of the mean and of the
     // last common step's loss (positive = the variant's loss is lower).
@@ -336,6 +347,11 @@ struct ComparisonRow {
     std::string device_kind;
     std::optional<double> final_loss, mean_loss;
     std::vector<std::pair<int, double>> measured_losses;  // (step, loss): measured, finite
+    RoundMedians round_ms;  // the median step time of each round's slice (measured steps)
+    // The call as printed ("1.23x faster [1.18–1.27]"), and for `inconclusive` the rounds it
+    // estimates would decide it.
+    std::string time_call_text;
+    std::optional<int> more_rounds;
 };
 
 // Every variant against the baseline, and the loss check's tolerance.
@@ -346,6 +362,11 @@ struct Comparison {
     std::vector<std::string> notes;             // warnings printed under the table (jitter, missing
                                                 // baseline, config mismatch)
     std::vector<ComparisonRow> rows;            // baseline first, then the variants in file order
+    // Not in results.json: how the time calls were made (experiment.min_effect, experiment.rounds
+    // say it for a run's own comparison). paired: rounds of one run; false in `compare`.
+    double min_effect = kDefaultMinEffect;
+    bool paired = true;
+    int rounds = 0;  // the baseline's rounds with measured steps
 };
 
 struct Results {

@@ -18,6 +18,10 @@
 
 namespace mt {
 
+// The rounds (run.rounds) a hand-made experiment's measured steps are taken in: enough for the
+// time calls (report/paired_stats.h) to be made.
+inline constexpr int kHandMadeRounds = 5;
+
 struct HandMadeRun {
     RunConfig config;
     RunStatus status = RunStatus::ok;
@@ -34,7 +38,9 @@ struct HandMadeRun {
     std::vector<TraceStep> trace;
     std::optional<DataParallelRecord> dist;  // as measured (its derived numbers are derived)
 
-    VariantResult record() const {
+    // `rounds`: its measured steps, in order, are split into that many consecutive slices, one per
+    // round (as if each round ran every variant's slice in turn).
+    VariantResult record(int rounds = kHandMadeRounds) const {
         VariantResult v = variant_result_for(config);
         v.status = status;
         v.message = message;
@@ -47,6 +53,11 @@ struct HandMadeRun {
         v.roofline = roofline_record(peaks);
         v.memory = memory_record(estimate, memory);
         for (const StepRecord& s : steps) v.steps.push_back(step_row(s));
+        int measured = 0;
+        for (const StepRow& s : v.steps) measured += !s.warmup;
+        int k = 0;
+        for (StepRow& s : v.steps)
+            if (!s.warmup) s.round = k++ * rounds / measured;
         v.trace = trace;
         v.data_parallel = dist;
         derive_statistics(v);
@@ -60,14 +71,16 @@ struct HandMadeExperiment {
     std::string started_utc;
     bool interrupted = false;
     std::vector<HandMadeRun> runs;
+    int rounds = kHandMadeRounds;
 
     // The complete results: every variant's record, the environment and the comparison.
     Results results() const {
         Results r;
         r.experiment = {name, source_path, baseline, loss_tolerance};
+        r.experiment.rounds = rounds;
         r.started_utc = started_utc;
         r.interrupted = interrupted;
-        for (const HandMadeRun& run : runs) r.variants.push_back(run.record());
+        for (const HandMadeRun& run : runs) r.variants.push_back(run.record(rounds));
         complete_results(r);
         return r;
     }

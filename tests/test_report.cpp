@@ -259,12 +259,22 @@ TEST(Comparison, DeltasAreBaselineMinusVariantAndVerdictsFollow) {
     EXPECT_FALSE(fast.within_noise);
     EXPECT_EQ(fast.loss_within_tolerance, true);
     EXPECT_EQ(fast.verdict.rfind("keep", 0), 0u) << fast.verdict;
+    // Five rounds of one step each, every one twice as fast: called faster, the interval tight.
+    EXPECT_EQ(fast.time_call, TimeCall::faster);
+    ASSERT_TRUE(fast.speedup_ci95.has_value());
+    EXPECT_LT(fast.speedup_ci95->first, 2.0);
+    EXPECT_GT(fast.speedup_ci95->second, 2.0);
+    EXPECT_EQ(fast.verdict.rfind("keep: 2.00x faster [", 0), 0u) << fast.verdict;
 
     const ComparisonRow& lean = row(c, "lean");
     EXPECT_LT(*lean.delta_time_ms, 0);                             // slower
     EXPECT_NEAR(*lean.delta_memory_bytes, 40.0 * (1 << 20), 1.0);  // positive = less memory
     EXPECT_EQ(lean.verdict.rfind("trade-off", 0), 0u) << lean.verdict;
     EXPECT_NE(lean.verdict.find("costs"), std::string::npos) << lean.verdict;
+    EXPECT_EQ(lean.time_call, TimeCall::slower);
+    EXPECT_NE(lean.verdict.find("0.83x slower ["), std::string::npos) << lean.verdict;
+    EXPECT_FALSE(c.rows.front().time_call.has_value());  // the baseline has no call
+    EXPECT_FALSE(c.rows.front().speedup_ci95.has_value());
 
     const ComparisonRow& lossy = row(c, "lossy");
     EXPECT_TRUE(lossy.within_noise);
@@ -293,7 +303,52 @@ TEST(Comparison, SmallDeltaInsideTheSpreadIsWithinNoise) {
     EXPECT_GT(*r.delta_time_ms, 0);
     EXPECT_TRUE(r.within_noise);
     EXPECT_EQ(r.verdict.find("keep"), std::string::npos) << r.verdict;  // not called a win
-    EXPECT_NE(r.verdict.find("within noise"), std::string::npos) << r.verdict;
+    // The verdict comes from the time call: a consistent 2 % gain per round sits on the
+    // compare.min_effect boundary (2 %), so the interval straddles it.
+    EXPECT_EQ(r.time_call, TimeCall::inconclusive);
+    EXPECT_NE(r.verdict.find("time: inconclusive ["), std::string::npos) << r.verdict;
+}
+
+// Time enters a verdict only through the call: a leaner variant whose time shows no difference
+// is kept, and says so.
+TEST(Comparison, LeanerWithNoTimeDifferenceIsKeptOnItsCall) {
+    HandMadeExperiment ex;
+    ex.name = "lean";
+    ex.baseline = "baseline";
+    ex.runs.push_back(make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20));
+    ex.runs.push_back(make_run("lean", {10.01, 10.09, 9.91, 10.02, 10.04}, 5.0, 60 << 20,
+                               {{"run.recompute", "gelu"}}));
+    const Comparison c = build_comparison(ex.results());
+    const ComparisonRow& r = row(c, "lean");
+    EXPECT_EQ(r.time_call, TimeCall::no_difference);
+    EXPECT_EQ(r.decision, Decision::keep);
+    EXPECT_EQ(r.verdict.rfind("keep: 40.0 MiB less tracked memory, time: 1.00x no difference [", 0),
+              0u)
+        << r.verdict;
+}
+
+// With one round (today's runner without run.rounds) there is no interval: every time call is
+// inconclusive and says so, speedup_ci95 is null, and a note says no verdict rests on time;
+// memory and the loss check still decide.
+TEST(Comparison, OneRoundGivesNoIntervalAndNoVerdictOnTime) {
+    HandMadeExperiment ex = make_experiment();
+    ex.rounds = 1;
+    const Results res = ex.results();
+    const Comparison& c = res.comparison;
+    const ComparisonRow& fast = row(c, "fast");
+    EXPECT_EQ(fast.time_call, TimeCall::inconclusive);
+    EXPECT_FALSE(fast.speedup_ci95.has_value());
+    EXPECT_EQ(fast.decision, Decision::reject);  // 2x by its medians, but no call: no gain shown
+    EXPECT_NE(fast.verdict.find("inconclusive: 1 paired round, an interval needs at least 2"),
+              std::string::npos)
+        << fast.verdict;
+    const ComparisonRow& lean = row(c, "lean");
+    EXPECT_EQ(lean.decision, Decision::keep);  // its memory is exact: 40 MiB less
+    EXPECT_EQ(row(c, "lossy").decision, Decision::reject);
+    bool noted = false;
+    for (const std::string& n : c.notes) noted |= n.find("taken in 1 round") != std::string::npos;
+    EXPECT_TRUE(noted);
+    EXPECT_TRUE(results_to_json(res)["comparison"]["variants"][1]["speedup_ci95"].is_null());
 }
 
 TEST(ReportMd, HasTheTableDeltasWithSignsAndTheAnswers) {
@@ -453,6 +508,12 @@ TEST(Compare, TwoResultsFilesGiveTheSameTable) {
     const std::string md = render_comparison_md(c);
     EXPECT_NE(md.find("| B:baseline |"), std::string::npos) << md;
     EXPECT_NE(md.find("+2.00 (1.25x)"), std::string::npos) << md;
+    // Two runs: their rounds are not pairs, and the output says the interval is unpaired.
+    EXPECT_EQ(c.rows[1].time_call, TimeCall::faster);
+    EXPECT_NE(c.rows[1].verdict.find("1.25x faster ["), std::string::npos) << c.rows[1].verdict;
+    EXPECT_NE(c.rows[1].verdict.find("(unpaired)"), std::string::npos) << c.rows[1].verdict;
+    EXPECT_NE(md.find("UNPAIRED"), std::string::npos) << md;
+    EXPECT_NE(md.find("- unpaired: A and B are two runs"), std::string::npos) << md;
     EXPECT_THROW(compare_results(ja, "A", jb, "B", "nope"), ReportError);
     EXPECT_THROW(compare_results(ja, "A", jb, "B", "", "nope"), ReportError);
     fs::remove_all(dir);
@@ -475,7 +536,7 @@ TEST(LoadResults, BadFilesGiveClearErrors) {
     expect_error((dir / "other.json").string(), "not a microtrain results.json");
     { std::ofstream(dir / "v1.json") << R"({"schema_version": 1, "variants": []})"; }
     expect_error((dir / "v1.json").string(),
-                 "has schema_version 1, this microtrain reads schema_version 8");
+                 "has schema_version 1, this microtrain reads schema_version 9");
     json j = results_to_json(make_experiment().results());
     j["variants"][1].erase("stats");
     { std::ofstream(dir / "nostats.json") << j.dump(); }
@@ -512,7 +573,7 @@ TEST(ResultsSchema, ResultsJsonRoundTripsThroughTheSchema) {
 
 TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
     const json j = results_to_json(make_experiment().results());
-    EXPECT_EQ(j["schema_version"], 8);
+    EXPECT_EQ(j["schema_version"], 9);
     for (const char* key : {"tool", "experiment", "started_utc", "interrupted", "environment",
                             "units", "variants", "comparison"})
         EXPECT_TRUE(j.contains(key)) << key;
@@ -564,16 +625,31 @@ TEST(ResultsSchema, StoredComparisonEqualsTheVerdictsOfReportMd) {
         const std::string name = c["variant"].get<std::string>();
         ASSERT_TRUE(table.count(name)) << name;
         const std::vector<std::string>& cells = table.at(name);
-        ASSERT_EQ(cells.size(), 15u) << name;
+        ASSERT_EQ(cells.size(), 16u) << name;
         const std::string& dtime = cells[11];
-        EXPECT_EQ(cells[14], c["verdict"].get<std::string>()) << name;
+        const std::string& call = cells[12];
+        EXPECT_EQ(cells[15], c["verdict"].get<std::string>()) << name;
         EXPECT_EQ(c["verdict"].get<std::string>().rfind(c["decision"].get<std::string>(), 0), 0u)
             << name;
-        EXPECT_EQ(dtime.find(", within noise") != std::string::npos, c["within_noise"].get<bool>())
-            << name;
+        // The time call column states the stored call and interval, and the verdict is built
+        // on it: it quotes the call (a variant whose loss is out of tolerance is rejected on
+        // that alone).
+        if (c["time_call"].is_null()) {
+            EXPECT_EQ(call, "–") << name;
+        } else {
+            EXPECT_NE(call.find(c["time_call"].get<std::string>()), std::string::npos) << call;
+            if (c["loss_within_tolerance"] != false) {
+                EXPECT_NE(c["verdict"].get<std::string>().find(call), std::string::npos) << name;
+            }
+            ASSERT_TRUE(c["speedup_ci95"].is_array()) << name;
+            char bounds[64];
+            std::snprintf(bounds, sizeof bounds, "[%.2f–%.2f]", c["speedup_ci95"][0].get<double>(),
+                          c["speedup_ci95"][1].get<double>());
+            EXPECT_NE(call.find(bounds), std::string::npos) << call << " vs " << bounds;
+        }
         const json& loss_ok = c["loss_within_tolerance"];
         const bool has_delta = !c["is_baseline"].get<bool>() && c["delta_time_ms"].is_number();
-        EXPECT_EQ(cells[13], !has_delta          ? "–"
+        EXPECT_EQ(cells[14], !has_delta          ? "–"
                              : loss_ok.is_null() ? "n/a"
                                                  : (loss_ok.get<bool>() ? "yes" : "no"))
             << name;
@@ -597,6 +673,44 @@ TEST(ResultsSchema, StoredComparisonEqualsTheVerdictsOfReportMd) {
     EXPECT_EQ(same["variant"], "same");
     EXPECT_EQ(same["decision"], "reject");
     EXPECT_EQ(j["comparison"]["variants"][5]["decision"], "not run");  // gpu-only, skipped
+    // schema 9: every row has speedup_ci95 and time_call (null for the baseline and a skipped
+    // variant); experiment.min_effect states the minimal effect the calls used.
+    EXPECT_EQ(same["time_call"], "no difference");
+    EXPECT_TRUE(same["speedup_ci95"].is_array());
+    EXPECT_EQ(j["comparison"]["variants"][1]["time_call"], "faster");
+    EXPECT_EQ(j["comparison"]["variants"][2]["time_call"], "slower");
+    EXPECT_TRUE(j["comparison"]["variants"][0]["time_call"].is_null());
+    EXPECT_TRUE(j["comparison"]["variants"][0]["speedup_ci95"].is_null());
+    EXPECT_TRUE(j["comparison"]["variants"][5]["time_call"].is_null());
+    EXPECT_DOUBLE_EQ(j["experiment"]["min_effect"].get<double>(), 0.02);
+    EXPECT_EQ(j["experiment"]["rounds"], 5);
+}
+
+TEST(ResultsSchema, SpeedupIntervalIsReadBackCheckedAndTheSame) {
+    const json good = json::parse(results_to_json(make_experiment().results()).dump());
+    const Results read = results_from_json(good, "results.json");
+    ASSERT_TRUE(read.comparison.rows[1].speedup_ci95.has_value());
+    EXPECT_EQ(read.comparison.rows[1].time_call, TimeCall::faster);
+    EXPECT_DOUBLE_EQ(read.comparison.rows[1].speedup_ci95->first,
+                     good["comparison"]["variants"][1]["speedup_ci95"][0].get<double>());
+    auto error_of = [](json j) {
+        try {
+            results_from_json(j, "results.json");
+        } catch (const ReportError& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    json bad = good;
+    bad["comparison"]["variants"][1]["speedup_ci95"] = json::array({1.2});
+    EXPECT_NE(error_of(bad).find("comparison.variants[1].speedup_ci95: expected [low, high]"),
+              std::string::npos)
+        << error_of(bad);
+    bad["comparison"]["variants"][1]["speedup_ci95"] = json::array({1.3, 1.2});
+    EXPECT_NE(error_of(bad).find("low <= high"), std::string::npos) << error_of(bad);
+    bad = good;
+    bad["comparison"]["variants"][1]["time_call"] = "quicker";
+    EXPECT_NE(error_of(bad).find("expected one of"), std::string::npos) << error_of(bad);
 }
 
 TEST(ResultsSchema, ReadingNamesTheKeyPathOfAMissingOrMistypedKey) {
@@ -646,7 +760,7 @@ TEST(ResultsSchema, VersionOneIsRefusedNamingBothVersions) {
     } catch (const ReportError& e) {
         EXPECT_EQ(std::string(e.what()),
                   "'old/results.json' has schema_version 1, this microtrain reads schema_version "
-                  "8; re-run the experiment with this version");
+                  "9; re-run the experiment with this version");
     }
 }
 

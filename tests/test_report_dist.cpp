@@ -135,7 +135,7 @@ std::string section(const std::string& md, const std::string& heading) {
 
 TEST(ReportDistResults, DataParallelIsNullForOneRankAndFullForTwo) {
     const json j = results_to_json(make_experiment(kCommHeavy).results());
-    EXPECT_EQ(j["schema_version"], 8);
+    EXPECT_EQ(j["schema_version"], 9);
     EXPECT_TRUE(j["variants"][0]["data_parallel"].is_null());
     const json& d = j["variants"][1]["data_parallel"];
     ASSERT_TRUE(d.is_object());

@@ -88,6 +88,7 @@ TEST_F(SpecTest, ValidFileResolvesEveryVariantFromTheBase) {
     EXPECT_EQ(spec.name, "unit");
     EXPECT_EQ(spec.baseline, "base");
     EXPECT_DOUBLE_EQ(spec.loss_tolerance.value_or(-1), 0.05);
+    EXPECT_DOUBLE_EQ(spec.min_effect, kDefaultMinEffect);  // compare.min_effect unset: 2 %
     EXPECT_EQ(spec.out_dir, "out");
     ASSERT_EQ(spec.variants.size(), 4u);
     const RunConfig& b = spec.variant("base");
@@ -254,8 +255,22 @@ TEST_F(SpecTest, ImpossibleValuesAreRejectedWithTheirFix) {
         {"compare: { loss_tolerance: -1 }\n",
          at(1, 28) + ": key 'compare.loss_tolerance': expected a number >= 0, got -1; it is the "
                      "allowed relative difference of the mean loss"},
+        {"compare: { min_effect: 1.5 }\n",
+         at(1, 24) + ": key 'compare.min_effect': expected a number >= 0 and < 1, got 1.5; it is "
+                     "the smallest speedup that counts as faster or slower (0.02 = 2 %)"},
+        {"compare: { min_effect: fast }\n",
+         at(1, 24) + ": key 'compare.min_effect': expected a number, got 'fast'; write the "
+                     "smallest speedup that counts, as a fraction such as 0.02"},
     };
     for (const auto& c : cases) EXPECT_EQ(error_of(c.yaml), c.want) << c.yaml;
+}
+
+TEST_F(SpecTest, MinEffectIsReadFromTheFileAndFromSet) {
+    std::string text = kValid;
+    text.replace(text.find("loss_tolerance: 0.05"), 20, "loss_tolerance: 0.05, min_effect: 0.05");
+    EXPECT_DOUBLE_EQ(load_experiment(write("min.yaml", text)).min_effect, 0.05);
+    EXPECT_DOUBLE_EQ(
+        load_experiment(write("exp.yaml", kValid), {"compare.min_effect=0.01"}).min_effect, 0.01);
 }
 
 TEST_F(SpecTest, MissingDataPathIsReportedAtTheDataSectionsMark) {

@@ -1,0 +1,264 @@
+// The time call: per-round pairs, the t-interval of the speedup, the call (see paired_stats.h).
+#include "report/paired_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace mt {
+
+namespace {
+
+double median_of(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct MeanVar {
+    double mean = 0, var = 0;  // var: the sample variance (n - 1); 0 for one value
+    size_t n = 0;
+};
+MeanVar mean_var(const std::vector<double>& x) {
+    MeanVar m;
+    m.n = x.size();
+    if (x.empty()) return m;
+    for (double v : x) m.mean += v;
+    m.mean /= static_cast<double>(x.size());
+    if (x.size() < 2) return m;
+    for (double v : x) m.var += (v - m.mean) * (v - m.mean);
+    m.var /= static_cast<double>(x.size() - 1);
+    return m;
+}
+
+// The continued fraction of the regularized incomplete beta function (modified Lentz).
+double beta_cf(double a, double b, double x) {
+    constexpr double tiny = 1e-300, eps = 1e-15;
+    const double qab = a + b, qap = a + 1, qam = a - 1;
+    double c = 1, d = 1 - qab * x / qap;
+    if (std::fabs(d) < tiny) d = tiny;
+    d = 1 / d;
+    double h = d;
+    for (int m = 1; m <= 300; ++m) {
+        const double m2 = 2.0 * m;
+        double aa = m * (b - m) * x / ((qam + m2) * (a + m2));
+        d = 1 + aa * d;
+        if (std::fabs(d) < tiny) d = tiny;
+        c = 1 + aa / c;
+        if (std::fabs(c) < tiny) c = tiny;
+        d = 1 / d;
+        h *= d * c;
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
+        d = 1 + aa * d;
+        if (std::fabs(d) < tiny) d = tiny;
+        c = 1 + aa / c;
+        if (std::fabs(c) < tiny) c = tiny;
+        d = 1 / d;
+        const double del = d * c;
+        h *= del;
+        if (std::fabs(del - 1) < eps) break;
+    }
+    return h;
+}
+
+// I_x(a, b), the regularized incomplete beta function.
+double incomplete_beta(double a, double b, double x) {
+    if (x <= 0) return 0;
+    if (x >= 1) return 1;
+    const double front = std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) +
+                                  a * std::log(x) + b * std::log1p(-x));
+    if (x < (a + 1) / (a + b + 2)) return front * beta_cf(a, b, x) / a;
+    return 1 - front * beta_cf(b, a, 1 - x) / b;
+}
+
+// The half-width the interval would have with `rounds` rounds, the per-round spread as measured.
+double half_width_at(const SpeedupInterval& s, int rounds) {
+    const double scale = std::sqrt(static_cast<double>(s.rounds) / rounds);
+    // Paired: R - 1 degrees of freedom. Unpaired: Welch's df grows in proportion.
+    const double df = s.paired ? rounds - 1.0 : s.df * (rounds - 1.0) / (s.rounds - 1.0);
+    return student_t_quantile(0.975, df) * s.se_log * scale;
+}
+
+// The interval's bounds as text, with a third decimal where two would print a bound equal to a
+// boundary of the call (1+m or 1/(1+m)) and so hide which side of it the bound lies.
+std::string bounds_text(double low, double high, double min_effect) {
+    auto fmt = [](const char* spec, double x) {
+        char b[32];
+        std::snprintf(b, sizeof b, spec, x);
+        return std::string(b);
+    };
+    const char* spec = "%.2f";
+    for (double bound : {low, high})
+        for (double edge : {1 + min_effect, 1 / (1 + min_effect)})
+            if (fmt("%.2f", bound) == fmt("%.2f", edge)) spec = "%.3f";
+    std::string out(1, '[');
+    out += fmt(spec, low);
+    out += "–";
+    out += fmt(spec, high);
+    out += ']';
+    return out;
+}
+
+std::string fmt_g(double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", x);
+    return b;
+}
+
+}  // namespace
+
+RoundMedians round_medians(const std::vector<std::pair<int, double>>& round_and_ms) {
+    std::map<int, std::vector<double>> by_round;
+    for (const auto& [round, ms] : round_and_ms) by_round[std::max(round, 0)].push_back(ms);
+    RoundMedians out;
+    for (auto& [round, ms] : by_round) out[round] = median_of(std::move(ms));
+    return out;
+}
+
+double SpeedupInterval::centre() const {
+    return std::exp(centre_log);
+}
+double SpeedupInterval::low() const {
+    return std::exp(centre_log - half_width_log);
+}
+double SpeedupInterval::high() const {
+    return std::exp(centre_log + half_width_log);
+}
+
+SpeedupInterval paired_speedup_interval(const RoundMedians& baseline, const RoundMedians& variant) {
+    SpeedupInterval s;
+    s.paired = true;
+    s.rounds_baseline = static_cast<int>(baseline.size());
+    s.rounds_variant = static_cast<int>(variant.size());
+    // Only the rounds both ran are pairs (an interrupted variant may miss the last ones).
+    for (const auto& [round, b] : baseline) {
+        const auto it = variant.find(round);
+        if (it == variant.end() || !(b > 0) || !(it->second > 0)) continue;
+        s.log_ratios.push_back(std::log(b) - std::log(it->second));
+    }
+    s.rounds = static_cast<int>(s.log_ratios.size());
+    const MeanVar m = mean_var(s.log_ratios);
+    s.centre_log = m.mean;
+    if (s.rounds < kMinRoundsForInterval) return s;
+    s.has_interval = true;
+    s.df = s.rounds - 1.0;
+    s.se_log = std::sqrt(m.var / s.rounds);
+    s.half_width_log = student_t_quantile(0.975, s.df) * s.se_log;
+    return s;
+}
+
+SpeedupInterval unpaired_speedup_interval(const RoundMedians& baseline,
+                                          const RoundMedians& variant) {
+    SpeedupInterval s;
+    s.paired = false;
+    std::vector<double> a, b;
+    for (const auto& kv : baseline)
+        if (kv.second > 0) a.push_back(std::log(kv.second));
+    for (const auto& kv : variant)
+        if (kv.second > 0) b.push_back(std::log(kv.second));
+    s.rounds_baseline = static_cast<int>(a.size());
+    s.rounds_variant = static_cast<int>(b.size());
+    s.rounds = std::min(s.rounds_baseline, s.rounds_variant);
+    const MeanVar ma = mean_var(a), mb = mean_var(b);
+    s.centre_log = a.empty() || b.empty() ? 0 : ma.mean - mb.mean;
+    if (s.rounds < kMinRoundsForInterval) return s;
+    s.has_interval = true;
+    const double va = ma.var / static_cast<double>(a.size()),
+                 vb = mb.var / static_cast<double>(b.size());
+    s.se_log = std::sqrt(va + vb);
+    // Welch–Satterthwaite degrees of freedom (the pooled ones when both spreads are 0).
+    const double denom = va * va / (a.size() - 1.0) + vb * vb / (b.size() - 1.0);
+    s.df = denom > 0 ? (va + vb) * (va + vb) / denom : a.size() + b.size() - 2.0;
+    s.half_width_log = student_t_quantile(0.975, s.df) * s.se_log;
+    return s;
+}
+
+TimeCall call_from_interval(double low, double high, double min_effect) {
+    const double up = 1 + min_effect, down = 1 / (1 + min_effect);
+    if (low >= up) return TimeCall::faster;
+    if (high <= down) return TimeCall::slower;
+    if (low >= down && high <= up) return TimeCall::no_difference;
+    return TimeCall::inconclusive;
+}
+
+std::optional<int> more_rounds_to_decide(const SpeedupInterval& s, double min_effect) {
+    if (!s.has_interval) return std::nullopt;
+    // The call is decided once the half-width is below the distance from the centre to the
+    // nearest boundary, whichever side of it the centre lies.
+    const double target = std::fabs(std::fabs(s.centre_log) - std::log1p(min_effect));
+    if (s.half_width_log < target) return 0;
+    if (s.se_log <= 0 || target <= 0) return std::nullopt;
+    auto decided = [&](int rounds) { return half_width_at(s, rounds) < target; };
+    // The half-width falls monotonically with the rounds: double, then bisect.
+    int hi = s.rounds + 1;
+    while (!decided(hi)) {
+        if (hi >= kMaxRoundsEstimate) return std::nullopt;
+        hi = std::min(2 * hi, kMaxRoundsEstimate);
+    }
+    int lo = s.rounds;  // not decided
+    while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        (decided(mid) ? hi : lo) = mid;
+    }
+    return hi - s.rounds;
+}
+
+TimeCallResult make_time_call(const SpeedupInterval& s, double min_effect) {
+    TimeCallResult r;
+    const std::string tail = s.paired ? "" : " (unpaired)";
+    if (!s.has_interval) {
+        r.call = TimeCall::inconclusive;
+        r.text = s.paired ? "inconclusive: " + std::to_string(s.rounds) + " paired round" +
+                                (s.rounds == 1 ? "" : "s") + ", an interval needs at least " +
+                                std::to_string(kMinRoundsForInterval) + " (run.rounds)"
+                          : "inconclusive: an unpaired interval needs at least " +
+                                std::to_string(kMinRoundsForInterval) +
+                                " rounds in each run (run.rounds); they have " +
+                                std::to_string(s.rounds_baseline) + " and " +
+                                std::to_string(s.rounds_variant) + tail;
+        return r;
+    }
+    const double low = s.low(), high = s.high();
+    r.ci95 = std::make_pair(low, high);
+    r.call = call_from_interval(low, high, min_effect);
+    const std::string bounds = bounds_text(low, high, min_effect);
+    char point[32];
+    std::snprintf(point, sizeof point, "%.2fx ", s.centre());
+    if (r.call != TimeCall::inconclusive) {
+        r.text = point + std::string(enum_name(r.call)) + " " + bounds + tail;
+        return r;
+    }
+    r.more_rounds = more_rounds_to_decide(s, min_effect);
+    const std::string each = s.paired ? "" : " in each run";
+    r.text = "inconclusive " + bounds + tail + ": ";
+    if (r.more_rounds)
+        r.text += "about " + std::to_string(*r.more_rounds) + " more round" +
+                  (*r.more_rounds == 1 ? "" : "s") + each + " would decide it";
+    else
+        r.text += "the speedup sits at the ±" + fmt_g(100 * min_effect) +
+                  " % boundary (compare.min_effect): more rounds would not decide it";
+    return r;
+}
+
+double student_t_cdf(double t, double df) {
+    if (std::isinf(t)) return t > 0 ? 1 : 0;
+    const double tail = 0.5 * incomplete_beta(0.5 * df, 0.5, df / (df + t * t));
+    return t > 0 ? 1 - tail : tail;
+}
+
+double student_t_quantile(double p, double df) {
+    if (p <= 0) return -std::numeric_limits<double>::infinity();
+    if (p >= 1) return std::numeric_limits<double>::infinity();
+    if (p < 0.5) return -student_t_quantile(1 - p, df);
+    if (p == 0.5) return 0;
+    double lo = 0, hi = 2;
+    while (student_t_cdf(hi, df) < p && hi < 1e12) lo = hi, hi *= 2;
+    for (int i = 0; i < 100 && hi - lo > 1e-12 * hi; ++i) {
+        const double mid = 0.5 * (lo + hi);
+        (student_t_cdf(mid, df) < p ? lo : hi) = mid;
+    }
+    return 0.5 * (lo + hi);
+}
+
+}  // namespace mt
