@@ -38,6 +38,8 @@
 // v6 adds `impl` per op of `kernels`. v7 adds `other_cpu_ms` per step (the CPU time other
 // processes took during the step, engine/cpu_load.h) and its statistics in `stats`. v8 adds the
 // interleaved rounds (run.rounds): `experiment.rounds` and `round` per step (-1: warm-up).
+// (next version) adds what else the machine did (report/noise.h): `steal_ms` per step and in
+// `stats`, and per step `sm_clock_mhz` / `throttle_reasons` (null without a device clock).
 #pragma once
 
 #include <array>
@@ -97,6 +99,7 @@ struct StepStatistics {
     // time spent waiting in them (ms).
     SeriesSummary host_syncs, host_wait_ms;
     SeriesSummary other_cpu_ms;  // CPU time other processes took per measured step (StepRow)
+    SeriesSummary steal_ms;      // of it, the hypervisor's steal time per measured step
     double samples_per_s = 0, tokens_per_s = 0;  // global batch / median step (all ranks)
     double jitter = 0;                           // step_ms IQR / median
     bool jitter_warning = false;                 // jitter > kJitterWarnThreshold
@@ -171,6 +174,12 @@ struct StepRow {
     int host_syncs = 0;       // host synchronisation points in the step (run.host_sync)
     double host_wait_ms = 0;  // host time spent waiting in them
     double other_cpu_ms = 0;  // CPU time other processes took during the step (engine/cpu_load.h)
+    double steal_ms = 0;      // of it, steal time: the hypervisor ran another machine on our CPUs
+    // The device's lowest SM clock over the step (MHz) and the names of the throttle reasons NVML
+    // reported at its start or end (kernels/device_clock.h: throttle_reason_names); nullopt (JSON
+    // null) without a device clock (CPU, no driver).
+    std::optional<double> sm_clock_mhz;
+    std::optional<std::vector<std::string>> throttle_reasons;
     // The round (run.rounds) whose slice held this measured step, 0-based; -1 for a warm-up step.
     // The comparison pairs a variant's round-r steps with the baseline's round-r steps.
     int round = -1;

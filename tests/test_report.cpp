@@ -195,13 +195,13 @@ TEST(StepsCsv, IsConsistentWithResultsJson) {
     EXPECT_EQ(header,
               "variant,step,warmup,wall_ms,data_ms,h2d_ms,forward_ms,backward_ms,comm_ms,"
               "optimizer_ms,sync_ms,other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes,tokens,"
-              "other_cpu_ms");
+              "other_cpu_ms,steal_ms");
     std::map<std::string, std::vector<std::vector<std::string>>> rows;
     for (std::string line; std::getline(in, line);) {
         std::vector<std::string> cells;
         std::stringstream ls(line);
         for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
-        ASSERT_EQ(cells.size(), 19u) << line;
+        ASSERT_EQ(cells.size(), 20u) << line;
         rows[cells[0]].push_back(cells);
     }
     for (const json& v : j["variants"]) {
