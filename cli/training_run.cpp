@@ -65,8 +65,10 @@ constexpr const char* kGlobalBatchKey = "microtrain.global_batch";
 // the header without them (kCsvHeaderWithoutNoise): a resume keeps that file's column set.
 constexpr const char* kCsvHeader = "step,loss,val_loss,lr,grad_norm,ms,other_cpu_ms,steal_ms";
 constexpr const char* kCsvHeaderWithoutNoise = "step,loss,val_loss,lr,grad_norm,ms";
-// The busiest stretch the end-of-run noise line names: this many consecutive steps.
+// The busiest stretch the end-of-run noise line names: at least this many consecutive steps and
+// this much step time (2 s: 200 ticks of each CPU at USER_HZ 100, so one tick more or less is 1%).
 constexpr int kNoiseWindowSteps = 16;
+constexpr double kNoiseWindowMs = 2000;
 
 // An error that ends the run with `code` (2: bad input or an unusable directory; 1: runtime).
 // `agreed`: every rank of a data-parallel job throws it at the same point (it follows from
@@ -537,8 +539,9 @@ class Trainer {
     double tokens_here_ = 0;          // tokens those steps trained (global batch)
     std::optional<double> last_val_;  // the latest validation loss, for the progress line
     bool csv_noise_columns_ = true;   // train.csv has other_cpu_ms,steal_ms (an older one not)
-    TrainNoiseTracker noise_{kNoiseWindowSteps};  // what else the machine did, this process's
-                                                  // steps (report/noise.h)
+    TrainNoiseTracker noise_{kNoiseWindowSteps,
+                             kNoiseWindowMs};  // what else the machine did, this process's
+                                               // steps (report/noise.h)
     void print_noise() const;
 };
 
@@ -858,7 +861,9 @@ int Trainer::loop() {
         if (!val_.inputs.empty() && step % train_.eval_every == 0) val = evaluate();
         if (leader_) {
             csv_->append(csv_row(step, rec, val, csv_noise_columns_));
-            noise_.add(step_row(rec));
+            StepRow row = step_row(rec);
+            row.step = step;  // numbered as train.csv numbers it (from 1)
+            noise_.add(row);
             print_progress(step, rec, val);
         }
     };

@@ -152,7 +152,13 @@ std::vector<std::string> noise_sentences(const NoiseSummary& n, unsigned hardwar
         if (std::find(hit_variants.begin(), hit_variants.end(), s.variant) == hit_variants.end())
             hit_variants.push_back(s.variant);
     }
-    if (!hit.empty()) {
+    if (!hit.empty() && hit.size() == n.slices.size() && n.slices.size() > 1) {
+        double lo = top.figures.cores_busy();
+        for (const NoiseSlice& s : n.slices) lo = std::min(lo, s.figures.cores_busy());
+        out.push_back("Every slice was hit (more than " + cores(kBusySliceCores) +
+                      " cores busy, from " + cores(lo) + " to " + cores(top.figures.cores_busy()) +
+                      "): the machine was busy throughout.");
+    } else if (!hit.empty()) {
         out.push_back("Slices hit (more than " + cores(kBusySliceCores) +
                       " cores busy): " + joined(hit, "; ") + ".");
         if (n.rounds == 1 && hit_variants.size() < n.variants.size())
@@ -197,11 +203,14 @@ std::string render_noise_md(const Results& results) {
     std::ostringstream o;
     o << "\n## Machine noise\n\nWhat else the machine did while each variant was measured: the "
          "CPU time other processes took, in cores busy (their CPU time / the slice's wall "
-         "time; /proc, 10 ms ticks), per variant and round.\n\n";
+         "time; /proc, 10 ms ticks), per variant and round; steps numbered as in steps.csv.\n\n";
     for (const std::string& s : noise_sentences(n, results.environment.hardware_threads))
         o << s << "\n";
     if (n.quiet()) return o.str();  // one line says it all
-    const bool steal = n.all.steal_ms > 0, clock = n.has_device_clock();
+    // Steal gets its column where some slice has steal worth naming (kStealCores).
+    bool steal = false;
+    for (const NoiseSlice& s : n.slices) steal |= s.figures.steal_cores() > kStealCores;
+    const bool clock = n.has_device_clock();
     o << "\nCores busy" << (steal ? " (steal)" : "") << (clock ? " · lowest SM clock" : "")
       << "; **bold**: a slice hit (more than " << cores(kBusySliceCores) << ").\n\n| Variant |";
     std::string rule = "|---|";
@@ -240,21 +249,24 @@ void TrainNoiseTracker::add(const StepRow& s) {
     last_.push_back(s);
     other_ms_ += s.other_cpu_ms;
     wall_ms_ += s.wall_ms;
-    if (last_.size() > window_) {
+    // The shortest stretch ending here that is still full: drop steps from its front while it
+    // stays at least min_steps long and min_wall_ms of step time.
+    while (last_.size() > min_steps_ && wall_ms_ - last_.front().wall_ms >= min_wall_ms_) {
         other_ms_ -= last_.front().other_cpu_ms;
         wall_ms_ -= last_.front().wall_ms;
         last_.pop_front();
     }
+    const bool full = last_.size() >= min_steps_ && wall_ms_ >= min_wall_ms_;
     const double c = wall_ms_ > 0 ? std::max(0.0, other_ms_) / wall_ms_ : 0;
-    // Until the first full window, the run so far is the stretch; then the busiest window.
-    if (static_cast<size_t>(noise_.all.steps) > window_ && c <= noise_.busiest_cores) return;
+    if (full_ && (!full || c <= noise_.busiest_cores)) return;
+    full_ = full;
     noise_.busiest_cores = c;
     noise_.busiest_first = last_.front().step;
     noise_.busiest_last = last_.back().step;
 }
 
-TrainNoise noise_of_steps(const std::vector<StepRow>& steps, int window) {
-    TrainNoiseTracker t(window);
+TrainNoise noise_of_steps(const std::vector<StepRow>& steps, int min_steps, double min_wall_ms) {
+    TrainNoiseTracker t(min_steps, min_wall_ms);
     for (const StepRow& s : steps) t.add(s);
     return t.noise();
 }

@@ -84,27 +84,32 @@ std::vector<std::string> noise_sentences(const NoiseSummary& n, unsigned hardwar
 // steps.
 std::string render_noise_md(const Results& results);
 
-// `microtrain train`'s one continuous run: the figures of its steps, and the busiest stretch of
-// `window` consecutive steps (its first and last step, its cores busy).
+// `microtrain train`'s one continuous run: the figures of its steps, and its busiest stretch:
+// the consecutive steps (at least min_steps, and at least min_wall_ms of step time, so the 10 ms
+// ticks of a run of millisecond steps average out) with the most cores busy.
 struct TrainNoise {
     NoiseFigures all;
     int busiest_first = 0, busiest_last = 0;
     double busiest_cores = 0;
 };
-// Step by step (a long run keeps only the last `window` steps), warm-up steps ignored.
+// Step by step (a long run keeps only the current stretch), warm-up steps ignored. Until the
+// first full stretch, the run so far is the busiest.
 class TrainNoiseTracker {
   public:
-    explicit TrainNoiseTracker(int window) : window_(static_cast<size_t>(std::max(window, 1))) {}
+    TrainNoiseTracker(int min_steps, double min_wall_ms)
+        : min_steps_(static_cast<size_t>(std::max(min_steps, 1))), min_wall_ms_(min_wall_ms) {}
     void add(const StepRow& s);
     const TrainNoise& noise() const { return noise_; }
 
   private:
-    size_t window_;
+    size_t min_steps_;
+    double min_wall_ms_;
     std::deque<StepRow> last_;  // the current stretch
     double other_ms_ = 0, wall_ms_ = 0;
+    bool full_ = false;  // a full stretch has been seen
     TrainNoise noise_;
 };
-TrainNoise noise_of_steps(const std::vector<StepRow>& steps, int window);
+TrainNoise noise_of_steps(const std::vector<StepRow>& steps, int min_steps, double min_wall_ms);
 // One line: "machine: other processes took 0.42 cores on average, 1.70 at most (steps
 // 120–135); steal 0; GPU SM clock 1410–1980 MHz, sw_power_cap seen".
 std::string train_noise_line(const TrainNoise& t);

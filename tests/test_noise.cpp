@@ -118,7 +118,13 @@ TEST(Noise, ARoundIsHitMuchHarderOnlyAboveBothThresholds) {
     EXPECT_FALSE(n.quiet());
     for (const NoiseSlice& s : n.slices) EXPECT_TRUE(s.hit);
     for (const NoiseRound& rd : n.rounds_figures) EXPECT_FALSE(rd.much_harder);
-    EXPECT_EQ(all_of(noise_sentences(n, 2)).find("hit much harder"), std::string::npos);
+    const std::string text = all_of(noise_sentences(n, 2));
+    EXPECT_EQ(text.find("hit much harder"), std::string::npos) << text;
+    EXPECT_NE(text.find("Every slice was hit (more than 0.25 cores busy, from 0.80 to 0.80): the "
+                        "machine was busy throughout."),
+              std::string::npos)
+        << text;
+    EXPECT_EQ(text.find("Slices hit"), std::string::npos) << text;
     // Round 0 at 2.9x the median of the others and busy: not "much harder" (3x is the rule).
     const Results close = run_of({"a"}, 3, 2, [](int, int r) { return r == 0 ? 87.0 : 30.0; });
     for (const NoiseRound& rd : summarize_noise(close).rounds_figures)
@@ -214,7 +220,7 @@ TEST(Noise, ATrainRunNamesItsBusiestStretch) {
     for (int i = 1; i <= 40; ++i) steps.push_back(step(i, -1, i >= 21 && i <= 25 ? 170.0 : 0.0));
     steps.front().warmup = true;  // never counted
     steps.front().other_cpu_ms = 900;
-    const TrainNoise t = noise_of_steps(steps, 5);
+    const TrainNoise t = noise_of_steps(steps, 5, 500);
     EXPECT_EQ(t.all.steps, 39);
     EXPECT_NEAR(t.all.cores_busy(), 5 * 170.0 / (39 * 100.0), 1e-12);
     EXPECT_EQ(t.busiest_first, 21);
@@ -224,11 +230,24 @@ TEST(Noise, ATrainRunNamesItsBusiestStretch) {
               "machine: other processes took 0.22 cores on average, 1.70 at most (steps 21–25); "
               "steal 0");
     // Fewer steps than the window: the whole run is the stretch.
-    const TrainNoise short_run = noise_of_steps({step(7, -1, 50), step(8, -1, 50)}, 16);
+    const TrainNoise short_run = noise_of_steps({step(7, -1, 50), step(8, -1, 50)}, 16, 2000);
     EXPECT_EQ(short_run.busiest_first, 7);
     EXPECT_EQ(short_run.busiest_last, 8);
     EXPECT_NEAR(short_run.busiest_cores, 0.5, 1e-12);
-    EXPECT_EQ(train_noise_line(noise_of_steps({}, 16)), "");
+    EXPECT_EQ(train_noise_line(noise_of_steps({}, 16, 2000)), "");
+    // Millisecond steps: the stretch spans min_wall_ms of step time, not min_steps steps, so one
+    // step's 10 ms tick (10 cores busy over 1 ms) does not read as the busiest stretch.
+    std::vector<StepRow> fast;
+    for (int i = 1; i <= 3000; ++i) {
+        StepRow s = step(i, -1, i == 100 ? 10.0 : (i % 10 == 0 ? 2.0 : 0.0));
+        s.wall_ms = 1;
+        fast.push_back(s);
+    }
+    const TrainNoise f = noise_of_steps(fast, 16, 1000);
+    EXPECT_EQ(f.busiest_last - f.busiest_first + 1, 1000);
+    EXPECT_LE(f.busiest_first, 100);
+    EXPECT_GE(f.busiest_last, 100);
+    EXPECT_NEAR(f.busiest_cores, (10.0 + 99 * 2.0) / 1000.0, 1e-9);
 }
 
 }  // namespace
