@@ -32,10 +32,13 @@ std::string cores(double c) {
     return f("%.2f", c);
 }
 
+std::string step_span(int first, int last) {
+    return first == last ? "step " + std::to_string(first)
+                         : "steps " + std::to_string(first) + "–" + std::to_string(last);
+}
+
 std::string step_span(const NoiseFigures& f) {
-    return f.first_step == f.last_step
-               ? "step " + std::to_string(f.first_step)
-               : "steps " + std::to_string(f.first_step) + "–" + std::to_string(f.last_step);
+    return step_span(f.first_step, f.last_step);
 }
 
 std::string joined(const std::vector<std::string>& v, const char* sep = ", ") {
@@ -274,12 +277,14 @@ TrainNoise noise_of_steps(const std::vector<StepRow>& steps, int min_steps, doub
 std::string train_noise_line(const TrainNoise& t) {
     if (t.all.steps == 0) return "";
     std::string s =
-        "machine: other processes took " + cores(t.all.cores_busy()) + " cores on average, " +
-        cores(t.busiest_cores) + " at most (" +
-        (t.busiest_first == t.busiest_last
-             ? "step " + std::to_string(t.busiest_first)
-             : "steps " + std::to_string(t.busiest_first) + "–" + std::to_string(t.busiest_last)) +
-        ")";
+        "machine: other processes took " + cores(t.all.cores_busy()) + " cores on average";
+    if (t.busiest_first == t.all.first_step && t.busiest_last == t.all.last_step)
+        // Shorter than one stretch: no busiest part to name.
+        s += " over " + step_span(t.all) + " (" + f("%.1f", t.all.wall_ms / 1000.0) +
+             " s of step time)";
+    else
+        s += ", " + cores(t.busiest_cores) + " at most (" +
+             step_span(t.busiest_first, t.busiest_last) + ")";
     s += t.all.steal_ms > 0 ? "; steal " + cores(t.all.steal_cores()) + " cores" : "; steal 0";
     if (t.all.min_sm_clock_mhz) {
         s += "; GPU SM clock " + clock_range(t.all);

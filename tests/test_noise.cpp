@@ -234,6 +234,9 @@ TEST(Noise, ATrainRunNamesItsBusiestStretch) {
     EXPECT_EQ(short_run.busiest_first, 7);
     EXPECT_EQ(short_run.busiest_last, 8);
     EXPECT_NEAR(short_run.busiest_cores, 0.5, 1e-12);
+    EXPECT_EQ(train_noise_line(short_run),
+              "machine: other processes took 0.50 cores on average over steps 7–8 (0.2 s of step "
+              "time); steal 0");
     EXPECT_EQ(train_noise_line(noise_of_steps({}, 16, 2000)), "");
     // Millisecond steps: the stretch spans min_wall_ms of step time, not min_steps steps, so one
     // step's 10 ms tick (10 cores busy over 1 ms) does not read as the busiest stretch.
