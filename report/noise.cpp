@@ -146,16 +146,39 @@ std::vector<std::string> noise_sentences(const NoiseSummary& n, unsigned hardwar
     out.push_back("Other processes took " + cores(n.all.cores_busy()) +
                   " cores on average during the measured steps" + of_threads + ", " +
                   cores(top.figures.cores_busy()) + " at most (" + top_where + ").");
+    // The hit slices: one entry each with one round; grouped by round with several (a round
+    // whose every slice was hit reads "round 2: every variant (1.18–1.25)").
     std::vector<std::string> hit;
     std::vector<std::string> hit_variants;
-    for (const NoiseSlice& s : n.slices) {
-        if (!s.hit) continue;
-        hit.push_back(s.variant + (n.rounds > 1 ? " round " + std::to_string(s.round) : "") + " (" +
-                      cores(s.figures.cores_busy()) + ", " + step_span(s.figures) + ")");
-        if (std::find(hit_variants.begin(), hit_variants.end(), s.variant) == hit_variants.end())
+    size_t hit_slices = 0;
+    for (const NoiseSlice& s : n.slices)
+        if (s.hit &&
+            std::find(hit_variants.begin(), hit_variants.end(), s.variant) == hit_variants.end())
             hit_variants.push_back(s.variant);
+    for (int round = 0; round < n.rounds; ++round) {
+        std::vector<std::string> in_round;
+        size_t slices = 0;
+        double lo = 0, hi = 0;
+        for (const NoiseSlice& s : n.slices) {
+            if (s.round != round) continue;
+            ++slices;
+            if (!s.hit) continue;
+            const double c = s.figures.cores_busy();
+            lo = in_round.empty() ? c : std::min(lo, c);
+            hi = in_round.empty() ? c : std::max(hi, c);
+            in_round.push_back(s.variant + " (" + cores(c) + ", " + step_span(s.figures) + ")");
+        }
+        hit_slices += in_round.size();
+        if (in_round.empty()) continue;
+        if (n.rounds == 1)
+            hit.insert(hit.end(), in_round.begin(), in_round.end());
+        else if (in_round.size() == slices && slices > 1)
+            hit.push_back("round " + std::to_string(round) + ": every variant (" + cores(lo) +
+                          (lo == hi ? "" : "–" + cores(hi)) + ")");
+        else
+            hit.push_back("round " + std::to_string(round) + ": " + joined(in_round));
     }
-    if (!hit.empty() && hit.size() == n.slices.size() && n.slices.size() > 1) {
+    if (hit_slices == n.slices.size() && n.slices.size() > 1) {
         double lo = top.figures.cores_busy();
         for (const NoiseSlice& s : n.slices) lo = std::min(lo, s.figures.cores_busy());
         out.push_back("Every slice was hit (more than " + cores(kBusySliceCores) +

@@ -92,8 +92,7 @@ TEST(Noise, ABurstInOneRoundIsNamedWithTheSlicesItHit) {
     }
     const std::string text = all_of(noise_sentences(n, 2));
     EXPECT_NE(text.find("1.20 at most (baseline, round 2, steps 9–12)"), std::string::npos) << text;
-    EXPECT_NE(text.find("Slices hit (more than 0.25 cores busy): baseline round 2 (1.20, steps "
-                        "9–12); fast round 2"),
+    EXPECT_NE(text.find("Slices hit (more than 0.25 cores busy): round 2: every variant (1.20)."),
               std::string::npos)
         << text;
     EXPECT_NE(text.find("Round 2 was hit much harder than the others: 1.20 cores busy against a "
@@ -129,6 +128,25 @@ TEST(Noise, ARoundIsHitMuchHarderOnlyAboveBothThresholds) {
     const Results close = run_of({"a"}, 3, 2, [](int, int r) { return r == 0 ? 87.0 : 30.0; });
     for (const NoiseRound& rd : summarize_noise(close).rounds_figures)
         EXPECT_FALSE(rd.much_harder) << rd.round;
+}
+
+TEST(Noise, HitSlicesAreListedRoundByRound) {
+    // Round 1: only fast's slice busy (0.60); round 2: both (0.90); round 0 quiet.
+    const Results r = run_of({"baseline", "fast"}, 3, 2, [](int v, int round) {
+        return round == 2 ? 90.0 : (round == 1 && v == 1 ? 60.0 : 5.0);
+    });
+    const NoiseSummary n = summarize_noise(r);
+    const std::string text = all_of(noise_sentences(n, 2));
+    EXPECT_NE(text.find("Slices hit (more than 0.25 cores busy): round 1: fast (0.60, steps 3–4); "
+                        "round 2: every variant (0.90)."),
+              std::string::npos)
+        << text;
+    // Round 2 (0.90) > 3 x the median of rounds 0 and 1 (0.05, 0.325); round 1 is not.
+    EXPECT_NE(text.find("Round 2 was hit much harder than the others: 0.90 cores busy against a "
+                        "median of 0.19"),
+              std::string::npos)
+        << text;
+    EXPECT_EQ(text.find("Round 1 was"), std::string::npos) << text;
 }
 
 TEST(Noise, OneRoundNamesTheVariantsTheBusySpellHit) {
