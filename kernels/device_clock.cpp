@@ -9,9 +9,9 @@ namespace mt {
 
 namespace {
 
-// NVML's header (nvml.h, "Clocks Event Reasons" / nvmlClocksThrottleReason*), bit by bit; the
-// CUDA backend's NVML reader checks the values it relies on against its own copy
-// (kernels/cuda/nvml_clock.cpp). nvml.h is not needed to build: these are its stable constants.
+// NVML's header (nvml.h, "Clocks Event Reasons" / nvmlClocksThrottleReason*), bit by bit, as
+// NVML documents them (stable since NVML 5.x). nvml.h is not needed to build (the CUDA 13 toolkit
+// here does not ship it; the driver's library is loaded at run time, kernels/cuda/nvml_clock.h).
 constexpr std::array<std::pair<unsigned long long, std::string_view>, 9> kReasonBits{{
     {0x1, "gpu_idle"},                     // nvmlClocksThrottleReasonGpuIdle
     {0x2, "applications_clocks_setting"},  // ...ApplicationsClocksSetting

@@ -18,11 +18,6 @@ using HandleByPciFn = nvmlReturn_t (*)(const char*, nvmlDevice_t*);
 using ClockInfoFn = nvmlReturn_t (*)(nvmlDevice_t, int, unsigned int*);
 using ReasonsFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned long long*);
 
-// The throttle-reason bits the report names (kernels/device_clock.cpp) are nvml.h's:
-// nvmlClocksThrottleReasonSwPowerCap 0x4, HwSlowdown 0x8, SyncBoost 0x10, SwThermalSlowdown
-// 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80.
-static_assert(kSlowdownReasons == 0xfc);
-
 }  // namespace
 
 struct NvmlClock::Impl {
