@@ -39,6 +39,8 @@
 #include "experiment/dist_config_check.h"
 #include "experiment/spec.h"
 #include "io/atomic_file.h"
+#include "report/noise.h"
+#include "report/recording.h"
 
 namespace mt {
 namespace {
@@ -58,7 +60,15 @@ constexpr const char* kRngKey = "microtrain.rng";
 // data_position counts in. Absent in a checkpoint of one process: 1 and data.batch_size.
 constexpr const char* kWorldSizeKey = "microtrain.world_size";
 constexpr const char* kGlobalBatchKey = "microtrain.global_batch";
-constexpr const char* kCsvHeader = "step,loss,val_loss,lr,grad_norm,ms";
+// train.csv's columns: other_cpu_ms and steal_ms (what else the machine did during the step,
+// engine/cpu_load.h) at the end of each row. A run directory started by an older microtrain has
+// the header without them (kCsvHeaderWithoutNoise): a resume keeps that file's column set.
+constexpr const char* kCsvHeader = "step,loss,val_loss,lr,grad_norm,ms,other_cpu_ms,steal_ms";
+constexpr const char* kCsvHeaderWithoutNoise = "step,loss,val_loss,lr,grad_norm,ms";
+// The busiest stretch the end-of-run noise line names: at least this many consecutive steps and
+// this much step time (2 s: 200 ticks of each CPU at USER_HZ 100, so one tick more or less is 1%).
+constexpr int kNoiseWindowSteps = 16;
+constexpr double kNoiseWindowMs = 2000;
 
 // An error that ends the run with `code` (2: bad input or an unusable directory; 1: runtime).
 // `agreed`: every rank of a data-parallel job throws it at the same point (it follows from
@@ -168,29 +178,37 @@ std::string file_checksum(const SafeTensorsFile& f) {
 // ---- train.csv ------------------------------------------------------------------------------
 
 // Losses are doubles (StepRecord) printed with %.17g, lr and grad_norm are floats printed with
-// %.9g: each reads back to the same bits. ms is a measurement, not a result: %.3f.
-std::string csv_row(int step, const StepRecord& r, const std::optional<double>& val) {
-    char buf[256];
+// %.9g: each reads back to the same bits. ms is a measurement, not a result: %.3f; so are
+// other_cpu_ms and steal_ms (tick resolution: %.0f), left out for a file without those columns.
+std::string csv_row(int step, const StepRecord& r, const std::optional<double>& val,
+                    bool noise_columns) {
+    char buf[320];
     char val_text[40] = "";
     if (val) std::snprintf(val_text, sizeof val_text, "%.17g", *val);
-    std::snprintf(buf, sizeof buf, "%d,%.17g,%s,%.9g,%.9g,%.3f\n", step, r.loss, val_text,
-                  static_cast<double>(static_cast<float>(r.lr)),
-                  static_cast<double>(static_cast<float>(r.grad_norm)), r.times.wall_ms);
-    return buf;
+    const int n =
+        std::snprintf(buf, sizeof buf, "%d,%.17g,%s,%.9g,%.9g,%.3f", step, r.loss, val_text,
+                      static_cast<double>(static_cast<float>(r.lr)),
+                      static_cast<double>(static_cast<float>(r.grad_norm)), r.times.wall_ms);
+    if (noise_columns)
+        std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n), ",%.0f,%.0f", r.other_cpu_ms,
+                      r.steal_ms);
+    return std::string(buf) + "\n";
 }
 
 // Cuts `path` back to its header and first `rows` rows (the steps the resumed checkpoint
-// covers), atomically: rows after it belong to steps that will be run again.
-void truncate_csv(const fs::path& path, int rows) {
+// covers), atomically: rows after it belong to steps that will be run again. Returns whether the
+// file has the noise columns (false: an older run's header, kept as it is).
+bool truncate_csv(const fs::path& path, int rows) {
     std::ifstream in(path);
     if (!in)
         input_error(path.string() +
                     ": cannot open: the run directory has checkpoints but no "
                     "train.csv; it cannot be resumed (start a new --out-dir)");
     std::string line, kept;
-    if (!std::getline(in, line) || line != kCsvHeader)
+    if (!std::getline(in, line) || (line != kCsvHeader && line != kCsvHeaderWithoutNoise))
         input_error(path.string() + ": expected the header '" + kCsvHeader + "', got '" + line +
                     "'; this is not a microtrain train.csv (start a new --out-dir)");
+    const bool noise_columns = line == kCsvHeader;
     kept = line + "\n";
     for (int i = 1; i <= rows; ++i) {
         if (!std::getline(in, line) || in.eof())  // a last line without '\n' is torn
@@ -203,6 +221,7 @@ void truncate_csv(const fs::path& path, int rows) {
         kept += line + "\n";
     }
     write_file_atomic(path.string(), kept);
+    return noise_columns;
 }
 
 // Data rows of an existing train.csv (0 when there is none).
@@ -519,6 +538,11 @@ class Trainer {
     int steps_here_ = 0;              // steps this process ran (for tokens/s and the ETA)
     double tokens_here_ = 0;          // tokens those steps trained (global batch)
     std::optional<double> last_val_;  // the latest validation loss, for the progress line
+    bool csv_noise_columns_ = true;   // train.csv has other_cpu_ms,steal_ms (an older one not)
+    TrainNoiseTracker noise_{kNoiseWindowSteps,
+                             kNoiseWindowMs};  // what else the machine did, this process's
+                                               // steps (report/noise.h)
+    void print_noise() const;
 };
 
 Trainer::Trainer(const TrainRunOptions& o)
@@ -572,7 +596,7 @@ void Trainer::prepare_directory() {
                          "before its first); starting again from step 0\n",
                          ckdir_.string().c_str());
         start_step_ = resume_ ? resume_->step : 0;
-        truncate_csv(csv_path_, start_step_);
+        csv_noise_columns_ = truncate_csv(csv_path_, start_step_);
         fs::create_directories(ckdir_, ec);
         return;
     }
@@ -737,6 +761,14 @@ void Trainer::checkpoint(int step) {
         fs::remove(all[i].second, ec);
 }
 
+// The machine-noise line of the steps this process ran (rank 0's under data parallel), e.g.
+// "machine: other processes took 0.42 cores on average, 1.70 at most (steps 120–135); steal 0".
+void Trainer::print_noise() const {
+    const std::string line = train_noise_line(noise_.noise());
+    if (!line.empty()) std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+}
+
 void Trainer::print_progress(int step, const StepRecord& r, const std::optional<double>& val) {
     ++steps_here_;
     const double elapsed =
@@ -828,7 +860,10 @@ int Trainer::loop() {
         std::optional<double> val;
         if (!val_.inputs.empty() && step % train_.eval_every == 0) val = evaluate();
         if (leader_) {
-            csv_->append(csv_row(step, rec, val));
+            csv_->append(csv_row(step, rec, val, csv_noise_columns_));
+            StepRow row = step_row(rec);
+            row.step = step;  // numbered as train.csv numbers it (from 1)
+            noise_.add(row);
             print_progress(step, rec, val);
         }
     };
@@ -852,6 +887,7 @@ int Trainer::loop() {
                                  "is kept); lower optim.lr or check the data",
                              /*agreed=*/true);
         case LoopOutcome::End::interrupted:
+            if (leader_) print_noise();
             if (leader_)
                 std::fprintf(stderr,
                              "microtrain train: stopped by signal %d after step %d; checkpoint "
@@ -864,6 +900,7 @@ int Trainer::loop() {
             break;
     }
     if (leader_) {
+        print_noise();
         const std::string last = (ckdir_ / checkpoint_name(train_.steps)).string();
         std::printf("done: %d steps; checkpoint %s\n", train_.steps, last.c_str());
         if (cfg_.trainable.lora.enabled())  // what to do with the adapters (docs/commands.md)

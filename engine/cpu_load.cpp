@@ -40,17 +40,30 @@ std::array<unsigned long long, 16> leading_numbers(std::string_view s, size_t* c
     return out;
 }
 
-}  // namespace
-
-std::optional<unsigned long long> busy_ticks_from_proc_stat(std::string_view text) {
-    // "cpu" then at least user nice system idle iowait irq softirq steal (kernels since 2.6.11).
+// The numbers of /proc/stat's first line ("cpu" then at least user nice system idle iowait irq
+// softirq steal: kernels since 2.6.11); nullopt when the text does not start with that line.
+std::optional<std::array<unsigned long long, 16>> all_cpu_ticks(std::string_view text) {
     if (text.substr(0, 4) != "cpu " && text.substr(0, 4) != "cpu\t") return std::nullopt;
     text = text.substr(0, text.find('\n')).substr(3);
     size_t n = 0;
     const auto v = leading_numbers(text, &n);
     if (n < 8) return std::nullopt;
+    return v;
+}
+
+}  // namespace
+
+std::optional<unsigned long long> busy_ticks_from_proc_stat(std::string_view text) {
+    const auto v = all_cpu_ticks(text);
+    if (!v) return std::nullopt;
     // user + nice + system + irq + softirq + steal (idle and iowait are not busy).
-    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+    return (*v)[0] + (*v)[1] + (*v)[2] + (*v)[5] + (*v)[6] + (*v)[7];
+}
+
+std::optional<unsigned long long> steal_ticks_from_proc_stat(std::string_view text) {
+    const auto v = all_cpu_ticks(text);
+    if (!v) return std::nullopt;
+    return (*v)[7];
 }
 
 std::optional<unsigned long long> own_ticks_from_proc_pid_stat(std::string_view text) {
@@ -80,11 +93,13 @@ std::optional<unsigned long long> own_ticks_from_proc_pid_stat(std::string_view 
 CpuLoadSample cpu_load_sample_from(std::string_view proc_stat, std::string_view pid_stat) {
     CpuLoadSample s;
     const auto busy = busy_ticks_from_proc_stat(proc_stat);
+    const auto steal = steal_ticks_from_proc_stat(proc_stat);
     const auto own = own_ticks_from_proc_pid_stat(pid_stat);
-    if (!busy || !own) return s;
+    if (!busy || !steal || !own) return s;
     s.valid = true;
     s.busy_ticks = *busy;
     s.own_ticks = *own;
+    s.steal_ticks = *steal;
     return s;
 }
 
@@ -92,14 +107,26 @@ CpuLoadSample CpuLoadSample::take() {
     return cpu_load_sample_from(read_head("/proc/stat"), read_head("/proc/self/stat"));
 }
 
+namespace {
+
+double ms_per_tick() {
+    static const long ticks_per_s = ::sysconf(_SC_CLK_TCK);
+    return ticks_per_s > 0 ? 1000.0 / static_cast<double>(ticks_per_s) : 0.0;
+}
+
+}  // namespace
+
+double steal_ms(const CpuLoadSample& a, const CpuLoadSample& b) {
+    if (!a.valid || !b.valid || b.steal_ticks < a.steal_ticks) return 0.0;
+    return static_cast<double>(b.steal_ticks - a.steal_ticks) * ms_per_tick();
+}
+
 double other_cpu_ms(const CpuLoadSample& a, const CpuLoadSample& b) {
     if (!a.valid || !b.valid) return 0.0;
-    static const long ticks_per_s = ::sysconf(_SC_CLK_TCK);
-    if (ticks_per_s <= 0) return 0.0;
     // Signed: either counter's difference may be smaller than the other's (read a moment apart).
     const double busy = static_cast<double>(b.busy_ticks) - static_cast<double>(a.busy_ticks);
     const double own = static_cast<double>(b.own_ticks) - static_cast<double>(a.own_ticks);
-    return std::max(0.0, (busy - own) * 1000.0 / static_cast<double>(ticks_per_s));
+    return std::max(0.0, (busy - own) * ms_per_tick());
 }
 
 }  // namespace mt

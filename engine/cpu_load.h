@@ -12,6 +12,11 @@
 // the usual 100 Hz), summed over every CPU, so a short step reads 0 or a multiple of it. Where
 // /proc is absent (not Linux) a sample is invalid and the CPU time is 0. A sample is two small
 // file reads (microseconds), taken at the start and the end of each step.
+//
+// Steal (the 8th number of the line) is the time the hypervisor ran something else while this
+// machine's virtual CPUs wanted to run: a noisy neighbour on a cloud VM, invisible to the
+// processes of this machine. It is part of `busy` above, so other_cpu_ms includes it; steal_ms
+// says how much of it was steal (StepRecord::steal_ms). 0 on bare metal.
 #pragma once
 
 #include <optional>
@@ -20,9 +25,10 @@
 namespace mt {
 
 struct CpuLoadSample {
-    bool valid = false;                 // false: /proc could not be read or parsed
-    unsigned long long busy_ticks = 0;  // every CPU's busy time since boot
-    unsigned long long own_ticks = 0;   // this process's utime + stime (all its threads)
+    bool valid = false;                  // false: /proc could not be read or parsed
+    unsigned long long busy_ticks = 0;   // every CPU's busy time since boot
+    unsigned long long own_ticks = 0;    // this process's utime + stime (all its threads)
+    unsigned long long steal_ticks = 0;  // every CPU's steal time since boot (inside busy_ticks)
     // Reads /proc/stat and /proc/self/stat now.
     static CpuLoadSample take();
 };
@@ -30,6 +36,8 @@ struct CpuLoadSample {
 // The busy ticks of every CPU from /proc/stat's text (its first line, "cpu  user nice system
 // idle iowait irq softirq steal ..."); nullopt when the text is not that.
 std::optional<unsigned long long> busy_ticks_from_proc_stat(std::string_view proc_stat);
+// The steal ticks of every CPU (the line's 8th number) from the same text; nullopt likewise.
+std::optional<unsigned long long> steal_ticks_from_proc_stat(std::string_view proc_stat);
 // utime + stime (fields 14 and 15) from /proc/<pid>/stat's text; nullopt when malformed. The
 // command name (field 2) is in parentheses and may hold spaces or ')': fields are counted from
 // the last ')'.
@@ -40,5 +48,8 @@ CpuLoadSample cpu_load_sample_from(std::string_view proc_stat, std::string_view 
 // The CPU time (ms) other processes took between samples a and b (b taken after a), >= 0; 0
 // unless both samples are valid.
 double other_cpu_ms(const CpuLoadSample& a, const CpuLoadSample& b);
+// The steal time (ms, summed over every CPU) between samples a and b, >= 0; 0 unless both are
+// valid. A part of other_cpu_ms(a, b) (up to the two reads' skew).
+double steal_ms(const CpuLoadSample& a, const CpuLoadSample& b);
 
 }  // namespace mt

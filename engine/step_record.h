@@ -2,7 +2,10 @@
 // (engine/step_loop.h) hands to run, train, step and the bench.
 #pragma once
 
+#include <optional>
+
 #include "engine/timing.h"
+#include "kernels/device_clock.h"
 
 namespace mt {
 
@@ -32,6 +35,12 @@ struct StepRecord {
     // /proc, tick resolution; 0 where /proc is absent). run.host_sync none: while the host
     // enqueued the step.
     double other_cpu_ms = 0;
+    // Of it, the steal time (ms): the hypervisor ran another machine on our CPUs (cpu_load.h).
+    double steal_ms = 0;
+    // The device's clock over the step (Backend::sample_device_clock at the step's start and
+    // end, combined: the lowest SM clock, every throttle reason seen); nullopt without one (CPU,
+    // no NVML).
+    std::optional<DeviceClockSample> device_clock;
 };
 
 }  // namespace mt

@@ -442,6 +442,7 @@ StepRecord TrainingSession::run_step(int index, bool warmup,
     rec.step = index;
     rec.warmup = warmup;
     const CpuLoadSample cpu_at_start = CpuLoadSample::take();
+    const std::optional<DeviceClockSample> clock_at_start = backend_->sample_device_clock();
     syncs_at_step_start_ = backend_->host_sync_stats();
     timer_.begin_step();
     for (int m = 0; m < accum_; ++m) {
@@ -465,7 +466,14 @@ StepRecord TrainingSession::run_step(int index, bool warmup,
         end_step_deferred(rec);
     else
         end_step(rec, warmup);
-    rec.other_cpu_ms = other_cpu_ms(cpu_at_start, CpuLoadSample::take());
+    const CpuLoadSample cpu_at_end = CpuLoadSample::take();
+    rec.other_cpu_ms = other_cpu_ms(cpu_at_start, cpu_at_end);
+    rec.steal_ms = steal_ms(cpu_at_start, cpu_at_end);
+    const std::optional<DeviceClockSample> clock_at_end = backend_->sample_device_clock();
+    if (clock_at_start && clock_at_end)
+        rec.device_clock = combine(*clock_at_start, *clock_at_end);
+    else
+        rec.device_clock = clock_at_end ? clock_at_end : clock_at_start;
     return rec;
 }
 

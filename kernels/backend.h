@@ -17,12 +17,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "kernels/device_clock.h"
 #include "kernels/ops.h"
 #include "kernels/types.h"
 
@@ -152,6 +154,10 @@ class Backend {
     // Named ranges for profilers (NVTX on CUDA; no-op on CPU).
     virtual void range_push(const char* name) { (void)name; }
     virtual void range_pop() {}
+    // The device's SM clock and throttle reasons now (kernels/device_clock.h): the CUDA backend
+    // reads them through NVML when the driver's library loads; nullopt otherwise (the CPU
+    // backend, no driver). Microseconds; never throws.
+    virtual std::optional<DeviceClockSample> sample_device_clock() const { return std::nullopt; }
 
     // -- ops --
     // Runs one op of the op table (kernels/ops.h): checks it, opens its profiler scope, calls

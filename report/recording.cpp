@@ -75,6 +75,7 @@ StepStatistics step_statistics(const std::vector<StepRow>& steps) {
     st.host_syncs = measured_series(steps, [](const StepRow& s) { return s.host_syncs; });
     st.host_wait_ms = measured_series(steps, [](const StepRow& s) { return s.host_wait_ms; });
     st.other_cpu_ms = measured_series(steps, [](const StepRow& s) { return s.other_cpu_ms; });
+    st.steal_ms = measured_series(steps, [](const StepRow& s) { return s.steal_ms; });
     st.jitter = st.step_ms.iqr_over_median;
     st.jitter_warning = st.step_ms.n > 0 && st.jitter > kJitterWarnThreshold;
     return st;
@@ -119,6 +120,11 @@ StepRow step_row(const StepRecord& s) {
     o.host_syncs = s.host_syncs;
     o.host_wait_ms = s.host_wait_ms;
     o.other_cpu_ms = s.other_cpu_ms;
+    o.steal_ms = s.steal_ms;
+    if (s.device_clock) {
+        o.sm_clock_mhz = s.device_clock->sm_clock_mhz;
+        o.throttle_reasons = throttle_reason_names(s.device_clock->throttle_reasons);
+    }
     o.tokens = s.tokens;
     o.model_flops = s.model_flops;
     return o;

@@ -9,6 +9,7 @@
 
 #include "report/comparison.h"
 #include "report/format.h"
+#include "report/noise.h"
 #include "report/render.h"
 #include "report/suggestions.h"
 
@@ -492,6 +493,7 @@ std::string render_report_md(const Results& results) {
     write_header(o, results, cmp);
     write_answers(o, ref, cmp);
     o << "\n## Comparison\n\n" << render_comparison_md(cmp);
+    o << render_noise_md(results);  // what else the machine did meanwhile (report/noise.h)
     o << "\n<!-- charts -->\n";
     write_phase_table(o, results);
     write_throughput(o, results);

@@ -100,6 +100,7 @@ struct JsonFields<StepStatistics> {
         json_field("host_syncs", &S::host_syncs),
         json_field("host_wait_ms", &S::host_wait_ms),
         json_field("other_cpu_ms", &S::other_cpu_ms),
+        json_field("steal_ms", &S::steal_ms),
     };
 };
 
@@ -216,7 +217,10 @@ struct JsonFields<StepRow> {
         json_field("host_syncs", &S::host_syncs),
         json_field("host_wait_ms", &S::host_wait_ms),
         json_field("other_cpu_ms", &S::other_cpu_ms),
+        json_field("steal_ms", &S::steal_ms),
         json_field("round", &S::round),
+        json_field("sm_clock_mhz", &S::sm_clock_mhz),
+        json_field("throttle_reasons", &S::throttle_reasons),
     };
 };
 

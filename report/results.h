@@ -40,6 +40,8 @@
 // interleaved rounds (run.rounds): `experiment.rounds` and `round` per step (-1: warm-up).
 // v9 adds the time call (report/paired_stats.h): `experiment.min_effect` (compare.min_effect) and
 // per row of `comparison.variants` `speedup_ci95` ([low, high] or null) and `time_call`.
+// v10 adds what else the machine did (report/noise.h): `steal_ms` per step and in
+// `stats`, and per step `sm_clock_mhz` / `throttle_reasons` (null without a device clock).
 #pragma once
 
 #include <array>
@@ -59,7 +61,7 @@
 
 namespace mt {
 
-inline constexpr int kResultsSchemaVersion = 9;
+inline constexpr int kResultsSchemaVersion = 10;
 
 // How a variant ended. skipped: never run (needs a GPU, does not fit, the experiment stopped
 // before it); the message says why.
@@ -100,6 +102,7 @@ struct StepStatistics {
     // time spent waiting in them (ms).
     SeriesSummary host_syncs, host_wait_ms;
     SeriesSummary other_cpu_ms;  // CPU time other processes took per measured step (StepRow)
+    SeriesSummary steal_ms;      // of it, the hypervisor's steal time per measured step
     double samples_per_s = 0, tokens_per_s = 0;  // global batch / median step (all ranks)
     double jitter = 0;                           // step_ms IQR / median
     bool jitter_warning = false;                 // jitter > kJitterWarnThreshold
@@ -174,6 +177,12 @@ struct StepRow {
     int host_syncs = 0;       // host synchronisation points in the step (run.host_sync)
     double host_wait_ms = 0;  // host time spent waiting in them
     double other_cpu_ms = 0;  // CPU time other processes took during the step (engine/cpu_load.h)
+    double steal_ms = 0;      // of it, steal time: the hypervisor ran another machine on our CPUs
+    // The device's lowest SM clock over the step (MHz) and the names of the throttle reasons NVML
+    // reported at its start or end (kernels/device_clock.h: throttle_reason_names); nullopt (JSON
+    // null) without a device clock (CPU, no driver).
+    std::optional<double> sm_clock_mhz;
+    std::optional<std::vector<std::string>> throttle_reasons;
     // The round (run.rounds) whose slice held this measured step, 0-based; -1 for a warm-up step.
     // The comparison pairs a variant's round-r steps with the baseline's round-r steps.
     int round = -1;

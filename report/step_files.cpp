@@ -15,7 +15,7 @@ std::string steps_csv(const Results& results) {
     std::ostringstream o;
     o << "variant,step,warmup,wall_ms";
     for (Phase p : kAllPhases) o << "," << to_string(p) << "_ms";
-    o << ",other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes,tokens,other_cpu_ms\n";
+    o << ",other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes,tokens,other_cpu_ms,steal_ms\n";
     auto num = [](double x) {
         if (!std::isfinite(x)) return std::string(std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf"));
         char b[48];
@@ -35,7 +35,8 @@ std::string steps_csv(const Results& results) {
             for (Phase p : kAllPhases) o << "," << num(s.phases_ms[static_cast<int>(p)]);
             o << "," << num(s.other_ms) << "," << num(s.loss) << "," << num(s.grad_norm) << ","
               << f("%.6g", s.lr) << "," << num(s.comm_busy_ms) << "," << f("%.0f", s.comm_bytes)
-              << "," << f("%.0f", s.tokens) << "," << num(s.other_cpu_ms) << "\n";
+              << "," << f("%.0f", s.tokens) << "," << num(s.other_cpu_ms) << "," << num(s.steal_ms)
+              << "\n";
         }
     }
     return o.str();

@@ -10,7 +10,7 @@
 namespace mt {
 
 // steps.csv: one row per step of every variant (warm-up rows flagged), per-phase columns, then
-// comm_busy_ms and comm_bytes (0 on one rank), tokens and other_cpu_ms.
+// comm_busy_ms and comm_bytes (0 on one rank), tokens, other_cpu_ms and steal_ms.
 std::string steps_csv(const Results& results);
 // trace.json: Chrome Trace Event format; one process per variant, tracks for steps, phases and
 // (when profiled) ops, profile.trace_steps measured steps each. A data-parallel variant has one

@@ -195,13 +195,13 @@ TEST(StepsCsv, IsConsistentWithResultsJson) {
     EXPECT_EQ(header,
               "variant,step,warmup,wall_ms,data_ms,h2d_ms,forward_ms,backward_ms,comm_ms,"
               "optimizer_ms,sync_ms,other_ms,loss,grad_norm,lr,comm_busy_ms,comm_bytes,tokens,"
-              "other_cpu_ms");
+              "other_cpu_ms,steal_ms");
     std::map<std::string, std::vector<std::vector<std::string>>> rows;
     for (std::string line; std::getline(in, line);) {
         std::vector<std::string> cells;
         std::stringstream ls(line);
         for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
-        ASSERT_EQ(cells.size(), 19u) << line;
+        ASSERT_EQ(cells.size(), 20u) << line;
         rows[cells[0]].push_back(cells);
     }
     for (const json& v : j["variants"]) {
@@ -536,7 +536,7 @@ TEST(LoadResults, BadFilesGiveClearErrors) {
     expect_error((dir / "other.json").string(), "not a microtrain results.json");
     { std::ofstream(dir / "v1.json") << R"({"schema_version": 1, "variants": []})"; }
     expect_error((dir / "v1.json").string(),
-                 "has schema_version 1, this microtrain reads schema_version 9");
+                 "has schema_version 1, this microtrain reads schema_version 10");
     json j = results_to_json(make_experiment().results());
     j["variants"][1].erase("stats");
     { std::ofstream(dir / "nostats.json") << j.dump(); }
@@ -573,7 +573,7 @@ TEST(ResultsSchema, ResultsJsonRoundTripsThroughTheSchema) {
 
 TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
     const json j = results_to_json(make_experiment().results());
-    EXPECT_EQ(j["schema_version"], 9);
+    EXPECT_EQ(j["schema_version"], 10);
     for (const char* key : {"tool", "experiment", "started_utc", "interrupted", "environment",
                             "units", "variants", "comparison"})
         EXPECT_TRUE(j.contains(key)) << key;
@@ -760,7 +760,7 @@ TEST(ResultsSchema, VersionOneIsRefusedNamingBothVersions) {
     } catch (const ReportError& e) {
         EXPECT_EQ(std::string(e.what()),
                   "'old/results.json' has schema_version 1, this microtrain reads schema_version "
-                  "9; re-run the experiment with this version");
+                  "10; re-run the experiment with this version");
     }
 }
 

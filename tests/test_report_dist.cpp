@@ -135,7 +135,7 @@ std::string section(const std::string& md, const std::string& heading) {
 
 TEST(ReportDistResults, DataParallelIsNullForOneRankAndFullForTwo) {
     const json j = results_to_json(make_experiment(kCommHeavy).results());
-    EXPECT_EQ(j["schema_version"], 9);
+    EXPECT_EQ(j["schema_version"], 10);
     EXPECT_TRUE(j["variants"][0]["data_parallel"].is_null());
     const json& d = j["variants"][1]["data_parallel"];
     ASSERT_TRUE(d.is_object());
@@ -330,11 +330,12 @@ TEST(ReportDistFiles, StepsCsvHasTheCommColumns) {
     std::string header, line;
     std::getline(in, header);
     EXPECT_NE(header.find(",backward_ms,comm_ms,optimizer_ms,"), std::string::npos) << header;
-    EXPECT_EQ(header.substr(header.size() - 44), ",comm_busy_ms,comm_bytes,tokens,other_cpu_ms");
+    EXPECT_EQ(header.substr(header.size() - 53),
+              ",comm_busy_ms,comm_bytes,tokens,other_cpu_ms,steal_ms");
     std::string last;
     while (std::getline(in, line)) last = line;  // variant two's last step
     EXPECT_EQ(last.rfind("two,4,0,", 0), 0u) << last;
-    EXPECT_EQ(last.substr(last.size() - 28), ",4.500000,3000000,0,0.000000") << last;
+    EXPECT_EQ(last.substr(last.size() - 37), ",4.500000,3000000,0,0.000000,0.000000") << last;
 }
 
 TEST(ReportDistFiles, TraceJsonHasOnePhasesTrackPerRank) {

@@ -211,17 +211,26 @@ TEST_F(RunnerTest, EveryStepRecordsTheCpuTimeOfOtherProcesses) {
     for (const StepRow& s : r.steps) {
         EXPECT_TRUE(std::isfinite(s.other_cpu_ms)) << "step " << s.step;
         EXPECT_GE(s.other_cpu_ms, 0.0) << "step " << s.step;
+        EXPECT_GE(s.steal_ms, 0.0) << "step " << s.step;
+        EXPECT_FALSE(s.sm_clock_mhz.has_value()) << "the CPU backend has no device clock";
+        EXPECT_FALSE(s.throttle_reasons.has_value());
     }
     EXPECT_EQ(r.stats.other_cpu_ms.n, 3u);
+    EXPECT_EQ(r.stats.steal_ms.n, 3u);
     const std::string run = write_run_folder(ex.results, spec.out_dir);
     const json j = load_results(run + "/results.json");
-    for (const json& s : j["variants"][0]["steps"]) EXPECT_GE(s["other_cpu_ms"].get<double>(), 0);
+    for (const json& s : j["variants"][0]["steps"]) {
+        EXPECT_GE(s["other_cpu_ms"].get<double>(), 0);
+        EXPECT_GE(s["steal_ms"].get<double>(), 0);
+        EXPECT_TRUE(s["sm_clock_mhz"].is_null());
+        EXPECT_TRUE(s["throttle_reasons"].is_null());
+    }
     EXPECT_EQ(j["variants"][0]["stats"]["other_cpu_ms"]["n"], 3);
     std::ifstream csv(fs::path(run) / "steps.csv");
     std::string header, row;
     std::getline(csv, header);
     std::getline(csv, row);
-    EXPECT_EQ(header.substr(header.rfind(',') + 1), "other_cpu_ms");
+    EXPECT_EQ(header.substr(header.size() - 22), ",other_cpu_ms,steal_ms");
     EXPECT_GE(std::stod(row.substr(row.rfind(',') + 1)), 0.0) << row;
 }
 

@@ -379,6 +379,48 @@ TEST(CpuLoad, ParsesTheBusyTicksOfEveryCpu) {
     EXPECT_FALSE(busy_ticks_from_proc_stat("").has_value());
 }
 
+TEST(CpuLoad, ParsesTheStealTicksOfEveryCpu) {
+    // The 8th number of the "cpu" line (user nice system idle iowait irq softirq steal).
+    EXPECT_EQ(steal_ticks_from_proc_stat(kProcStatA), 7u);
+    EXPECT_EQ(steal_ticks_from_proc_stat(kProcStatB), 9u);
+    EXPECT_FALSE(steal_ticks_from_proc_stat("cpu  1 2 3 4 5 6 7\n").has_value());  // no steal
+    EXPECT_FALSE(steal_ticks_from_proc_stat("intr 1 2 3 4 5 6 7 8\n").has_value());
+    const CpuLoadSample a = cpu_load_sample_from(kProcStatA, kPidStatA);
+    const CpuLoadSample b = cpu_load_sample_from(kProcStatB, kPidStatB);
+    ASSERT_TRUE(a.valid && b.valid);
+    EXPECT_EQ(a.steal_ticks, 7u);
+    const double ms_per_tick = 1000.0 / static_cast<double>(::sysconf(_SC_CLK_TCK));
+    EXPECT_DOUBLE_EQ(steal_ms(a, b), 2 * ms_per_tick);  // a part of other_cpu_ms (205 ticks)
+    EXPECT_LE(steal_ms(a, b), other_cpu_ms(a, b));
+    EXPECT_EQ(steal_ms(b, a), 0.0);  // a counter never runs backwards: 0, not < 0
+    EXPECT_EQ(steal_ms(CpuLoadSample{}, b), 0.0);
+}
+
+// NVML's throttle-reason bits by name (kernels/device_clock.h): the report prints these.
+TEST(DeviceClock, NamesEveryThrottleReasonBit) {
+    EXPECT_TRUE(throttle_reason_names(0).empty());
+    EXPECT_EQ(throttle_reason_names(0x4), std::vector<std::string>{"sw_power_cap"});
+    EXPECT_EQ(throttle_reason_names(0x1ff),
+              (std::vector<std::string>{"gpu_idle", "applications_clocks_setting", "sw_power_cap",
+                                        "hw_slowdown", "sync_boost", "sw_thermal", "hw_thermal",
+                                        "hw_power_brake", "display_clock_setting"}));
+    EXPECT_EQ(throttle_reason_names(0x48 | (1ull << 40)),
+              (std::vector<std::string>{"hw_slowdown", "hw_thermal", "bit_40"}));
+    // The slowdowns the report calls out: not idle, not a configured clock.
+    EXPECT_EQ(throttle_reason_names(kSlowdownReasons),
+              (std::vector<std::string>{"sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal",
+                                        "hw_thermal", "hw_power_brake"}));
+    const DeviceClockSample c = combine({1980, 0x1}, {1410, 0x4});
+    EXPECT_EQ(c.sm_clock_mhz, 1410u);
+    EXPECT_EQ(c.throttle_reasons, 0x5u);
+}
+
+// The CPU backend has no device clock: no sample, nothing thrown.
+TEST(DeviceClock, TheCpuBackendHasNone) {
+    const auto backend = create_backend(BackendKind::cpu);
+    EXPECT_FALSE(backend->sample_device_clock().has_value());
+}
+
 TEST(CpuLoad, ParsesUtimePlusStimeAfterTheCommandName) {
     EXPECT_EQ(own_ticks_from_proc_pid_stat(kPidStatA), 120u + 30);
     EXPECT_EQ(own_ticks_from_proc_pid_stat(kPidStatB), 200u + 50);

@@ -126,12 +126,19 @@ TEST(TrainCli, TrainWritesCsvAndCheckpoints) {
     EXPECT_CONTAINS(r.output, "step 12/12");
     EXPECT_CONTAINS(r.output, "tok/s");
     EXPECT_CONTAINS(r.output, "ETA");
+    // The machine-noise summary of the run (report/noise.h), before the last line.
+    EXPECT_CONTAINS(r.output, "machine: other processes took ");
+    // 12 short steps: shorter than one stretch (2 s), so the whole run is named.
+    EXPECT_CONTAINS(r.output, " cores on average over steps 1–12 (");
     const auto rows = read_csv(out + "/train.csv");
     ASSERT_EQ(rows.size(), 13u);
-    EXPECT_EQ(rows[0],
-              (std::vector<std::string>{"step", "loss", "val_loss", "lr", "grad_norm", "ms"}));
+    EXPECT_EQ(rows[0], (std::vector<std::string>{"step", "loss", "val_loss", "lr", "grad_norm",
+                                                 "ms", "other_cpu_ms", "steal_ms"}));
     for (size_t i = 1; i < rows.size(); ++i) {
-        ASSERT_EQ(rows[i].size(), 6u) << "row " << i;
+        ASSERT_EQ(rows[i].size(), 8u) << "row " << i;
+        // What else the machine did during the step (engine/cpu_load.h): ms, >= 0.
+        EXPECT_GE(std::stod(rows[i][6]), 0.0) << "row " << i;
+        EXPECT_GE(std::stod(rows[i][7]), 0.0) << "row " << i;
         EXPECT_EQ(rows[i][0], std::to_string(i));
         // Round-trip exact: a double loss is printed with 17 significant digits.
         EXPECT_EQ(std::stod(rows[i][1]), std::strtod(rows[i][1].c_str(), nullptr));
@@ -328,6 +335,29 @@ void two_checkpoints(const TempDir& d, const std::string& yaml, const std::strin
     ASSERT_EQ(run_microtrain("train " + q(yaml) + " --out-dir " + q(out) + " --steps 6").rc, 0);
     ASSERT_EQ(checkpoint_names(out),
               (std::vector<std::string>{"step-00000003.safetensors", "step-00000006.safetensors"}));
+}
+
+// A run directory of an older microtrain (train.csv without other_cpu_ms,steal_ms) resumes, and
+// its file keeps its column set: the rows after the checkpoint have the old six columns.
+TEST(TrainCli, AnOlderTrainCsvWithoutTheNoiseColumnsResumesWithItsOwnColumns) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    two_checkpoints(d, yaml, out);
+    std::string old;
+    for (const auto& row : read_csv(out + "/train.csv")) {
+        ASSERT_EQ(row.size(), 8u);
+        for (size_t i = 0; i < 6; ++i) old += row[i] + (i < 5 ? "," : "\n");
+    }
+    write_text(out + "/train.csv", old);
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "resumed from " + ckpt(out, 6) + " at step 6");
+    const auto rows = read_csv(out + "/train.csv");
+    ASSERT_EQ(rows.size(), 13u);
+    EXPECT_EQ(rows[0],
+              (std::vector<std::string>{"step", "loss", "val_loss", "lr", "grad_norm", "ms"}));
+    for (size_t i = 1; i < rows.size(); ++i) EXPECT_EQ(rows[i].size(), 6u) << "row " << i;
+    EXPECT_EQ(result_columns(d.file("ref") + "/train.csv"), result_columns(out + "/train.csv"));
 }
 
 TEST(TrainCli, TruncatedNewestCheckpointFallsBackToThePreviousWithAWarning) {

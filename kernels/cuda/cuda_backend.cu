@@ -27,6 +27,7 @@
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/nvml_clock.h"
 #include "kernels/ops.h"
 
 #if __has_include(<nvtx3/nvToolsExt.h>)
@@ -150,6 +151,14 @@ class CudaBackend final : public Backend {
         ctx_.lt_workspace = lt_ws_;
         ctx_.lt_workspace_bytes = lt_ws_bytes_;
         ctx_.precision = opt.precision;
+        // The clock reader (NVML, loaded now if the driver's library is there; else off).
+        char bus_id[32] = "";
+        if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_) == cudaSuccess)
+            clock_ = std::make_unique<cuda::NvmlClock>(bus_id);
+    }
+
+    std::optional<DeviceClockSample> sample_device_clock() const override {
+        return clock_ ? clock_->sample() : std::nullopt;
     }
 
     ~CudaBackend() override {
@@ -573,6 +582,7 @@ class CudaBackend final : public Backend {
     std::unique_ptr<cuda::CudaEvent> copy_done_, compute_mark_;
     std::unique_ptr<cuda::CublasHandle> blas_;
     std::unique_ptr<cuda::CublasLtHandle> lt_;
+    std::unique_ptr<cuda::NvmlClock> clock_;  // SM clock / throttle reasons (null: no NVML)
     cuda::BlasContext ctx_;
     std::unordered_map<void*, DeviceAlloc> device_allocs_;
     std::map<void*, HostAlloc> host_allocs_;  // ordered: pinned-range lookup
