@@ -12,6 +12,7 @@
 #include "engine/memory.h"
 #include "engine/profile.h"
 #include "engine/step_record.h"
+#include "experiment/rounds.h"
 #include "experiment/runner.h"
 #include "report/recording.h"
 #include "report/results.h"
@@ -53,11 +54,19 @@ struct HandMadeRun {
         v.roofline = roofline_record(peaks);
         v.memory = memory_record(estimate, memory);
         for (const StepRecord& s : steps) v.steps.push_back(step_row(s));
+        // The runner's own schedule (experiment/rounds.h): consecutive slices of the measured
+        // steps, min(rounds, measured) of them.
         int measured = 0;
         for (const StepRow& s : v.steps) measured += !s.warmup;
-        int k = 0;
-        for (StepRow& s : v.steps)
-            if (!s.warmup) s.round = k++ * rounds / measured;
+        const std::vector<RoundSlice> slices = round_slices(0, measured, rounds);
+        size_t slice = 0;
+        int k = 0;  // the measured step's index among the measured steps
+        for (StepRow& s : v.steps) {
+            if (s.warmup) continue;
+            while (k >= slices[slice].last) ++slice;
+            s.round = static_cast<int>(slice);
+            ++k;
+        }
         v.trace = trace;
         v.data_parallel = dist;
         derive_statistics(v);

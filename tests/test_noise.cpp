@@ -227,7 +227,8 @@ TEST(Noise, TheReportHasTheSectionAfterTheComparison) {
     const size_t noise = md.find("## Machine noise");
     ASSERT_NE(noise, std::string::npos);
     EXPECT_GT(noise, md.find("## Comparison"));
-    EXPECT_NE(md.find("Slices hit (more than 0.25 cores busy): other (3.00, steps 1–3)."),
+    EXPECT_NE(md.find("Slices hit (more than 0.25 cores busy): round 0: other (3.00, step 1); "
+                      "round 1: other (3.00, step 2); round 2: other (3.00, step 3)."),
               std::string::npos)
         << md;
     EXPECT_NE(md.find("| other | **3.00** |"), std::string::npos) << md;
