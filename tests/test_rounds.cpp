@@ -5,17 +5,24 @@
 // its own, so its peak RSS does not depend on its place in the file; a stop signal in a round and
 // a worker that dies keep what was measured.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <fstream>
 #include <set>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "experiment/rounds.h"
 #include "experiment/runner.h"
 #include "experiment/spec.h"
+#include "kernels/ops.h"
+#include "report/paired_stats.h"
+#include "report/results.h"
 #include "tests/test_util.h"
 
 namespace mt {
@@ -234,6 +241,68 @@ TEST_F(RoundsTest, AWorkerThatDiesFailsItsVariantAndTheOthersGoOn) {
         EXPECT_EQ(v.status, RunStatus::ok) << v.name << ": " << v.message;
         EXPECT_EQ(v.measured_steps, 6) << v.name;
     }
+}
+
+// A neighbour that burns one core in bursts (0.2 s busy, 0.2 s idle) until it is destroyed.
+class BurstingNeighbour {
+  public:
+    BurstingNeighbour() {
+        pid_ = ::fork();
+        if (pid_ != 0) return;
+        for (;;) {
+            const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+            volatile double x = 1;
+            while (std::chrono::steady_clock::now() < end) x = x * 1.0000001 + 1e-9;
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+    }
+    ~BurstingNeighbour() {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+    }
+    BurstingNeighbour(const BurstingNeighbour&) = delete;
+    BurstingNeighbour& operator=(const BurstingNeighbour&) = delete;
+
+  private:
+    pid_t pid_ = -1;
+};
+
+// The CPU backend's encoder forward, then 3 ms of nothing: a variant that is slower by design.
+void (*g_encoder_forward)(Backend&, const op::EncoderForward&) = nullptr;
+void encoder_forward_then_wait(Backend& b, const op::EncoderForward& a) {
+    g_encoder_forward(b, a);
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+}
+
+// The end-to-end proof of the calls on a busy machine: with a neighbour burning a core in
+// bursts, a variant with a known added cost is called slower, and an A/A control (the
+// baseline's config under another name) is called neither faster nor slower.
+TEST_F(RoundsTest, ADelayedVariantIsCalledSlowerWhileANeighbourBurnsACoreInBursts) {
+    RunnerOptions o = quiet();
+    o.inject_variant = "delayed";
+    o.modify_backend = [](Backend& b) {
+        g_encoder_forward = b.kernels().encoder_forward;
+        b.kernels().encoder_forward = &encoder_forward_then_wait;
+    };
+    const ExperimentSpec spec = load_experiment(write_yaml("  - name: baseline\n"
+                                                           "  - name: control\n"
+                                                           "  - name: delayed\n"),
+                                                {"run.measure_steps=30"});
+    BurstingNeighbour neighbour;
+    const Results res = run_experiment(spec, o).results;
+    ASSERT_EQ(res.experiment.rounds, 5);
+    auto row = [&](const std::string& name) -> const ComparisonRow& {
+        for (const ComparisonRow& r : res.comparison.rows)
+            if (r.variant == name) return r;
+        throw std::runtime_error("no comparison row " + name);
+    };
+    for (const VariantResult& v : res.variants)
+        ASSERT_EQ(v.status, RunStatus::ok) << v.name << ": " << v.message;
+    ASSERT_TRUE(row("delayed").time_call.has_value());
+    EXPECT_EQ(*row("delayed").time_call, TimeCall::slower) << row("delayed").time_call_text;
+    ASSERT_TRUE(row("control").time_call.has_value());
+    EXPECT_NE(*row("control").time_call, TimeCall::faster) << row("control").time_call_text;
+    EXPECT_NE(*row("control").time_call, TimeCall::slower) << row("control").time_call_text;
 }
 
 TEST(RoundsSpec, RoundsAreTheExperimentsScheduleNotAKnob) {
