@@ -304,8 +304,9 @@ void add_notes(Comparison& c) {
         c.notes.push_back("note: the measured steps were taken in " + std::to_string(c.rounds) +
                           " round: a time call needs at least " +
                           std::to_string(kMinRoundsForInterval) +
-                          " (run.rounds), so every time call is inconclusive and no verdict "
-                          "rests on time");
+                          " (run.rounds; a data-parallel job always takes one: its ranks run "
+                          "the variants one after another), so every time call is inconclusive "
+                          "and no verdict rests on time");
     if (jittery && c.rounds < kMinRoundsForInterval)
         c.notes.push_back(
             "caution: variants run one after another, so a change in machine load between them "
