@@ -17,7 +17,6 @@ namespace {
 
 ModelOptions model_options(const RunConfig& cfg) {
     ModelOptions mo;
-    mo.kernels = cfg.kernels;
     mo.recompute = cfg.run.recompute;
     mo.trainable = cfg.trainable;
     mo.offload = cfg.run.offload;

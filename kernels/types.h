@@ -83,7 +83,12 @@ const char* to_string(E e) {
     return enum_name(e).data();
 }
 
-// Which implementation each op family uses (the YAML `kernels:` section).
+// Which implementation each op family uses (the YAML `kernels:` section). One copy, owned by
+// the backend (BackendOptions::kernels), which refuses at construction what it cannot run; the
+// model reads it from there (Backend::kernel_choice) to pick its call sequence (classifier,
+// layernorm, fuse_gelu) and the variant its attention ops name, and the backend's kernels read
+// the ladder steps (matmul, layernorm_forward) through Backend::matmul_impl and
+// Backend::layernorm_forward_impl.
 struct KernelChoice {
     AttentionImpl attention = AttentionImpl::naive;
     ClassifierImpl classifier = ClassifierImpl::fused;

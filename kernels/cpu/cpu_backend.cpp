@@ -287,7 +287,7 @@ class CpuBackend final : public Backend {
     }
     void kernel(const op::LayerNormForward& a) {
         cpu::layernorm_forward(f(a.out), a.mean, a.rstd, f(a.inp), f(a.weight), f(a.bias), a.N, a.C,
-                               options_.kernels.layernorm_forward);
+                               layernorm_forward_impl());
     }
     void kernel(const op::LayerNormBackward& a) {
         cpu::layernorm_backward(f(a.dinp), a.dweight, a.dbias, f(a.dout), f(a.inp), f(a.weight),
@@ -296,7 +296,7 @@ class CpuBackend final : public Backend {
     void kernel(const op::FusedResidualLayerNormForward& a) {
         cpu::fused_residual_layernorm_forward(f(a.residual), f(a.out), a.mean, a.rstd, f(a.inp1),
                                               f(a.inp2), f(a.weight), f(a.bias), a.N, a.C,
-                                              options_.kernels.layernorm_forward);
+                                              layernorm_forward_impl());
     }
     void kernel(const op::MatmulForward& a) {
         if (a.epilogue == MatmulEpilogue::gelu)
