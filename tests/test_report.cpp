@@ -10,6 +10,7 @@
 #include <functional>
 #include <sstream>
 
+#include "io/atomic_file.h"
 #include "report/comparison.h"
 #include "report/render.h"
 #include "report/run_folder.h"
