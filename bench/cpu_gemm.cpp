@@ -207,7 +207,8 @@ int main(int argc, char** argv) {
     CLI::App app{"microtrain packed GEMM vs Eigen GEMM on a training step's shapes"};
     int threads = 2, reps = 7, B = 4, T = 128;
     std::string preset = "gpt2-124M", json_path;
-    app.add_option("--threads", threads, "OpenMP threads for both")->check(CLI::PositiveNumber);
+    app.add_option("--threads", threads, "OpenMP threads for both")
+        ->check(CLI::Range(1, mt::kMaxThreads));
     app.add_option("--reps", reps, "timed calls per (shape, impl)")->check(CLI::Range(3, 1000));
     app.add_option("--preset", preset, "model preset whose layer shapes are timed");
     app.add_option("-B", B, "batch size")->check(CLI::PositiveNumber);

@@ -386,7 +386,7 @@ int main(int argc, char** argv) {
         ->check(CLI::PositiveNumber);
     app.add_option("--threads", a.threads, "OpenMP threads")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(CLI::Range(1, mt::kMaxThreads));
     app.add_option("--warmup", a.warmup, "Warm-up steps (not measured)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);

@@ -22,6 +22,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "io/text.h"
 #include "kernels/enum_names.h"
 #include "optim/adamw.h"
 
@@ -83,12 +84,6 @@ int layer_index(const std::string& name, std::string* rest = nullptr) {
     if (j == i || j - i > 6 || j >= name.size() || name[j] != '.') return -1;
     if (rest) *rest = name.substr(j + 1);
     return std::stoi(name.substr(i, j - i));
-}
-
-std::string format_float(float x) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(x));
-    return buf;
 }
 
 constexpr LoraTarget kLoraTargets[] = {LoraTarget::attn_c_attn, LoraTarget::attn_c_proj,

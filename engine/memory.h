@@ -17,6 +17,7 @@
 #include <string>
 
 #include "engine/timing.h"
+#include "io/text.h"  // to_mib, kMiB
 #include "kernels/backend.h"
 
 namespace mt {
@@ -38,11 +39,6 @@ size_t physical_memory_bytes();
 // CPU backend's device_memory_info() also applies a container's limit; this is for the host side
 // of a GPU run: the sample cache of data.cache.)
 size_t host_available_bytes();
-
-inline constexpr double kMiB = 1024.0 * 1024.0;
-inline double to_mib(double bytes) {
-    return bytes / kMiB;
-}
 
 struct PhaseMemory {
     bool seen = false;              // the phase ran at least once

@@ -354,7 +354,7 @@ TimingEvent& KernelProfiler::next_event(size_t* index) {
 }
 
 void KernelProfiler::op_begin(const OpRecord& op) {
-    Pending p{label_ ? label_(op) : std::string(op.name), op.name, op.flops, op.bytes, 0, 0, false};
+    Pending p{label_ ? label_(op) : std::string(op.name), op.impl, op.flops, op.bytes, 0, 0, false};
     next_event(&p.begin_event).record();
     pending_.push_back(std::move(p));
     open_.push_back(pending_.size() - 1);
@@ -377,8 +377,8 @@ void KernelProfiler::finish_step(bool accumulate, const TimingEvent& step_start)
         last_ops_.push_back({p.name, pool_[p.begin_event]->elapsed_ms_since(step_start), ms});
         if (!accumulate) continue;
         KernelStat& k = agg_[p.name];
-        // What the op ran is fixed for the backend's life: asked once per op, not per call.
-        if (k.calls == 0) k.impl = backend_.implementation(p.op);
+        // What the op ran is fixed for the backend's life: copied once per op, not per call.
+        if (k.calls == 0) k.impl = p.impl;
         k.name = p.name;
         k.calls += 1;
         k.total_ms += ms;

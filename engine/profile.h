@@ -98,7 +98,7 @@ double roofline_attainable(double flops_per_byte, const MachinePeaks& peaks);
 // Aggregated per-op statistics over the measured steps.
 struct KernelStat {
     std::string name;
-    std::string impl;  // Backend::implementation of the op ("packed", "flash"...; "" if one)
+    std::string impl;  // what the op ran, OpRecord::impl ("packed", "flash"...; "" if one)
     long long calls = 0;
     double total_ms = 0;
     double flops = 0;  // total analytic flops over all calls
@@ -172,7 +172,7 @@ class KernelProfiler final : public OpObserver {
   private:
     struct Pending {
         std::string name;
-        std::string_view op;  // the op's own name (an OpRecord name: a string literal)
+        std::string_view impl;  // what the op ran (OpRecord::impl: a string literal)
         double flops, bytes;
         size_t begin_event, end_event;
         bool closed = false;

@@ -36,9 +36,10 @@ struct EnumSpelling<HostSync> {
                                                            "none"};
 };
 
-// Bounds of what a run creates, shared by the spec's validation (experiment/spec.cpp) and the
-// runtime checks (engine/training_session.cpp): data.workers loader threads, and the CPU threads of
-// run.threads / --threads (kMaxThreads, kernels/types.h).
+// Bounds of what a run creates, checked by the spec's key table (experiment/spec.cpp) and, for a
+// config that did not come through it, by the TrainingSession (engine/training_session.cpp):
+// data.workers loader threads here, the CPU threads of run.threads / --threads in
+// kernels/types.h (kMaxThreads).
 inline constexpr int kMaxDataWorkers = 256;
 // run.rounds: more rounds than this adds nothing a report can use (each holds at least one
 // measured step of every variant) and only multiplies the slices' start-up cost.

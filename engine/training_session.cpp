@@ -18,7 +18,6 @@ namespace {
 
 ModelOptions model_options(const RunConfig& cfg) {
     ModelOptions mo;
-    mo.kernels = cfg.kernels;
     mo.recompute = cfg.run.recompute;
     mo.trainable = cfg.trainable;
     mo.offload = cfg.run.offload;
@@ -227,10 +226,8 @@ void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* e
 }
 
 std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKind kind) {
-    if (cfg.run.threads < 0 || cfg.run.threads > kMaxThreads)
-        throw std::invalid_argument("threads (run.threads, --threads) must be in 0.." +
-                                    std::to_string(kMaxThreads) + " (0 = one per core), got " +
-                                    std::to_string(cfg.run.threads));
+    if (const std::string e = thread_count_error("threads", cfg.run.threads); !e.empty())
+        throw std::invalid_argument(e);
     BackendOptions bo;
     bo.precision = cfg.run.precision;
     bo.kernels = cfg.kernels;

@@ -24,37 +24,27 @@
 #include "engine/training_session.h"
 #include "experiment/rounds.h"
 #include "experiment/worker_process.h"
+#include "io/text.h"
 #include "report/json_fields.h"
 #include "report/recording.h"
 
 namespace mt {
 namespace {
 
-std::string join(const std::vector<std::string>& v, const std::string& sep) {
-    std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
-    return s;
-}
-
-std::string fmt_mib(double bytes) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.2f MiB", to_mib(bytes));
-    return b;
-}
-
 void print_estimate(std::FILE* out, const MemoryEstimate& e) {
     if (!out) return;
     std::fprintf(out,
                  "  memory estimate: params %s, grads %s, optimizer %s, activations %s, "
                  "workspace %s, data %s = %s\n",
-                 fmt_mib(e.params).c_str(), fmt_mib(e.grads).c_str(), fmt_mib(e.optimizer).c_str(),
-                 fmt_mib(e.activations).c_str(), fmt_mib(e.workspace).c_str(),
-                 fmt_mib(e.data).c_str(), fmt_mib(e.total()).c_str());
+                 format_mib(e.params).c_str(), format_mib(e.grads).c_str(),
+                 format_mib(e.optimizer).c_str(), format_mib(e.activations).c_str(),
+                 format_mib(e.workspace).c_str(), format_mib(e.data).c_str(),
+                 format_mib(e.total()).c_str());
     if (e.host_pinned)
         std::fprintf(out,
                      "  of which pinned host memory (offload, under data): %s; on the device: "
                      "%s\n",
-                     fmt_mib(e.host_pinned).c_str(), fmt_mib(e.device_total()).c_str());
+                     format_mib(e.host_pinned).c_str(), format_mib(e.device_total()).c_str());
 }
 
 // Progress: one line per step, or a single \r-updated bar on a terminal.

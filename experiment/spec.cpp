@@ -29,6 +29,7 @@
 
 #include "engine/data.h"
 #include "experiment/spec_text.h"
+#include "io/text.h"
 
 namespace mt {
 
@@ -187,20 +188,8 @@ std::string nearest_key(const std::string& bad, const std::vector<std::string>& 
     return best;
 }
 
-std::string join(const std::vector<std::string>& v, const std::string& sep) {
-    std::string out;
-    for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
-    return out;
-}
-
 // ---- value parsing --------------------------------------------------------------------------
 
-std::string format_float(double x) {
-    char buf[64];
-    // Shortest text that reads back to the same float (the fields are float).
-    auto r = std::to_chars(buf, buf + sizeof buf, static_cast<float>(x));
-    return std::string(buf, r.ptr);
-}
 std::string format_double(double x) {
     char buf[64];
     auto r = std::to_chars(buf, buf + sizeof buf, x);
@@ -302,10 +291,8 @@ std::string expected_text(const KeyDef& k) {
 using IntRef = std::function<int&(RunConfig&)>;
 
 // Resource bounds, checked before any work starts (fixed, so a file validates the same on every
-// machine).
-constexpr int kMaxDataWorkers = 256;
+// machine): kMaxDataWorkers (engine/run_config.h), kMaxThreads (kernels/types.h) and this one.
 constexpr int kMaxPrefetch = 1024;
-constexpr int kMaxThreads = 1024;
 using FloatRef = std::function<float&(RunConfig&)>;
 
 // An int field in [lo, hi]; `hi_reason` says where the upper bound comes from.

@@ -6,17 +6,6 @@
 
 namespace mt {
 
-std::string Backend::implementation(std::string_view op) const {
-    const KernelChoice& k = options_.kernels;
-    if (op == "matmul_forward" || op == "matmul_gelu_forward" || op == "matmul_backward")
-        return to_string(matmul_impl());
-    if (op == "attention_forward" || op == "attention_backward") return to_string(k.attention);
-    if (op == "layernorm_forward" || op == "fused_residual_layernorm_forward")
-        return to_string(k.layernorm_forward);
-    if (op == "classifier_fused") return to_string(k.classifier);
-    return "";
-}
-
 void Backend::account_alloc(MemoryCategory c, size_t bytes) {
     auto i = static_cast<int>(c);
     stats_.current[i] += bytes;

@@ -170,7 +170,9 @@ class Backend {
             throw BackendError(std::string(Op::name) + ": the " + to_string(kind()) +
                                " backend has no kernel for this op");
         {
-            OpScope scope(observer_, op.record(static_cast<double>(compute_elem_bytes())));
+            OpRecord record = op.record(static_cast<double>(compute_elem_bytes()));
+            record.impl = implementation(op);
+            OpScope scope(observer_, record);
             kernel(*this, op);
         }
         if (sync_after_every_op_) synchronize();  // outside the op's profiler scope
@@ -179,12 +181,49 @@ class Backend {
     // deliberately wrong variant); production code never does.
     KernelTable& kernels() { return kernels_; }
 
-    // Which implementation this backend runs for the op named `op_name` (an OpRecord name of
-    // kernels/ops.h), as the per-op table prints it: "packed" / "cublaslt" for the matmuls,
-    // "flash" for attention, "welford" for the LayerNorm forward...; "" for an op with one.
-    std::string implementation(std::string_view op_name) const;
-    // kernels.matmul resolved: auto becomes this backend's fastest GEMM.
+    // -- kernel choices --
+    // The run's `kernels:` section (BackendOptions::kernels): the one copy, which each backend's
+    // constructor checks against what it can run. The model reads its call sequence and its
+    // attention variant here; the backend's kernels read the two ladders only through
+    // matmul_impl() and layernorm_forward_impl().
+    const KernelChoice& kernel_choice() const { return options_.kernels; }
+    // kernels.matmul resolved: auto becomes this backend's fastest GEMM. The matmul kernels run
+    // this step.
     virtual MatmulImpl matmul_impl() const { return options_.kernels.matmul; }
+    // kernels.layernorm_forward: the step the LayerNorm forward kernels run.
+    LayerNormForwardImpl layernorm_forward_impl() const {
+        return options_.kernels.layernorm_forward;
+    }
+    // Which implementation `op` runs here, as the per-op table prints it (OpRecord::impl,
+    // KernelStat::impl): the variant the op names itself (attention's `impl`), or the ladder
+    // step this backend's kernel dispatches on for it (the same functions the kernels call),
+    // or "" for an op with one implementation. AdamW names its variant in its record's name
+    // ("adamw_fused"), so its column stays "". The spellings are string literals (enum_name).
+    template <class Op>
+    requires requires { Op::name; }
+    std::string_view implementation(const Op&) const { return {}; }
+    std::string_view implementation(const op::MatmulForward&) const {
+        return enum_name(matmul_impl());
+    }
+    std::string_view implementation(const op::MatmulBackward&) const {
+        return enum_name(matmul_impl());
+    }
+    std::string_view implementation(const op::LayerNormForward&) const {
+        return enum_name(layernorm_forward_impl());
+    }
+    std::string_view implementation(const op::FusedResidualLayerNormForward&) const {
+        return enum_name(layernorm_forward_impl());
+    }
+    std::string_view implementation(const op::AttentionForward& a) const {
+        return enum_name(a.impl);
+    }
+    std::string_view implementation(const op::AttentionBackward& a) const {
+        return enum_name(a.impl);
+    }
+    // The fused classifier is one variant of kernels.classifier (the unfused one is three ops).
+    std::string_view implementation(const op::ClassifierFused&) const {
+        return enum_name(ClassifierImpl::fused);
+    }
     // Sets kernels.matmul and returns the previous choice: the peak probes measure the
     // machine with the fastest step (auto), whatever step the run teaches, then restore it.
     MatmulImpl exchange_matmul_impl(MatmulImpl m) {

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <string>
 
+#include "io/text.h"
+
 namespace mt {
 
 // "<library> error <status_name> (<description>) in <call> at <file>:<line>"
@@ -27,16 +29,7 @@ inline std::string format_gpu_error(const char* library, const char* status_name
 inline std::string format_out_of_memory(const char* category, size_t bytes_asked, size_t free_bytes,
                                         size_t total_bytes, const std::array<size_t, 6>& tracked);
 
-// Bytes as MiB with two decimals: "12.50 MiB".
-inline std::string format_mib(size_t bytes);
-
 // ---- definitions ----
-
-inline std::string format_mib(size_t bytes) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-    return buf;
-}
 
 inline std::string format_gpu_error(const char* library, const char* status_name,
                                     const char* description, const char* call, const char* file,

@@ -41,11 +41,19 @@ namespace mt {
 
 // ---- profiling ------------------------------------------------------------------------------
 
-// What the profiler receives per op call: the op's name and its analytic cost.
+// What the profiler receives per op call: the op's name, its analytic cost and the
+// implementation it runs.
 struct OpRecord {
+    OpRecord() = default;
+    // What an op's record() gives: the implementation is the backend's to say.
+    OpRecord(std::string_view op_name, double op_flops, double op_bytes)
+        : name(op_name), flops(op_flops), bytes(op_bytes) {}
     std::string_view name;  // e.g. "matmul_forward"
     double flops = 0;       // analytic floating-point operations
     double bytes = 0;       // analytic bytes read + written from/to main memory
+    // Backend::implementation(op), filled by Backend::run: "packed", "flash", "welford"...; ""
+    // for an op with one implementation. A string literal, like `name`.
+    std::string_view impl;
 };
 
 // Receives one record per op when per-kernel profiling is on (profile.kernels). Backend::run

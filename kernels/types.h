@@ -6,6 +6,7 @@
 
 #include <array>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 
 #include "kernels/enum_names.h"
@@ -83,7 +84,12 @@ const char* to_string(E e) {
     return enum_name(e).data();
 }
 
-// Which implementation each op family uses (the YAML `kernels:` section).
+// Which implementation each op family uses (the YAML `kernels:` section). One copy, owned by
+// the backend (BackendOptions::kernels), which refuses at construction what it cannot run; the
+// model reads it from there (Backend::kernel_choice) to pick its call sequence (classifier,
+// layernorm, fuse_gelu) and the variant its attention ops name, and the backend's kernels read
+// the ladder steps (matmul, layernorm_forward) through Backend::matmul_impl and
+// Backend::layernorm_forward_impl.
 struct KernelChoice {
     AttentionImpl attention = AttentionImpl::naive;
     ClassifierImpl classifier = ClassifierImpl::fused;
@@ -103,13 +109,25 @@ inline bool is_cuda_matmul(MatmulImpl m) {
            m == MatmulImpl::cublas || m == MatmulImpl::cublaslt;
 }
 
-// The most CPU threads any entry may ask for (run.threads, --threads): far above any machine's
-// cores, far below what makes the OpenMP runtime fail to create its team.
+// The most CPU threads any entry may ask for (run.threads, --threads, num_threads): far above any
+// machine's cores, far below what makes the OpenMP runtime fail to create its team. Checked
+// where a count comes in: the spec's key table (run.threads) and the --threads flags that bypass
+// it (`train --one-batch`, `step`, the benches). Below them, the engine's entry
+// (create_training_backend, std::invalid_argument) and the CPU backend (BackendError) refuse a
+// count that came another way, both in thread_count_error's words.
 inline constexpr int kMaxThreads = 1024;
+// Why `threads`, the value of the entry's `field`, is not a thread count (0..kMaxThreads); ""
+// when it is one.
+inline std::string thread_count_error(std::string_view field, int threads) {
+    if (threads >= 0 && threads <= kMaxThreads) return {};
+    return std::string(field) + " (run.threads, --threads) must be in 0.." +
+           std::to_string(kMaxThreads) + " (0 = OpenMP's default, one per core), got " +
+           std::to_string(threads);
+}
 
 struct BackendOptions {
     Precision precision = Precision::fp32;
-    KernelChoice kernels;
+    KernelChoice kernels;  // the run's kernel choices: the only copy (see KernelChoice)
     int num_threads = 0;   // CPU: OpenMP threads (0 = OpenMP's default), at most kMaxThreads
     int device_index = 0;  // CUDA device
 };

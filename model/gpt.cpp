@@ -319,7 +319,8 @@ struct GPT::Activations {
 
     // Lays out every tensor for (B, T). Shared (not per-layer) buffers are used for what the
     // recompute policy regenerates in backward.
-    void plan(const GPTConfig& cfg, const ModelOptions& opt, int B_, int T_) {
+    void plan(const GPTConfig& cfg, const ModelOptions& opt, const KernelChoice& kernels, int B_,
+              int T_) {
         B = B_;
         T = T_;
         const size_t N = static_cast<size_t>(B) * T, C = cfg.n_embd;
@@ -347,7 +348,7 @@ struct GPT::Activations {
         size_t shared_gelu = recompute_gelu ? a(N * 4 * C) : 0;
         size_t shared_ln1 = recompute_ln ? a(N * C) : 0;
         size_t shared_ln2 = recompute_ln ? a(N * C) : 0;
-        const size_t saved = attention_saved_elems(opt.kernels.attention, B, T, cfg.n_head);
+        const size_t saved = attention_saved_elems(kernels.attention, B, T, cfg.n_head);
         layers.assign(cfg.n_layer, {});
         layer_ranges.clear();
         mode = opt.offload;
@@ -388,7 +389,7 @@ struct GPT::Activations {
         logits = a(N * Vp);
         lnf_mean = f(N);
         lnf_rstd = f(N);
-        probs = opt.kernels.classifier == ClassifierImpl::unfused ? f(N * Vp) : 0;
+        probs = kernels.classifier == ClassifierImpl::unfused ? f(N * Vp) : 0;
         losses = f(N);
         loss = f(1);
 
@@ -619,9 +620,8 @@ void GPT::allocate_activations(int B, int T) {
     check_batch_shape(config_, B, T);
     if (acts_ && acts_->B == B && acts_->T == T) return;
     auto acts = std::make_unique<Activations>();
-    acts->plan(config_, options_, B, T);
-    backend_.reserve_attention_workspace(options_.kernels.attention, B, T, config_.n_embd,
-                                         config_.n_head);
+    acts->plan(config_, options_, kernels(), B, T);
+    backend_.reserve_attention_workspace(kernels().attention, B, T, config_.n_embd, config_.n_head);
     const size_t e = backend_.compute_elem_bytes();
     // Re-plan into the existing arenas when they are large enough (no allocation).
     if (acts_ && acts_->act.bytes() >= acts->act_elems * e &&
@@ -828,13 +828,13 @@ void GPT::forward_attention(int l) {
     const auto& L = A.layers[l];
     const BlockParams& p = P_.h[l];
     const int B = last_B_, T = last_T_, C = config_.n_embd, NH = config_.n_head, N = B * T;
-    const bool fused_ln = options_.kernels.layernorm == LayerNormImpl::fused_residual;
+    const bool fused_ln = kernels().layernorm == LayerNormImpl::fused_residual;
     const void* residual = l == 0 ? act(A.encoded) : act(A.layers[l - 1].residual3);
     // ln_1 of block l>0 was already produced by the previous block's fused residual+LN.
     if (!fused_ln || l == 0)
         layernorm(act(L.ln1), f32(L.ln1_mean), f32(L.ln1_rstd), residual, p.ln_1, N);
     linear(act(L.qkv), act(L.ln1), p.attn.c_attn, N, C, 3 * C, lora_u(l, LoraTarget::attn_c_attn));
-    backend_.run(op::AttentionForward{.impl = options_.kernels.attention,
+    backend_.run(op::AttentionForward{.impl = kernels().attention,
                                       .out = act(L.atty),
                                       .saved = f32(L.att_saved),
                                       .qkv = act(L.qkv),
@@ -873,7 +873,7 @@ void GPT::forward_mlp(int l) {
     const size_t NC = static_cast<size_t>(N) * C;
     // The GELU epilogue needs the whole pre-activation from one matmul: not with an adapter
     // adding to it, nor with an int8 weight.
-    if (options_.kernels.fuse_gelu && !p.mlp.c_fc.lora && !p.mlp.c_fc.weight.int8) {
+    if (kernels().fuse_gelu && !p.mlp.c_fc.lora && !p.mlp.c_fc.weight.int8) {
         // c_fc with the GELU in its epilogue: fch keeps the pre-activation for the backward.
         backend_.run(op::MatmulForward{.out = act(L.fch_gelu),
                                        .inp = act(L.ln2),
@@ -890,7 +890,7 @@ void GPT::forward_mlp(int l) {
     }
     linear(act(L.fcproj), act(L.fch_gelu), p.mlp.c_proj, N, 4 * C, C,
            lora_u(l, LoraTarget::mlp_c_proj));
-    if (options_.kernels.layernorm != LayerNormImpl::fused_residual) {
+    if (kernels().layernorm != LayerNormImpl::fused_residual) {
         backend_.run(op::ResidualForward{
             .out = act(L.residual3), .inp1 = act(L.residual2), .inp2 = act(L.fcproj), .n = NC});
         return;
@@ -916,7 +916,7 @@ void GPT::forward_head(const int* targets, float grad_scale) {
     const Activations& A = *acts_;
     const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab_size();
     const int N = last_B_ * last_T_;
-    if (options_.kernels.layernorm != LayerNormImpl::fused_residual)
+    if (kernels().layernorm != LayerNormImpl::fused_residual)
         layernorm(act(A.lnf), f32(A.lnf_mean), f32(A.lnf_rstd), act(A.layers.back().residual3),
                   P_.ln_f, N);
     backend_.run(op::MatmulForward{.out = act(A.logits),
@@ -929,7 +929,7 @@ void GPT::forward_head(const int* targets, float grad_scale) {
     if (!targets) return;
     // d(mean loss)/d(loss_i) = 1/N, times grad_scale (1/grad_accum).
     const float dloss = grad_scale / static_cast<float>(N);
-    if (options_.kernels.classifier == ClassifierImpl::fused) {
+    if (kernels().classifier == ClassifierImpl::fused) {
         backend_.run(op::ClassifierFused{.losses = f32(A.losses),
                                          .logits = act(A.logits),
                                          .targets = targets,
@@ -1046,7 +1046,7 @@ void GPT::backward_head() {
     const int C = config_.n_embd, V = config_.vocab_size, Vp = config_.padded_vocab_size();
     const int N = last_B_ * last_T_;
     const size_t e = backend_.compute_elem_bytes();
-    if (options_.kernels.classifier == ClassifierImpl::unfused)
+    if (kernels().classifier == ClassifierImpl::unfused)
         backend_.run(op::CrossEntropySoftmaxBackward{.dlogits = act(A.logits),
                                                      .probs = f32(A.probs),
                                                      .targets = targets_,
@@ -1103,7 +1103,7 @@ void GPT::backward_attention(int l) {
     const void* residual = l == 0 ? act(A.encoded) : act(A.layers[l - 1].residual3);
     linear_backward(grad(A.d_atty), grad(A.dresidual), act(L.atty), p.attn.c_proj, N, C, C,
                     lora_u(l, LoraTarget::attn_c_proj));
-    backend_.run(op::AttentionBackward{.impl = options_.kernels.attention,
+    backend_.run(op::AttentionBackward{.impl = kernels().attention,
                                        .dqkv = grad(A.d_qkv),
                                        .dout = grad(A.d_atty),
                                        .qkv = act(L.qkv),
@@ -1169,7 +1169,7 @@ MemoryEstimate GPT::estimate_memory(const GPTConfig& config, const ModelOptions&
     m.grads = trainable * 4;
     m.optimizer = trainable * 8 + 8;
     Activations plan;
-    plan.plan(config, options, B, T);
+    plan.plan(config, options, backend.kernel_choice(), B, T);
     m.activations = plan.bytes(backend);
     m.data = static_cast<size_t>(B) * T * 4 * 2;
     m.host_pinned = plan.offload_host_bytes(backend);

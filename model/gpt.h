@@ -201,9 +201,9 @@ struct EnumSpelling<Recompute> {
     static constexpr std::array<std::string_view, 3> names{"none", "gelu", "layernorm_gelu"};
 };
 
-// What the model needs to know about how to run (from RunConfig).
+// What the model needs to know about how to run (from RunConfig). The kernel choices are not
+// here: the model reads them from its backend (Backend::kernel_choice), their one owner.
 struct ModelOptions {
-    KernelChoice kernels;  // same as the backend's; the model picks the call sequence from it
     Recompute recompute = Recompute::none;
     TrainableOptions trainable;  // LoRA, frozen parameters, int8 storage of the frozen base
     // run.offload activations: saved activations wait in pinned host memory between forward and
@@ -323,6 +323,9 @@ class GPT {
     const float* wscale(ParamRef p) const;  // its per-row scales
     // The u (N, rank) buffer of the LoRA adapter of `target` in layer l.
     void* lora_u(int l, LoraTarget target) const;
+    // The run's kernel choices: the backend's (kernels.classifier, .layernorm and .matmul_gelu
+    // pick the call sequence; kernels.attention the variant the attention ops name).
+    const KernelChoice& kernels() const { return backend_.kernel_choice(); }
     // Pointers into the activation arenas (offsets in elements).
     void* act(size_t offset) const;   // compute precision
     void* grad(size_t offset) const;  // compute precision, the gradient scratch arena

@@ -341,13 +341,21 @@ TEST(SampleCache, ACacheLargerThanTheMemoryIsRefusedNamingTheKnob) {
 
 // ---- the consumers --------------------------------------------------------------------------
 
+// A backend of `kind` running kernel choice `k` (one OpenMP thread on the CPU).
+std::unique_ptr<Backend> backend_with(BackendKind kind, const KernelChoice& k) {
+    BackendOptions bo;
+    bo.kernels = k;
+    if (kind == BackendKind::cpu) bo.num_threads = 1;
+    return create_backend(kind, bo);
+}
+
 // Loss and gradients of one forward/backward at (B, T) of a model whose activations were planned
-// for (B, plan_T) with kernel choice `k`. With plan_T > T a full-length (B, plan_T) step runs
-// first, as in a jittered run, so the shorter step reuses arenas that hold a longer one's data.
-std::pair<float, std::vector<float>> loss_and_grads(Backend& be, const KernelChoice& k,
-                                                    Recompute rc, int B, int plan_T, int T) {
+// for (B, plan_T) with the backend's kernel choice. With plan_T > T a full-length (B, plan_T)
+// step runs first, as in a jittered run, so the shorter step reuses arenas that hold a longer
+// one's data.
+std::pair<float, std::vector<float>> loss_and_grads(Backend& be, Recompute rc, int B, int plan_T,
+                                                    int T) {
     ModelOptions mo;
-    mo.kernels = k;
     mo.recompute = rc;
     GPT model(be, *gpt_preset("tiny"), mo);
     model.init_weights(5);
@@ -373,18 +381,16 @@ std::pair<float, std::vector<float>> loss_and_grads(Backend& be, const KernelCho
 }
 
 TEST(ShapeJitter, AShorterBatchTrainsExactlyAsOnAModelPlannedForIt) {
-    BackendOptions bo;
-    bo.num_threads = 1;
-    std::unique_ptr<Backend> be = create_backend(BackendKind::cpu, bo);
     for (AttentionImpl a : {AttentionImpl::naive, AttentionImpl::flash}) {
         for (LayerNormImpl ln : {LayerNormImpl::separate, LayerNormImpl::fused_residual}) {
             for (Recompute rc : {Recompute::none, Recompute::layernorm_gelu}) {
-                const KernelChoice k{.attention = a, .layernorm = ln};
+                const std::unique_ptr<Backend> be =
+                    backend_with(BackendKind::cpu, KernelChoice{.attention = a, .layernorm = ln});
                 for (int T : {1, 7, 19}) {
                     const std::string what = std::string(to_string(a)) + " " + to_string(ln) + " " +
                                              to_string(rc) + " T " + std::to_string(T);
-                    const auto exact = loss_and_grads(*be, k, rc, 2, T, T);
-                    const auto planned_longer = loss_and_grads(*be, k, rc, 2, 32, T);
+                    const auto exact = loss_and_grads(*be, rc, 2, T, T);
+                    const auto planned_longer = loss_and_grads(*be, rc, 2, 32, T);
                     EXPECT_EQ(exact.first, planned_longer.first) << what;
                     EXPECT_EQ(exact.second, planned_longer.second) << what;
                 }
@@ -398,13 +404,13 @@ TEST(ShapeJitter, AShorterBatchTrainsExactlyAsOnAModelPlannedForIt) {
 // kernel may order a reduction by the shape it was launched for.
 TEST(ShapeJitter, AShorterBatchTrainsAsOnAModelPlannedForItOnCuda) {
     if (!cuda_available()) GTEST_SKIP() << "needs a GPU (the CUDA backend)";
-    std::unique_ptr<Backend> be = create_backend(BackendKind::cuda);
     for (AttentionImpl a : {AttentionImpl::naive, AttentionImpl::flash}) {
-        const KernelChoice k{.attention = a};
+        const std::unique_ptr<Backend> be =
+            backend_with(BackendKind::cuda, KernelChoice{.attention = a});
         for (int T : {1, 7, 19}) {
             const std::string what = std::string(to_string(a)) + " T " + std::to_string(T);
-            const auto exact = loss_and_grads(*be, k, Recompute::none, 2, T, T);
-            const auto longer = loss_and_grads(*be, k, Recompute::none, 2, 32, T);
+            const auto exact = loss_and_grads(*be, Recompute::none, 2, T, T);
+            const auto longer = loss_and_grads(*be, Recompute::none, 2, 32, T);
             EXPECT_NEAR(exact.first, longer.first, 1e-5 * std::fabs(exact.first)) << what;
             ASSERT_EQ(exact.second.size(), longer.second.size());
             float scale = 0, worst = 0;

@@ -227,11 +227,11 @@ TEST(KernelLadderCpu, CpuBackendRefusesCudaStepsNamingTheKeyAndItsOwnLadder) {
 // The per-op table names what each op ran: auto resolved to the build's fastest GEMM.
 TEST(KernelLadderCpu, ProfilerNamesTheImplementationEachOpRan) {
     auto be = cpu_backend(MatmulImpl::naive, LayerNormForwardImpl::welford);
-    EXPECT_EQ(be->implementation("matmul_forward"), "naive");
-    EXPECT_EQ(be->implementation("matmul_backward"), "naive");
-    EXPECT_EQ(be->implementation("layernorm_forward"), "welford");
-    EXPECT_EQ(be->implementation("attention_forward"), "naive");
-    EXPECT_EQ(be->implementation("gelu_forward"), "");
+    EXPECT_EQ(be->implementation(op::MatmulForward{}), "naive");
+    EXPECT_EQ(be->implementation(op::MatmulBackward{}), "naive");
+    EXPECT_EQ(be->implementation(op::LayerNormForward{}), "welford");
+    EXPECT_EQ(be->implementation(op::AttentionForward{}), "naive");
+    EXPECT_EQ(be->implementation(op::GeluForward{}), "");
     const std::string fastest = to_string(cpu_backend(MatmulImpl::auto_)->matmul_impl());
     EXPECT_TRUE(fastest == "packed" || fastest == "blas") << fastest;
 

@@ -38,9 +38,9 @@ struct Rig {
     int B, T;
 
     Rig(const GPTConfig& cfg, const HostBatch& batch, ModelOptions mopt = {}, AdamWConfig oc = {},
-        int threads = 0) {
+        int threads = 0, const KernelChoice& kernels = {}) {
         BackendOptions bo;
-        bo.kernels = mopt.kernels;
+        bo.kernels = kernels;
         bo.num_threads = threads;
         backend = create_backend(BackendKind::cpu, bo);
         model = std::make_unique<GPT>(*backend, cfg, mopt);
@@ -239,15 +239,16 @@ TEST_P(GPTVariant, MatchesThePlainPathLossAndGradients) {
     auto g0 = plain.model->get_grads();
 
     ModelOptions mo;
+    KernelChoice k;
     switch (GetParam()) {
         case 0:
-            mo.kernels.classifier = ClassifierImpl::unfused;
+            k.classifier = ClassifierImpl::unfused;
             break;
         case 1:
-            mo.kernels.layernorm = LayerNormImpl::fused_residual;
+            k.layernorm = LayerNormImpl::fused_residual;
             break;
         case 2:
-            mo.kernels.fuse_gelu = true;
+            k.fuse_gelu = true;
             break;
         case 3:
             mo.recompute = Recompute::gelu;
@@ -256,7 +257,7 @@ TEST_P(GPTVariant, MatchesThePlainPathLossAndGradients) {
             mo.recompute = Recompute::layernorm_gelu;
             break;
     }
-    Rig variant(cfg, batch, mo);
+    Rig variant(cfg, batch, mo, {}, 0, k);
     float l1 = variant.forward_backward();
     EXPECT_NEAR(l0, l1, 1e-5f);
     EXPECT_LT(max_rel_diff(g0, variant.model->get_grads()), 1e-5f);

@@ -43,9 +43,10 @@ GPTConfig six_layers() {
 }
 constexpr int kB = 2, kT = 16;
 
-std::unique_ptr<Backend> cpu_backend() {
+std::unique_ptr<Backend> cpu_backend(const KernelChoice& kernels = {}) {
     BackendOptions o;
     o.num_threads = 1;
+    o.kernels = kernels;
     return create_backend(BackendKind::cpu, o);
 }
 
@@ -57,10 +58,11 @@ std::vector<int> tokens(uint32_t seed) {
 
 // One model on its own backend with its batch on the "device".
 struct Rig {
-    std::unique_ptr<Backend> backend = cpu_backend();
+    std::unique_ptr<Backend> backend;
     std::unique_ptr<GPT> model;
     DeviceBuffer in, tg;
-    Rig(const GPTConfig& cfg, ModelOptions mo) {
+    Rig(const GPTConfig& cfg, ModelOptions mo, const KernelChoice& kernels = {})
+        : backend(cpu_backend(kernels)) {
         model = std::make_unique<GPT>(*backend, cfg, mo);
         model->init_weights(42);
         model->allocate_activations(kB, kT);
@@ -107,19 +109,24 @@ INSTANTIATE_TEST_SUITE_P(
                  AttentionImpl::naive}),
     [](const auto& info) { return std::string(info.param.name); });
 
+KernelChoice kernels_of(const PlanCase& p) {
+    KernelChoice k;
+    k.layernorm = p.layernorm;
+    k.fuse_gelu = p.fuse_gelu;
+    k.attention = p.attention;
+    return k;
+}
+
 ModelOptions options_of(const PlanCase& p, OffloadMode offload) {
     ModelOptions mo;
-    mo.kernels.layernorm = p.layernorm;
-    mo.kernels.fuse_gelu = p.fuse_gelu;
-    mo.kernels.attention = p.attention;
     mo.recompute = p.recompute;
     mo.offload = offload;
     return mo;
 }
 
 TEST_P(ActivationOffloadCpu, LossesAndGradientsAreBitwiseThoseOfThePlainRun) {
-    Rig plain(six_layers(), options_of(GetParam(), OffloadMode::none));
-    Rig off(six_layers(), options_of(GetParam(), OffloadMode::activations));
+    Rig plain(six_layers(), options_of(GetParam(), OffloadMode::none), kernels_of(GetParam()));
+    Rig off(six_layers(), options_of(GetParam(), OffloadMode::activations), kernels_of(GetParam()));
     AdamW opt_plain(*plain.model, AdamWConfig{});
     AdamW opt_off(*off.model, AdamWConfig{});
     for (int step = 0; step < 3; ++step) {
@@ -132,8 +139,8 @@ TEST_P(ActivationOffloadCpu, LossesAndGradientsAreBitwiseThoseOfThePlainRun) {
 }
 
 TEST_P(ActivationOffloadCpu, TheDeviceKeepsThreeLayersAndTheEstimateSaysSo) {
-    Rig plain(six_layers(), options_of(GetParam(), OffloadMode::none));
-    Rig off(six_layers(), options_of(GetParam(), OffloadMode::activations));
+    Rig plain(six_layers(), options_of(GetParam(), OffloadMode::none), kernels_of(GetParam()));
+    Rig off(six_layers(), options_of(GetParam(), OffloadMode::activations), kernels_of(GetParam()));
     const auto act = static_cast<int>(MemoryCategory::activations);
     const auto data = static_cast<int>(MemoryCategory::data);
     const MemoryStats p = plain.backend->memory_stats(), o = off.backend->memory_stats();

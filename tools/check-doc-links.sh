@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Checks every relative link in README.md and docs/*.md (or the files given): the file it names
-# must exist, and a #fragment must match a heading of that file (GitHub's anchor rules: lower
-# case, punctuation dropped, spaces to '-', a repeated heading gets -1, -2, ...). Links to
+# Checks every relative link in the hand-written docs (README.md, docs/*.md, bench/README.md, the
+# GPU-run index bench/results/README.md, kernels/cuda/README.md) or in the files given: the file
+# it names must exist, and a #fragment must match a heading of that file (GitHub's anchor rules:
+# lower case, punctuation dropped, spaces to '-', a repeated heading gets -1, -2, ...). Links to
 # http(s)/mailto are not followed; links inside code spans and fenced code blocks are ignored.
-#   tools/check-doc-links.sh              README.md and docs/*.md
+#   tools/check-doc-links.sh              the hand-written docs above
 #   tools/check-doc-links.sh FILE...      those files
 # Exit 0 when every link resolves, 1 otherwise (one line per broken link: FILE:LINE: why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if (($# == 0)); then set -- README.md docs/*.md; fi
+if (($# == 0)); then
+    set -- README.md docs/*.md bench/README.md bench/results/README.md kernels/cuda/README.md
+fi
 exec python3 - "$@" <<'PY'
 import os, re, sys
 

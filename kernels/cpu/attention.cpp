@@ -32,13 +32,10 @@
 // (b,h,t) are independent and, as the triangle makes later rows costlier, dealt round-robin. In the
 // backward, every query t of a head adds into the same dk/dv rows, so a thread owns a whole (b,h):
 // race-free without atomics, and deterministic.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <Eigen/Core>
-#pragma GCC diagnostic pop
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/eigen_core.h"
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/kernels.h"
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "io/text.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/ops.h"
@@ -130,10 +131,6 @@ size_t total_bytes() {
            static_cast<size_t>(sysconf(_SC_PAGESIZE));
 }
 
-size_t mib(size_t b) {
-    return b >> 20;
-}
-
 class CpuBackend final : public Backend {
   public:
     explicit CpuBackend(const BackendOptions& o) : Backend(o) {
@@ -149,12 +146,9 @@ class CpuBackend final : public Backend {
                 "kernels.attention: cudnn needs backend: cuda; the CPU backend has attention "
                 "naive or flash");
         check_ladder_steps(o.kernels);
-        if (o.num_threads < 0 || o.num_threads > kMaxThreads)
-            throw BackendError("num_threads (run.threads, --threads) must be in 0.." +
-                               std::to_string(kMaxThreads) +
-                               " (0 = OpenMP's default, one per core), got " +
-                               std::to_string(o.num_threads) + "; this machine has " +
-                               std::to_string(omp_get_num_procs()) + " cores");
+        if (const std::string e = thread_count_error("num_threads", o.num_threads); !e.empty())
+            throw BackendError(e + "; this machine has " + std::to_string(omp_get_num_procs()) +
+                               " cores");
         if (o.num_threads > 0) omp_set_num_threads(o.num_threads);
         threads_ = omp_get_max_threads();
         // The GEMM implementation is part of the name: it decides the step time and the
@@ -206,12 +200,11 @@ class CpuBackend final : public Backend {
             std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
         void* p = std::aligned_alloc(kAlignment, rounded);
         if (!p) {
-            throw OutOfMemoryError(std::string("CPU backend: cannot allocate ") +
-                                   std::to_string(bytes) + " bytes (" + std::to_string(mib(bytes)) +
-                                   " MiB) for " + to_string(category) + "; " +
-                                   std::to_string(mib(available_bytes())) + " MiB available of " +
-                                   std::to_string(mib(total_bytes())) +
-                                   " MiB; shrink the batch size, sequence length or model");
+            throw OutOfMemoryError(
+                std::string("CPU backend: cannot allocate ") + std::to_string(bytes) + " bytes (" +
+                format_mib(bytes) + ") for " + to_string(category) + "; " +
+                format_mib(available_bytes()) + " available of " + format_mib(total_bytes()) +
+                "; shrink the batch size, sequence length or model");
         }
         std::lock_guard<std::mutex> lock(mu_);
         allocs_[p] = {bytes, category};
@@ -287,7 +280,7 @@ class CpuBackend final : public Backend {
     }
     void kernel(const op::LayerNormForward& a) {
         cpu::layernorm_forward(f(a.out), a.mean, a.rstd, f(a.inp), f(a.weight), f(a.bias), a.N, a.C,
-                               options_.kernels.layernorm_forward);
+                               layernorm_forward_impl());
     }
     void kernel(const op::LayerNormBackward& a) {
         cpu::layernorm_backward(f(a.dinp), a.dweight, a.dbias, f(a.dout), f(a.inp), f(a.weight),
@@ -296,7 +289,7 @@ class CpuBackend final : public Backend {
     void kernel(const op::FusedResidualLayerNormForward& a) {
         cpu::fused_residual_layernorm_forward(f(a.residual), f(a.out), a.mean, a.rstd, f(a.inp1),
                                               f(a.inp2), f(a.weight), f(a.bias), a.N, a.C,
-                                              options_.kernels.layernorm_forward);
+                                              layernorm_forward_impl());
     }
     void kernel(const op::MatmulForward& a) {
         if (a.epilogue == MatmulEpilogue::gelu)

@@ -16,15 +16,11 @@
 // epilogue give bitwise identical results.
 #pragma once
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <Eigen/Core>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 
+#include "kernels/cpu/eigen_core.h"
 #include "kernels/math.h"
 
 namespace mt::cpu::fast {

@@ -52,22 +52,18 @@
 //   GEMM makes the threads share packed panels and spin at every panel, which on 2 cores measured
 //   1.3-1.7x slower for the LM-head shapes. The portable fallback where AVX-512 is not compiled,
 //   and the peer bench/cpu_gemm.cpp compares gemm_packed with.
-//
-// GCC 12 reports a false -Wmaybe-uninitialized inside its own avx512fintrin.h when Eigen's
-// AVX-512 panel packing is inlined here; the warning is about the intrinsic's unused lane
-// operand, not our code.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "kernels/cpu/gemm.h"
 
 #include <omp.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
 #include <string>
+
+// First: it keeps GCC 12's false uninitialized warnings out of the intrinsic headers.
+#include "kernels/cpu/eigen_core.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -647,5 +643,3 @@ void gemm_packed(int, int, int, GemmOperand, GemmOperand, float*, long, bool) {
 #endif
 
 }  // namespace mt::cpu
-
-#pragma GCC diagnostic pop

@@ -372,17 +372,17 @@ class CudaBackend final : public Backend {
                                enc_ws_bytes_, stream());
     }
     void kernel(const op::LayerNormForward& a) {
-        cuda::layernorm_forward(dt(), options_.kernels.layernorm_forward, a.out, a.mean, a.rstd,
-                                a.inp, a.weight, a.bias, a.N, a.C, stream());
+        cuda::layernorm_forward(dt(), layernorm_forward_impl(), a.out, a.mean, a.rstd, a.inp,
+                                a.weight, a.bias, a.N, a.C, stream());
     }
     void kernel(const op::LayerNormBackward& a) {
         cuda::layernorm_backward(dt(), a.dinp, a.dweight, a.dbias, a.dout, a.inp, a.weight, a.mean,
                                  a.rstd, a.N, a.C, stream());
     }
     void kernel(const op::FusedResidualLayerNormForward& a) {
-        cuda::fused_residual_layernorm_forward(dt(), options_.kernels.layernorm_forward, a.residual,
-                                               a.out, a.mean, a.rstd, a.inp1, a.inp2, a.weight,
-                                               a.bias, a.N, a.C, stream());
+        cuda::fused_residual_layernorm_forward(dt(), layernorm_forward_impl(), a.residual, a.out,
+                                               a.mean, a.rstd, a.inp1, a.inp2, a.weight, a.bias,
+                                               a.N, a.C, stream());
     }
     // -- matmul: the ladder step of kernels.matmul (LoRA, int8 and attention keep theirs) --
     MatmulImpl matmul_impl() const override {

@@ -164,7 +164,6 @@ std::vector<float> train_losses(AttentionImpl impl, const std::vector<float>& pa
     bo.kernels.attention = impl;
     auto backend = create_backend(BackendKind::cuda, bo);
     ModelOptions mo;
-    mo.kernels = bo.kernels;
     GPT model(*backend, cfg, mo);
     model.set_params(params);
     model.allocate_activations(B, T);

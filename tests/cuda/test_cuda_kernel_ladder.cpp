@@ -425,14 +425,14 @@ TEST(CudaKernelLadder, AutoResolvesToCublasLtAndTheOpTableNamesTheStep) {
     MT_SKIP_WITHOUT_CUDA();
     auto gpu = create_backend(BackendKind::cuda);
     EXPECT_EQ(gpu->matmul_impl(), MatmulImpl::cublaslt);
-    EXPECT_EQ(gpu->implementation("matmul_forward"), "cublaslt");
+    EXPECT_EQ(gpu->implementation(op::MatmulForward{}), "cublaslt");
     BackendOptions o;
     o.kernels.matmul = MatmulImpl::tiled;
     o.kernels.layernorm_forward = LayerNormForwardImpl::welford;
     auto tiled = create_backend(BackendKind::cuda, o);
     EXPECT_EQ(tiled->matmul_impl(), MatmulImpl::tiled);
-    EXPECT_EQ(tiled->implementation("matmul_backward"), "tiled");
-    EXPECT_EQ(tiled->implementation("layernorm_forward"), "welford");
+    EXPECT_EQ(tiled->implementation(op::MatmulBackward{}), "tiled");
+    EXPECT_EQ(tiled->implementation(op::LayerNormForward{}), "welford");
 }
 
 }  // namespace

@@ -28,7 +28,6 @@ struct Rig {
         bo.kernels = k;
         backend = create_backend(kind, bo);
         ModelOptions mo;
-        mo.kernels = k;
         mo.trainable = trainable;
         model = std::make_unique<GPT>(*backend, cfg, mo);
         model->set_params(params);
