@@ -22,7 +22,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "io/text.h"
+#include "kernels/text.h"
 #include "kernels/enum_names.h"
 #include "optim/adamw.h"
 

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "engine/timing.h"
-#include "io/text.h"  // to_mib, kMiB
+#include "kernels/text.h"  // to_mib, kMiB
 #include "kernels/backend.h"
 
 namespace mt {

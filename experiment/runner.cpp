@@ -24,7 +24,7 @@
 #include "engine/training_session.h"
 #include "experiment/rounds.h"
 #include "experiment/worker_process.h"
-#include "io/text.h"
+#include "kernels/text.h"
 #include "report/json_fields.h"
 #include "report/recording.h"
 

@@ -29,7 +29,7 @@
 
 #include "engine/data.h"
 #include "experiment/spec_text.h"
-#include "io/text.h"
+#include "kernels/text.h"
 
 namespace mt {
 

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <string>
 
-#include "io/text.h"
+#include "kernels/text.h"
 
 namespace mt {
 

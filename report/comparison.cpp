@@ -51,12 +51,15 @@ ComparisonRow row_from(const VariantResult& v) {
     r.final_loss = v.loss.final;
     r.mean_loss = v.loss.mean_measured;
     std::vector<std::pair<int, double>> round_and_ms;
+    std::vector<std::array<double, 3>> round_wall_other;
     for (const StepRow& s : v.steps) {
         if (s.warmup) continue;
         if (std::isfinite(s.loss)) r.measured_losses.emplace_back(s.step, s.loss);
         round_and_ms.emplace_back(s.round, s.wall_ms);
+        round_wall_other.push_back({double(s.round), s.wall_ms, s.other_cpu_ms});
     }
     r.round_ms = round_medians(round_and_ms);
+    r.round_load = round_loads(round_wall_other);
     return r;
 }
 
@@ -190,8 +193,9 @@ bool judge_unmeasurable(ComparisonRow& r, const ComparisonRow& b, bool baseline_
 // The time call of r against b (report/paired_stats.h): paired over the rounds of one run, or
 // unpaired (`compare`: two runs).
 void call_time(ComparisonRow& r, const ComparisonRow& b, const Comparison& c) {
-    const SpeedupInterval s = c.paired ? paired_speedup_interval(b.round_ms, r.round_ms)
-                                       : unpaired_speedup_interval(b.round_ms, r.round_ms);
+    const SpeedupInterval s =
+        c.paired ? paired_speedup_interval(b.round_ms, r.round_ms, &b.round_load, &r.round_load)
+                 : unpaired_speedup_interval(b.round_ms, r.round_ms);
     const TimeCallResult call = make_time_call(s, c.min_effect);
     r.time_call = call.call;
     r.speedup_ci95 = call.ci95;

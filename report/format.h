@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-#include "engine/memory.h"
+#include "kernels/text.h"
 
 namespace mt::report_text {
 
@@ -13,6 +13,12 @@ namespace mt::report_text {
 inline std::string f(const char* spec, double x) {
     char b[64];
     std::snprintf(b, sizeof b, spec, x);
+    return b;
+}
+// `x` with `decimals` digits after the point (the precision chosen at run time).
+inline std::string fixed(double x, int decimals) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.*f", decimals, x);
     return b;
 }
 // Bytes as MiB (2^20) with one decimal.

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "kernels/device_clock.h"
+#include "kernels/text.h"
 #include "report/format.h"
 
 namespace mt {
@@ -39,12 +40,6 @@ std::string step_span(int first, int last) {
 
 std::string step_span(const NoiseFigures& f) {
     return step_span(f.first_step, f.last_step);
-}
-
-std::string joined(const std::vector<std::string>& v, const char* sep = ", ") {
-    std::string out;
-    for (const std::string& s : v) out += (out.empty() ? "" : sep) + s;
-    return out;
 }
 
 std::string clock_range(const NoiseFigures& f) {
@@ -176,7 +171,7 @@ std::vector<std::string> noise_sentences(const NoiseSummary& n, unsigned hardwar
             hit.push_back("round " + std::to_string(round) + ": every variant (" + cores(lo) +
                           (lo == hi ? "" : "–" + cores(hi)) + ")");
         else
-            hit.push_back("round " + std::to_string(round) + ": " + joined(in_round));
+            hit.push_back("round " + std::to_string(round) + ": " + join(in_round, ", "));
     }
     if (hit_slices == n.slices.size() && n.slices.size() > 1) {
         double lo = top.figures.cores_busy();
@@ -186,10 +181,10 @@ std::vector<std::string> noise_sentences(const NoiseSummary& n, unsigned hardwar
                       "): the machine was busy throughout.");
     } else if (!hit.empty()) {
         out.push_back("Slices hit (more than " + cores(kBusySliceCores) +
-                      " cores busy): " + joined(hit, "; ") + ".");
+                      " cores busy): " + join(hit, "; ") + ".");
         if (n.rounds == 1 && hit_variants.size() < n.variants.size())
             out.push_back(
-                "With one round, only " + joined(hit_variants) +
+                "With one round, only " + join(hit_variants, ", ") +
                 " ran while the machine was busy: " + (hit_variants.size() == 1 ? "its" : "their") +
                 " times carry that load, and a comparison with the others credits it "
                 "to the knob (run.rounds interleaves the variants).");
@@ -208,7 +203,7 @@ std::vector<std::string> noise_sentences(const NoiseSummary& n, unsigned hardwar
     if (!stolen.empty())
         out.push_back(
             "The hypervisor stole CPU time (steal, in cores; part of the figures above): " +
-            joined(stolen, "; ") + ".");
+            join(stolen, "; ") + ".");
     if (n.has_device_clock()) {
         std::string s = "GPU SM clock " + clock_range(n.all);
         std::vector<std::string> slowed;
@@ -216,8 +211,8 @@ std::vector<std::string> noise_sentences(const NoiseSummary& n, unsigned hardwar
             if (!sl.figures.slowdowns.empty())
                 slowed.push_back(sl.variant +
                                  (n.rounds > 1 ? " round " + std::to_string(sl.round) : "") + " (" +
-                                 joined(sl.figures.slowdowns) + ")");
-        s += slowed.empty() ? ", no throttling." : "; throttled in " + joined(slowed, "; ") + ".";
+                                 join(sl.figures.slowdowns, ", ") + ")");
+        s += slowed.empty() ? ", no throttling." : "; throttled in " + join(slowed, "; ") + ".";
         out.push_back(s);
     }
     return out;
@@ -261,7 +256,7 @@ std::string render_noise_md(const Results& results) {
             if (steal) o << " (" << cores(s->figures.steal_cores()) << ")";
             if (clock && s->figures.min_sm_clock_mhz)
                 o << " · " << f("%.0f MHz", *s->figures.min_sm_clock_mhz);
-            if (!s->figures.slowdowns.empty()) o << " " << joined(s->figures.slowdowns);
+            if (!s->figures.slowdowns.empty()) o << " " << join(s->figures.slowdowns, ", ");
             o << " |";
         }
         o << "\n";
@@ -311,7 +306,7 @@ std::string train_noise_line(const TrainNoise& t) {
     s += t.all.steal_ms > 0 ? "; steal " + cores(t.all.steal_cores()) + " cores" : "; steal 0";
     if (t.all.min_sm_clock_mhz) {
         s += "; GPU SM clock " + clock_range(t.all);
-        s += t.all.slowdowns.empty() ? ", no throttling" : ", " + joined(t.all.slowdowns) + " seen";
+        s += t.all.slowdowns.empty() ? ", no throttling" : ", " + join(t.all.slowdowns, ", ") + " seen";
     }
     return s;
 }

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <limits>
 
+#include "report/format.h"
+
 namespace mt {
 
 namespace {
@@ -83,27 +85,21 @@ double half_width_at(const SpeedupInterval& s, int rounds) {
 // The interval's bounds as text, with a third decimal where two would print a bound equal to a
 // boundary of the call (1+m or 1/(1+m)) and so hide which side of it the bound lies.
 std::string bounds_text(double low, double high, double min_effect) {
-    auto fmt = [](const char* spec, double x) {
-        char b[32];
-        std::snprintf(b, sizeof b, spec, x);
-        return std::string(b);
-    };
+    using report_text::f;
     const char* spec = "%.2f";
     for (double bound : {low, high})
         for (double edge : {1 + min_effect, 1 / (1 + min_effect)})
-            if (fmt("%.2f", bound) == fmt("%.2f", edge)) spec = "%.3f";
+            if (f("%.2f", bound) == f("%.2f", edge)) spec = "%.3f";
     std::string out(1, '[');
-    out += fmt(spec, low);
+    out += f(spec, low);
     out += "–";
-    out += fmt(spec, high);
+    out += f(spec, high);
     out += ']';
     return out;
 }
 
 std::string fmt_g(double x) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%g", x);
-    return b;
+    return report_text::f("%g", x);
 }
 
 }  // namespace
@@ -126,15 +122,45 @@ double SpeedupInterval::high() const {
     return std::exp(centre_log + half_width_log);
 }
 
-SpeedupInterval paired_speedup_interval(const RoundMedians& baseline, const RoundMedians& variant) {
+RoundLoads round_loads(const std::vector<std::array<double, 3>>& round_wall_other) {
+    RoundLoads loads;
+    std::map<int, double> other;
+    for (const auto& [round, wall, other_ms] : round_wall_other) {
+        const int r = round < 0 ? 0 : static_cast<int>(round);
+        loads[r].wall_ms += wall;
+        other[r] += other_ms;
+    }
+    for (auto& [r, l] : loads) l.cores_busy = l.wall_ms > 0 ? other[r] / l.wall_ms : 0;
+    return loads;
+}
+
+bool uneven_load(const SliceLoad& a, const SliceLoad& b) {
+    const double shorter = std::min(a.wall_ms, b.wall_ms);
+    if (!(shorter > 0)) return false;
+    const double resolution = 3 * kCpuTickMs / shorter;
+    return std::fabs(a.cores_busy - b.cores_busy) > std::max(kUnevenLoadCores, resolution);
+}
+
+SpeedupInterval paired_speedup_interval(const RoundMedians& baseline, const RoundMedians& variant,
+                                        const RoundLoads* baseline_load,
+                                        const RoundLoads* variant_load) {
     SpeedupInterval s;
     s.paired = true;
     s.rounds_baseline = static_cast<int>(baseline.size());
     s.rounds_variant = static_cast<int>(variant.size());
-    // Only the rounds both ran are pairs (an interrupted variant may miss the last ones).
+    // Only the rounds both ran are pairs (an interrupted variant may miss the last ones), and
+    // only those whose two slices met the same load.
     for (const auto& [round, b] : baseline) {
         const auto it = variant.find(round);
         if (it == variant.end() || !(b > 0) || !(it->second > 0)) continue;
+        if (baseline_load && variant_load) {
+            const auto lb = baseline_load->find(round), lv = variant_load->find(round);
+            if (lb != baseline_load->end() && lv != variant_load->end() &&
+                uneven_load(lb->second, lv->second)) {
+                ++s.rounds_left_out;
+                continue;
+            }
+        }
         s.log_ratios.push_back(std::log(b) - std::log(it->second));
     }
     s.rounds = static_cast<int>(s.log_ratios.size());
@@ -206,12 +232,17 @@ std::optional<int> more_rounds_to_decide(const SpeedupInterval& s, double min_ef
 
 TimeCallResult make_time_call(const SpeedupInterval& s, double min_effect) {
     TimeCallResult r;
-    const std::string tail = s.paired ? "" : " (unpaired)";
+    const std::string left_out = s.rounds_left_out == 0
+                                     ? std::string()
+                                     : " (" + std::to_string(s.rounds_left_out) + " round" +
+                                           (s.rounds_left_out == 1 ? "" : "s") +
+                                           " left out: the two slices met different loads)";
+    const std::string tail = (s.paired ? "" : " (unpaired)") + left_out;
     if (!s.has_interval) {
         r.call = TimeCall::inconclusive;
         r.text = s.paired ? "inconclusive: " + std::to_string(s.rounds) + " paired round" +
                                 (s.rounds == 1 ? "" : "s") + ", an interval needs at least " +
-                                std::to_string(kMinRoundsForInterval) + " (run.rounds)"
+                                std::to_string(kMinRoundsForInterval) + " (run.rounds)" + left_out
                           : "inconclusive: an unpaired interval needs at least " +
                                 std::to_string(kMinRoundsForInterval) +
                                 " rounds in each run (run.rounds); they have " +

@@ -40,6 +40,16 @@
 //                  boundary, if the centre and the spread stayed as measured, are estimated.
 // With fewer than 2 rounds there is no spread to build an interval from: `inconclusive`.
 //
+// Pairs that met different machines are left out. The pairing assumes the baseline's and the
+// variant's slices of a round met the same load; each step records the CPU time other processes
+// took (engine/cpu_load.h), so that is checked rather than assumed: a round whose two slices'
+// loads (other processes' cores busy) differ by more than kUnevenLoadCores — or by more than
+// the figure's own resolution on a short slice, 3 clock ticks over the slice's wall time — is
+// not a pair, and the call says how many rounds it left out. A neighbour that burns a core in
+// bursts of a second or two lands on some slices of a round and not on others: those rounds are
+// exactly the ones this drops, and without it a few of them can tilt a 5-round interval into a
+// wrong call. When too few pairs are left, the call is `inconclusive` and says why.
+//
 // Unpaired (`microtrain compare A.json B.json`: two runs, measured at different times, so their
 // rounds are not pairs): a Welch t-interval on the difference of the mean log per-round medians
 // of the two runs. It needs 2 rounds in each run, and covers the noise inside each run only: a
@@ -75,11 +85,28 @@ using RoundMedians = std::map<int, double>;
 // counts as round 0.
 RoundMedians round_medians(const std::vector<std::pair<int, double>>& round_and_ms);
 
+// The load each slice met: round -> cores busy with other processes (their CPU time / the
+// slice's wall time), and the slice's wall time (ms), from (round, wall ms, other processes' CPU
+// ms) of the measured steps.
+struct SliceLoad {
+    double cores_busy = 0, wall_ms = 0;
+};
+using RoundLoads = std::map<int, SliceLoad>;
+RoundLoads round_loads(const std::vector<std::array<double, 3>>& round_wall_other);
+// Two slices of a round met different loads beyond this many cores busy (the noise section's
+// kBusySliceCores: a quarter core of someone else's work already moves a step).
+inline constexpr double kUnevenLoadCores = 0.25;
+// The CPU-time figure's resolution: Linux's USER_HZ clock tick (100 Hz), in ms.
+inline constexpr double kCpuTickMs = 10.0;
+// Whether slices a and b of one round met different loads (see the top of this file).
+bool uneven_load(const SliceLoad& a, const SliceLoad& b);
+
 // The speedup (baseline time / variant time) and its 95 % interval, on the log scale.
 struct SpeedupInterval {
     bool paired = true;
     int rounds = 0;  // paired: rounds both sides have; unpaired: the fewer of the two runs'
     int rounds_baseline = 0, rounds_variant = 0;
+    int rounds_left_out = 0;    // paired: common rounds whose slices met different loads
     bool has_interval = false;  // false: too few rounds (fewer than 2; unpaired: in either run)
     double centre_log = 0;      // the point estimate: mean log ratio (0 when no round at all)
     double se_log = 0;          // its standard error
@@ -92,7 +119,11 @@ struct SpeedupInterval {
     double high() const;
 };
 
-SpeedupInterval paired_speedup_interval(const RoundMedians& baseline, const RoundMedians& variant);
+// `baseline_load` / `variant_load` (optional): the rounds whose slices met different loads are
+// left out of the pairs.
+SpeedupInterval paired_speedup_interval(const RoundMedians& baseline, const RoundMedians& variant,
+                                        const RoundLoads* baseline_load = nullptr,
+                                        const RoundLoads* variant_load = nullptr);
 SpeedupInterval unpaired_speedup_interval(const RoundMedians& baseline,
                                           const RoundMedians& variant);
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "report/format.h"
 #include "report/render.h"
 
 namespace mt {
@@ -35,12 +36,6 @@ std::string esc(const std::string& s) {
         }
     }
     return o;
-}
-
-std::string num(double x, int prec = 2) {
-    char b[48];
-    std::snprintf(b, sizeof b, "%.*f", prec, x);
-    return b;
 }
 
 // Inline markdown of our own report: `code`, **bold**, *emphasis*; text is escaped first.
@@ -205,7 +200,7 @@ std::string axis_x(double x0, double y, double w, double max, double tick,
         o << "<line x1=\"" << x << "\" y1=\"" << y << "\" x2=\"" << x << "\" y2=\"" << y + 4
           << "\" stroke=\"#888\"/><text x=\"" << x << "\" y=\"" << y + 16
           << "\" font-size=\"11\" text-anchor=\"middle\">"
-          << num(t, tick < 1 ? 2 : (tick < 10 ? 1 : 0)) << "</text>";
+          << report_text::fixed(t, tick < 1 ? 2 : (tick < 10 ? 1 : 0)) << "</text>";
     }
     o << "<text x=\"" << x0 + w << "\" y=\"" << y + 30 << "\" font-size=\"11\" text-anchor=\"end\">"
       << esc(unit) << "</text>";
@@ -265,15 +260,15 @@ std::string phase_chart(const std::vector<VariantResult>& vs) {
             if (w <= 0) continue;
             o << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << bar
               << "\" fill=\"" << kPhaseColors[i] << "\"><title>" << phase_column_name(i) << ": "
-              << num(ms, 3) << " ms</title></rect>";
+              << report_text::fixed(ms, 3) << " ms</title></rect>";
             if (w > 34)
                 o << "<text x=\"" << x + w / 2 << "\" y=\"" << y + bar / 2 + 4
                   << "\" font-size=\"10\" fill=\"#fff\" text-anchor=\"middle\">"
-                  << num(ms, ms < 10 ? 2 : 1) << "</text>";
+                  << report_text::fixed(ms, ms < 10 ? 2 : 1) << "</text>";
             x += w;
         }
         o << "<text x=\"" << x + 4 << "\" y=\"" << y + bar / 2 + 4 << "\" font-size=\"11\">"
-          << num(v->stats.step_ms.mean, 2) << " ms</text>";
+          << report_text::fixed(v->stats.step_ms.mean, 2) << " ms</text>";
         y += bar + gap;
     }
     o << axis_x(kLeft, y, kPlotW, amax, tick, "ms") << "</svg></figure>\n";
@@ -320,10 +315,10 @@ std::string distribution_chart(const std::vector<VariantResult>& vs) {
             const double jy = cy - 14 + (i++ * 7 % 29);  // deterministic vertical spread
             o << "<circle cx=\"" << X(st.wall_ms) << "\" cy=\"" << jy
               << "\" r=\"2.2\" fill=\"#e15759\" fill-opacity=\"0.7\"><title>step " << st.step
-              << ": " << num(st.wall_ms, 3) << " ms</title></circle>";
+              << ": " << report_text::fixed(st.wall_ms, 3) << " ms</title></circle>";
         }
         o << "<text x=\"" << X(s.max) + 8 << "\" y=\"" << cy + 4 << "\" font-size=\"11\">median "
-          << num(s.median) << " ms</text>";
+          << report_text::fixed(s.median, 2) << " ms</text>";
         y += band;
     }
     o << axis_x(kLeft, y + 4, kPlotW, amax, tick, "ms per step") << "</svg></figure>\n";
@@ -366,7 +361,7 @@ std::string loss_chart(const std::vector<VariantResult>& vs) {
     for (int t = 0; t <= 4; ++t) {
         const double val = lo + (hi - lo) * t / 4;
         o << "<text x=\"" << left - 6 << "\" y=\"" << Y(val) + 4
-          << "\" font-size=\"11\" text-anchor=\"end\">" << num(val, 3) << "</text><line x1=\""
+          << "\" font-size=\"11\" text-anchor=\"end\">" << report_text::fixed(val, 3) << "</text><line x1=\""
           << left << "\" y1=\"" << Y(val) << "\" x2=\"" << left + pw << "\" y2=\"" << Y(val)
           << "\" stroke=\"#ddd\"/>";
     }
@@ -386,7 +381,7 @@ std::string loss_chart(const std::vector<VariantResult>& vs) {
         const char* color = kLineColors[ci++ % 8];
         std::string pts;
         for (const StepRow& s : v.steps)
-            if (std::isfinite(s.loss)) pts += num(X(s.step), 1) + "," + num(Y(s.loss), 1) + " ";
+            if (std::isfinite(s.loss)) pts += report_text::fixed(X(s.step), 1) + "," + report_text::fixed(Y(s.loss), 1) + " ";
         if (pts.empty()) continue;
         leg.emplace_back(v.name, color);
         const double width = std::max(1.6, 1.6 + 2.4 * (n_curves - 1 - drawn++));
@@ -431,17 +426,17 @@ std::string memory_chart(const std::vector<VariantResult>& vs) {
             const double w = kPlotW * m / amax;
             if (w <= 0) continue;
             o << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << bar
-              << "\" fill=\"" << kCatColors[c] << "\"><title>" << cat << ": " << num(m, 2)
+              << "\" fill=\"" << kCatColors[c] << "\"><title>" << cat << ": " << report_text::fixed(m, 2)
               << " MiB</title></rect>";
             x += w;
         }
         const double est = to_mib(static_cast<double>(v->memory.estimate_total));
         const double ex = kLeft + kPlotW * est / amax;
         o << "<line x1=\"" << ex << "\" y1=\"" << y - 3 << "\" x2=\"" << ex << "\" y2=\""
-          << y + bar + 3 << "\" stroke=\"#000\" stroke-width=\"2\"><title>estimate " << num(est, 2)
+          << y + bar + 3 << "\" stroke=\"#000\" stroke-width=\"2\"><title>estimate " << report_text::fixed(est, 2)
           << " MiB</title></line>";
         o << "<text x=\"" << std::max(x, ex) + 6 << "\" y=\"" << y + bar / 2 + 4
-          << "\" font-size=\"11\">" << num(total, 1) << " MiB (est. " << num(est, 1) << ")</text>";
+          << "\" font-size=\"11\">" << report_text::fixed(total, 1) << " MiB (est. " << report_text::fixed(est, 1) << ")</text>";
         y += bar + gap;
     }
     o << axis_x(kLeft, y, kPlotW, amax, tick, "MiB") << "</svg></figure>\n";

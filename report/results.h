@@ -357,6 +357,7 @@ struct ComparisonRow {
     std::optional<double> final_loss, mean_loss;
     std::vector<std::pair<int, double>> measured_losses;  // (step, loss): measured, finite
     RoundMedians round_ms;  // the median step time of each round's slice (measured steps)
+    RoundLoads round_load;  // the load (other processes' cores busy) each round's slice met
     // The call as printed ("1.23x faster [1.18–1.27]"), and for `inconclusive` the rounds it
     // estimates would decide it.
     std::string time_call_text;

@@ -451,3 +451,44 @@ TEST(RoundMediansTest, MedianPerRoundAndUnlabelledStepsCountAsRoundZero) {
 
 }  // namespace
 }  // namespace mt
+
+namespace mt {
+namespace {
+
+// A round whose variant slice met a neighbour's burst (1 core busy, 3x the time) while the
+// baseline's slice of that round did not is not a pair: it is left out, and the four rounds that
+// met the same load decide. Left in, it would have made the interval useless.
+TEST(PairedStatsLoad, RoundsWhoseSlicesMetDifferentLoadsAreLeftOut) {
+    const RoundMedians base{{0, 100}, {1, 100}, {2, 100}, {3, 100}, {4, 100}};
+    const RoundMedians hit{{0, 101}, {1, 99}, {2, 100}, {3, 300}, {4, 100}};
+    RoundLoads base_load, hit_load;
+    for (int r = 0; r < 5; ++r) base_load[r] = hit_load[r] = {0.0, 400};
+    hit_load[3] = {1.0, 1200};
+    const SpeedupInterval left_out = paired_speedup_interval(base, hit, &base_load, &hit_load);
+    EXPECT_EQ(left_out.rounds_left_out, 1);
+    EXPECT_EQ(left_out.rounds, 4);
+    const TimeCallResult call = make_time_call(left_out, kDefaultMinEffect);
+    EXPECT_EQ(call.call, TimeCall::no_difference) << call.text;
+    EXPECT_NE(call.text.find("(1 round left out: the two slices met different loads)"),
+              std::string::npos)
+        << call.text;
+    const SpeedupInterval kept = paired_speedup_interval(base, hit);
+    EXPECT_EQ(kept.rounds_left_out, 0);
+    EXPECT_EQ(make_time_call(kept, kDefaultMinEffect).call, TimeCall::inconclusive);
+}
+
+// The load figure counts 10 ms clock ticks: on a 40 ms slice one tick is 0.25 cores, so a
+// difference below 3 ticks' worth is resolution, not a different machine.
+TEST(PairedStatsLoad, ALoadDifferenceWithinTheTickResolutionOfAShortSliceIsNotUneven) {
+    EXPECT_FALSE(uneven_load({0.0, 40}, {0.5, 40}));  // 0.5 < 3 ticks / 40 ms = 0.75
+    EXPECT_TRUE(uneven_load({0.0, 40}, {1.0, 40}));
+    EXPECT_TRUE(uneven_load({0.0, 400}, {0.3, 400}));  // beyond kUnevenLoadCores
+    EXPECT_FALSE(uneven_load({0.1, 400}, {0.3, 400}));
+    const RoundLoads l = round_loads({{0, 100, 50}, {0, 100, 50}, {1, 200, 0}, {-1, 10, 10}});
+    EXPECT_DOUBLE_EQ(l.at(0).cores_busy, 110.0 / 210.0);  // a step without a round is round 0
+    EXPECT_DOUBLE_EQ(l.at(0).wall_ms, 210.0);
+    EXPECT_DOUBLE_EQ(l.at(1).cores_busy, 0.0);
+}
+
+}  // namespace
+}  // namespace mt

@@ -16,7 +16,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "io/text.h"
+#include "kernels/text.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/ops.h"

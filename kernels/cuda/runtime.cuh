@@ -175,13 +175,14 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 }  // namespace mt::cuda
 
 namespace mt::cuda {
-// Calls f(float{}) or f(bf16{}) so a launcher can instantiate its kernel for the compute type:
+// Calls launch(float{}) or launch(bf16{}) so a launcher can instantiate its kernel for the
+// compute type:
 //   dispatch(dt, [&](auto tag) { using T = decltype(tag); my_kernel<T><<<...>>>(...); });
-template <class F>
-void dispatch(DType dt, F&& f) {
+template <class Launch>
+void dispatch(DType dt, Launch&& launch) {
     if (dt == DType::bf16)
-        f(bf16{});
+        launch(bf16{});
     else
-        f(float{});
+        launch(float{});
 }
 }  // namespace mt::cuda

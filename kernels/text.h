@@ -1,6 +1,7 @@
-// Small text helpers every room may include (header-only, plain C++, no project dependencies):
-// joining names for a message, the shortest text of a float, bytes in MiB. The report's own
-// number formats (one decimal, no unit, signed deltas) are report/format.h's.
+// Small text helpers every room may include (header-only, plain C++, no project dependencies; in
+// the bottom library, mt_backend_api, beside the other shared vocabulary: types.h,
+// enum_names.h): joining names for a message, the shortest text of a float, bytes in MiB. The
+// report's own number formats (one decimal, no unit, signed deltas) are report/format.h's.
 #pragma once
 
 #include <charconv>
