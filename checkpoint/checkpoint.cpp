@@ -22,8 +22,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "kernels/text.h"
 #include "kernels/enum_names.h"
+#include "kernels/text.h"
 #include "optim/adamw.h"
 
 namespace mt {

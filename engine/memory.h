@@ -17,8 +17,8 @@
 #include <string>
 
 #include "engine/timing.h"
-#include "kernels/text.h"  // to_mib, kMiB
 #include "kernels/backend.h"
+#include "kernels/text.h"  // to_mib, kMiB
 
 namespace mt {
 

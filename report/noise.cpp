@@ -306,7 +306,8 @@ std::string train_noise_line(const TrainNoise& t) {
     s += t.all.steal_ms > 0 ? "; steal " + cores(t.all.steal_cores()) + " cores" : "; steal 0";
     if (t.all.min_sm_clock_mhz) {
         s += "; GPU SM clock " + clock_range(t.all);
-        s += t.all.slowdowns.empty() ? ", no throttling" : ", " + join(t.all.slowdowns, ", ") + " seen";
+        s += t.all.slowdowns.empty() ? ", no throttling"
+                                     : ", " + join(t.all.slowdowns, ", ") + " seen";
     }
     return s;
 }

@@ -361,9 +361,9 @@ std::string loss_chart(const std::vector<VariantResult>& vs) {
     for (int t = 0; t <= 4; ++t) {
         const double val = lo + (hi - lo) * t / 4;
         o << "<text x=\"" << left - 6 << "\" y=\"" << Y(val) + 4
-          << "\" font-size=\"11\" text-anchor=\"end\">" << report_text::fixed(val, 3) << "</text><line x1=\""
-          << left << "\" y1=\"" << Y(val) << "\" x2=\"" << left + pw << "\" y2=\"" << Y(val)
-          << "\" stroke=\"#ddd\"/>";
+          << "\" font-size=\"11\" text-anchor=\"end\">" << report_text::fixed(val, 3)
+          << "</text><line x1=\"" << left << "\" y1=\"" << Y(val) << "\" x2=\"" << left + pw
+          << "\" y2=\"" << Y(val) << "\" stroke=\"#ddd\"/>";
     }
     const int xt = std::max(1, max_step / 10);
     for (int s = 0; s <= max_step; s += xt)
@@ -381,7 +381,9 @@ std::string loss_chart(const std::vector<VariantResult>& vs) {
         const char* color = kLineColors[ci++ % 8];
         std::string pts;
         for (const StepRow& s : v.steps)
-            if (std::isfinite(s.loss)) pts += report_text::fixed(X(s.step), 1) + "," + report_text::fixed(Y(s.loss), 1) + " ";
+            if (std::isfinite(s.loss))
+                pts +=
+                    report_text::fixed(X(s.step), 1) + "," + report_text::fixed(Y(s.loss), 1) + " ";
         if (pts.empty()) continue;
         leg.emplace_back(v.name, color);
         const double width = std::max(1.6, 1.6 + 2.4 * (n_curves - 1 - drawn++));
@@ -426,17 +428,18 @@ std::string memory_chart(const std::vector<VariantResult>& vs) {
             const double w = kPlotW * m / amax;
             if (w <= 0) continue;
             o << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << bar
-              << "\" fill=\"" << kCatColors[c] << "\"><title>" << cat << ": " << report_text::fixed(m, 2)
-              << " MiB</title></rect>";
+              << "\" fill=\"" << kCatColors[c] << "\"><title>" << cat << ": "
+              << report_text::fixed(m, 2) << " MiB</title></rect>";
             x += w;
         }
         const double est = to_mib(static_cast<double>(v->memory.estimate_total));
         const double ex = kLeft + kPlotW * est / amax;
         o << "<line x1=\"" << ex << "\" y1=\"" << y - 3 << "\" x2=\"" << ex << "\" y2=\""
-          << y + bar + 3 << "\" stroke=\"#000\" stroke-width=\"2\"><title>estimate " << report_text::fixed(est, 2)
-          << " MiB</title></line>";
+          << y + bar + 3 << "\" stroke=\"#000\" stroke-width=\"2\"><title>estimate "
+          << report_text::fixed(est, 2) << " MiB</title></line>";
         o << "<text x=\"" << std::max(x, ex) + 6 << "\" y=\"" << y + bar / 2 + 4
-          << "\" font-size=\"11\">" << report_text::fixed(total, 1) << " MiB (est. " << report_text::fixed(est, 1) << ")</text>";
+          << "\" font-size=\"11\">" << report_text::fixed(total, 1) << " MiB (est. "
+          << report_text::fixed(est, 1) << ")</text>";
         y += bar + gap;
     }
     o << axis_x(kLeft, y, kPlotW, amax, tick, "MiB") << "</svg></figure>\n";

@@ -16,10 +16,10 @@
 #include <string>
 #include <unordered_map>
 
-#include "kernels/text.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/ops.h"
+#include "kernels/text.h"
 
 namespace mt {
 namespace {
