@@ -118,12 +118,7 @@ inline bool is_cuda_matmul(MatmulImpl m) {
 inline constexpr int kMaxThreads = 1024;
 // Why `threads`, the value of the entry's `field`, is not a thread count (0..kMaxThreads); ""
 // when it is one.
-inline std::string thread_count_error(std::string_view field, int threads) {
-    if (threads >= 0 && threads <= kMaxThreads) return {};
-    return std::string(field) + " (run.threads, --threads) must be in 0.." +
-           std::to_string(kMaxThreads) + " (0 = OpenMP's default, one per core), got " +
-           std::to_string(threads);
-}
+std::string thread_count_error(std::string_view field, int threads);
 
 struct BackendOptions {
     Precision precision = Precision::fp32;
