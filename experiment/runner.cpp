@@ -268,6 +268,33 @@ void probe_collectives(TrainingSession& session, const RunConfig& cfg, World& wo
     v.data_parallel = std::move(d);
 }
 
+}  // namespace
+
+// The trace steps as JSON (what a rank sends rank 0, what a variant's worker sends the runner).
+template <>
+struct JsonFields<PhaseInterval> {
+    using S = PhaseInterval;
+    static inline const auto list = std::tuple{
+        json_field("phase", &S::phase), json_field("micro_step", &S::micro_step),
+        json_field("start_ms", &S::start_ms), json_field("duration_ms", &S::duration_ms)};
+};
+template <>
+struct JsonFields<OpInterval> {
+    using S = OpInterval;
+    static inline const auto list =
+        std::tuple{json_field("name", &S::name), json_field("start_ms", &S::start_ms),
+                   json_field("duration_ms", &S::duration_ms)};
+};
+template <>
+struct JsonFields<TraceStep> {
+    using S = TraceStep;
+    static inline const auto list =
+        std::tuple{json_field("step", &S::step), json_field("start_ms", &S::start_ms),
+                   json_field("wall_ms", &S::wall_ms), json_field("phases", &S::phases),
+                   json_field("ops", &S::ops)};
+};
+namespace {
+
 // One rank's medians and trace as text (JSON), so rank 0 can gather them.
 std::string rank_summary_json(const VariantResult& v, int rank) {
     nlohmann::json j;
@@ -290,16 +317,9 @@ std::string rank_summary_json(const VariantResult& v, int rank) {
     std::vector<double> phases;
     for (int i = 0; i < kPhaseCount; ++i) phases.push_back(compute_stats(ph[i]).median);
     j["phases"] = phases;
-    nlohmann::json trace = nlohmann::json::array();
-    for (const TraceStep& t : v.trace) {
-        nlohmann::json ts = {{"step", t.step}, {"start", t.start_ms}, {"wall", t.wall_ms}};
-        nlohmann::json iv = nlohmann::json::array();
-        for (const PhaseInterval& p : t.phases)
-            iv.push_back({static_cast<int>(p.phase), p.micro_step, p.start_ms, p.duration_ms});
-        ts["phases"] = iv;
-        trace.push_back(ts);
-    }
-    j["trace"] = trace;
+    std::vector<TraceStep> trace = v.trace;
+    for (TraceStep& t : trace) t.ops.clear();  // rank tracks show phases only
+    j["trace"] = to_json_value(trace);
     return j.dump();
 }
 
@@ -314,16 +334,7 @@ RankRecord rank_record_from_json(const std::string& text, double* bytes) {
     const auto phases = j.at("phases").get<std::vector<double>>();
     for (int i = 0; i < kPhaseCount && i < static_cast<int>(phases.size()); ++i)
         s.phases_ms[i] = phases[i];
-    for (const auto& ts : j.at("trace")) {
-        TraceStep t;
-        t.step = ts.at("step").get<int>();
-        t.start_ms = ts.at("start").get<double>();
-        t.wall_ms = ts.at("wall").get<double>();
-        for (const auto& iv : ts.at("phases"))
-            t.phases.push_back({static_cast<Phase>(iv[0].get<int>()), iv[1].get<int>(),
-                                iv[2].get<double>(), iv[3].get<double>()});
-        s.trace.push_back(std::move(t));
-    }
+    read_json_value(JsonNode(j.at("trace"), "a rank's phase times", "trace"), s.trace);
     return s;
 }
 
@@ -565,28 +576,6 @@ struct WorkerRecord {
 
 }  // namespace
 
-template <>
-struct JsonFields<PhaseInterval> {
-    using S = PhaseInterval;
-    static inline const auto list = std::tuple{
-        json_field("phase", &S::phase), json_field("micro_step", &S::micro_step),
-        json_field("start_ms", &S::start_ms), json_field("duration_ms", &S::duration_ms)};
-};
-template <>
-struct JsonFields<OpInterval> {
-    using S = OpInterval;
-    static inline const auto list =
-        std::tuple{json_field("name", &S::name), json_field("start_ms", &S::start_ms),
-                   json_field("duration_ms", &S::duration_ms)};
-};
-template <>
-struct JsonFields<TraceStep> {
-    using S = TraceStep;
-    static inline const auto list =
-        std::tuple{json_field("step", &S::step), json_field("start_ms", &S::start_ms),
-                   json_field("wall_ms", &S::wall_ms), json_field("phases", &S::phases),
-                   json_field("ops", &S::ops)};
-};
 template <>
 struct JsonFields<WorkerRecord> {
     using S = WorkerRecord;

@@ -24,7 +24,7 @@ namespace mt {
 // on average: a quarter core of someone else's work already slows a step that uses every core
 // (cache, memory bandwidth, a stolen time slice), and below it the tick resolution of a short
 // slice blurs the figure.
-inline constexpr double kBusySliceCores = 0.25;
+inline constexpr double kBusySliceCores = kUnevenLoadCores;  // one threshold (paired_stats.h)
 // A round is "hit much harder than the others" when its cores busy exceed this many times the
 // median of the other rounds (and kBusySliceCores): a burst that lands in one round, the case
 // interleaving is for — that round's slices, of every variant, carry the load.
