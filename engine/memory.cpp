@@ -98,10 +98,10 @@ void MemoryTracker::sample_device(Phase* p) {
     if (!info.available) return;
     summary_.device_available = true;
     if (info.total_bytes) summary_.device_total = info.total_bytes;
-    summary_.device_used_peak = std::max(summary_.device_used_peak, info.used_bytes);
+    summary_.device_used_peak = std::max(summary_.device_used_peak, info.own_bytes);
     if (p) {
         PhaseMemory& m = summary_.phases[static_cast<int>(*p)];
-        m.device_used_peak = std::max(m.device_used_peak, info.used_bytes);
+        m.device_used_peak = std::max(m.device_used_peak, info.own_bytes);
     }
 }
 

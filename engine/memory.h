@@ -5,8 +5,9 @@
 //   activations, workspace, data). At each phase begin the allocator's peaks are reset, at each
 //   phase end they are read, so a transient peak inside a phase is attributed to that phase and
 //   never missed by sampling.
-// - device: Backend::device_memory_info() sampled at every phase boundary — cudaMemGetInfo on
-//   CUDA (context, cuBLAS workspaces and fragmentation included), the process RSS on CPU. Plus
+// - device: Backend::device_memory_info().own_bytes sampled at every phase boundary — on CUDA
+//   this process's share of cudaMemGetInfo (cuBLAS workspaces and fragmentation included, its
+//   context and other processes not: kernels/own_device_memory.h), the process RSS on CPU. Plus
 //   on CPU the kernel's own high-water mark getrusage(RUSAGE_SELF).ru_maxrss (whole process,
 //   monotonic: it includes earlier variants of the same run).
 #pragma once
@@ -44,7 +45,7 @@ struct PhaseMemory {
     bool seen = false;              // the phase ran at least once
     size_t tracked_peak_total = 0;  // allocator peak of the sum inside the phase
     std::array<size_t, kMemoryCategoryCount> tracked_peak{};  // per category inside the phase
-    size_t device_used_peak = 0;  // max device_memory_info().used_bytes at its boundaries
+    size_t device_used_peak = 0;  // max device_memory_info().own_bytes at its boundaries
     // Max over occurrences of (peak inside the phase - bytes live when it began): what the phase
     // allocates transiently (or keeps, on first use) on top of what was already there.
     size_t transient_peak = 0;

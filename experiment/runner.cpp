@@ -414,7 +414,12 @@ class VariantRun {
     bool run_steps(int first, int last, int round, bool rewarm) {
         if (!active()) return false;
         return guarded([&] {
-            if (rewarm) session_->rewarm();
+            if (rewarm) {
+                // Other variants' workers ran since this one's last step: their device memory
+                // is not this variant's (kernels/own_device_memory.h), their caches are cold.
+                session_->backend().rebase_device_memory();
+                session_->rewarm();
+            }
             run_range(first, last, round);
         });
     }

@@ -44,7 +44,10 @@ struct DeviceMemoryInfo {
     bool available = false;
     size_t free_bytes = 0;
     size_t total_bytes = 0;
-    size_t used_bytes = 0;  // total - free on CUDA, current RSS on CPU
+    size_t used_bytes = 0;  // total - free on CUDA (every process), current RSS on CPU
+    // What this process holds: CUDA: beyond its context, from the device-wide counter
+    // (kernels/own_device_memory.h: others' share taken out); CPU: its RSS (= used_bytes).
+    size_t own_bytes = 0;
 };
 
 // ---- timing ---------------------------------------------------------------------------------
@@ -99,6 +102,11 @@ class Backend {
     MemoryStats memory_stats() const { return stats_; }
     void reset_peaks();
     virtual DeviceMemoryInfo device_memory_info() const = 0;
+    // This process resumes work after a pause in which other processes on the device (other
+    // variants' workers between round slices) may have allocated or freed: what the device
+    // holds beyond this process's last own_bytes is theirs (kernels/own_device_memory.h).
+    // Nothing to do where own_bytes is measured per process (CPU: RSS).
+    virtual void rebase_device_memory() {}
 
     // -- data movement & synchronisation --
     virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;  // h2d, ordered

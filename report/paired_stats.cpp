@@ -125,14 +125,34 @@ double SpeedupInterval::high() const {
 RoundLoads round_loads(const std::vector<std::array<double, 3>>& round_wall_other) {
     RoundLoads loads;
     std::map<int, double> other;
+    std::map<int, std::vector<double>> walls;
     for (const auto& [round, wall, other_ms] : round_wall_other) {
         const int r = round < 0 ? 0 : static_cast<int>(round);
         loads[r].wall_ms += wall;
         other[r] += other_ms;
+        walls[r].push_back(wall);
     }
-    for (auto& [r, l] : loads) l.cores_busy = l.wall_ms > 0 ? other[r] / l.wall_ms : 0;
+    for (auto& [r, l] : loads) {
+        l.cores_busy = l.wall_ms > 0 ? other[r] / l.wall_ms : 0;
+        std::vector<double>& x = walls[r];
+        std::sort(x.begin(), x.end());
+        const size_t k = x.size() / 4;
+        if (x.size() > 1 && x[k] > 0) l.inner_spread_log = std::log(x[x.size() - 1 - k] / x[k]);
+    }
     return loads;
 }
+
+namespace {
+
+// The spread above which one side's slice is unsteady (see the top of paired_stats.h).
+double unsteady_threshold(const RoundLoads& loads) {
+    std::vector<double> spreads;
+    for (const auto& kv : loads) spreads.push_back(kv.second.inner_spread_log);
+    const double typical = spreads.empty() ? 0 : median_of(spreads);
+    return std::max(kUnsteadySliceFactor * typical, std::log1p(kUnsteadySliceFloor));
+}
+
+}  // namespace
 
 bool uneven_load(const SliceLoad& a, const SliceLoad& b) {
     const double shorter = std::min(a.wall_ms, b.wall_ms);
@@ -149,16 +169,25 @@ SpeedupInterval paired_speedup_interval(const RoundMedians& baseline, const Roun
     s.rounds_baseline = static_cast<int>(baseline.size());
     s.rounds_variant = static_cast<int>(variant.size());
     // Only the rounds both ran are pairs (an interrupted variant may miss the last ones), and
-    // only those whose two slices met the same load.
+    // only those whose two slices met the same load, each at a steady speed.
+    const bool loads = baseline_load && variant_load;
+    const double steady_b = loads ? unsteady_threshold(*baseline_load) : 0;
+    const double steady_v = loads ? unsteady_threshold(*variant_load) : 0;
     for (const auto& [round, b] : baseline) {
         const auto it = variant.find(round);
         if (it == variant.end() || !(b > 0) || !(it->second > 0)) continue;
-        if (baseline_load && variant_load) {
+        if (loads) {
             const auto lb = baseline_load->find(round), lv = variant_load->find(round);
-            if (lb != baseline_load->end() && lv != variant_load->end() &&
-                uneven_load(lb->second, lv->second)) {
-                ++s.rounds_left_out;
-                continue;
+            if (lb != baseline_load->end() && lv != variant_load->end()) {
+                if (uneven_load(lb->second, lv->second)) {
+                    ++s.rounds_left_out;
+                    continue;
+                }
+                if (lb->second.inner_spread_log > steady_b ||
+                    lv->second.inner_spread_log > steady_v) {
+                    ++s.rounds_unsteady;
+                    continue;
+                }
             }
         }
         s.log_ratios.push_back(std::log(b) - std::log(it->second));
@@ -232,11 +261,14 @@ std::optional<int> more_rounds_to_decide(const SpeedupInterval& s, double min_ef
 
 TimeCallResult make_time_call(const SpeedupInterval& s, double min_effect) {
     TimeCallResult r;
-    const std::string left_out = s.rounds_left_out == 0
-                                     ? std::string()
-                                     : " (" + std::to_string(s.rounds_left_out) + " round" +
-                                           (s.rounds_left_out == 1 ? "" : "s") +
-                                           " left out: the two slices met different loads)";
+    auto rounds_text = [](int n) { return std::to_string(n) + (n == 1 ? " round" : " rounds"); };
+    std::string left_out;
+    if (s.rounds_left_out)
+        left_out += " (" + rounds_text(s.rounds_left_out) +
+                    " left out: the two slices met different loads)";
+    if (s.rounds_unsteady)
+        left_out += " (" + rounds_text(s.rounds_unsteady) +
+                    " left out: a slice's steps changed speed midway)";
     const std::string tail = (s.paired ? "" : " (unpaired)") + left_out;
     if (!s.has_interval) {
         r.call = TimeCall::inconclusive;

@@ -48,7 +48,16 @@
 // not a pair, and the call says how many rounds it left out. A neighbour that burns a core in
 // bursts of a second or two lands on some slices of a round and not on others: those rounds are
 // exactly the ones this drops, and without it a few of them can tilt a 5-round interval into a
-// wrong call. When too few pairs are left, the call is `inconclusive` and says why.
+// wrong call. A machine can also change speed with no other process in sight (a cloud VM's host
+// gives its cores to another guest, the clock steps down): measured on a 2-core VM, every step
+// of a run went from 231 ms to 315 ms in the middle of one slice. A median cannot hide a change
+// that splits its slice, so a round is also left out when one of its slices is unsteady: the
+// middle half of its steps spreads (inner_spread_log: log of the upper over the lower inner
+// value) by more than kUnsteadySliceFactor times that side's typical (median) slice spread and
+// by more than kUnsteadySliceFloor. Relative to its own slices, so a variant whose steps always
+// vary (data.seq_len_jitter) keeps its rounds; decided from each slice alone, never from the
+// ratio, so it cannot favour a call. When too few pairs are left, the call is `inconclusive`
+// and says why.
 //
 // Unpaired (`microtrain compare A.json B.json`: two runs, measured at different times, so their
 // rounds are not pairs): a Welch t-interval on the difference of the mean log per-round medians
@@ -90,12 +99,19 @@ RoundMedians round_medians(const std::vector<std::pair<int, double>>& round_and_
 // ms) of the measured steps.
 struct SliceLoad {
     double cores_busy = 0, wall_ms = 0;
+    // log(x[n-1-k] / x[k]) of the slice's n sorted step times, k = n/4: the spread of the
+    // middle half, where its median lies (a lone spike does not move it; a change of speed
+    // inside the slice does). 0 for a slice of one step.
+    double inner_spread_log = 0;
 };
 using RoundLoads = std::map<int, SliceLoad>;
 RoundLoads round_loads(const std::vector<std::array<double, 3>>& round_wall_other);
 // Two slices of a round met different loads beyond this many cores busy (the noise section's
 // kBusySliceCores: a quarter core of someone else's work already moves a step).
 inline constexpr double kUnevenLoadCores = 0.25;
+// A slice is unsteady beyond this many times its side's median inner spread, and beyond 5 %.
+inline constexpr double kUnsteadySliceFactor = 3.0;
+inline constexpr double kUnsteadySliceFloor = 0.05;
 // The CPU-time figure's resolution: Linux's USER_HZ clock tick (100 Hz), in ms.
 inline constexpr double kCpuTickMs = 10.0;
 // Whether slices a and b of one round met different loads (see the top of this file).
@@ -107,6 +123,7 @@ struct SpeedupInterval {
     int rounds = 0;  // paired: rounds both sides have; unpaired: the fewer of the two runs'
     int rounds_baseline = 0, rounds_variant = 0;
     int rounds_left_out = 0;    // paired: common rounds whose slices met different loads
+    int rounds_unsteady = 0;    // paired: common rounds left out because a slice was unsteady
     bool has_interval = false;  // false: too few rounds (fewer than 2; unpaired: in either run)
     double centre_log = 0;      // the point estimate: mean log ratio (0 when no round at all)
     double se_log = 0;          // its standard error
@@ -119,8 +136,8 @@ struct SpeedupInterval {
     double high() const;
 };
 
-// `baseline_load` / `variant_load` (optional): the rounds whose slices met different loads are
-// left out of the pairs.
+// `baseline_load` / `variant_load` (optional): the rounds whose slices met different loads, or
+// one of whose slices was unsteady, are left out of the pairs.
 SpeedupInterval paired_speedup_interval(const RoundMedians& baseline, const RoundMedians& variant,
                                         const RoundLoads* baseline_load = nullptr,
                                         const RoundLoads* variant_load = nullptr);

@@ -477,6 +477,76 @@ TEST(PairedStatsLoad, RoundsWhoseSlicesMetDifferentLoadsAreLeftOut) {
     EXPECT_EQ(make_time_call(kept, kDefaultMinEffect).call, TimeCall::inconclusive);
 }
 
+// Steps of one slice: (round, wall ms, other processes' CPU ms = 0).
+void add_slice(std::vector<std::array<double, 3>>& steps, int round, std::vector<double> ms) {
+    for (double m : ms) steps.push_back({double(round), m, 0});
+}
+
+// Measured on a 2-core VM: every step went from 231 to 315 ms inside the control's slice of
+// round 0, with no other process in sight. That slice's median (298 ms) against the baseline's
+// (232 ms) made an A/A pair look 25 % slower and the interval useless. The unsteady slice's
+// round is left out; the four steady rounds decide.
+TEST(PairedStatsLoad, ARoundWithASliceThatChangedSpeedMidwayIsLeftOut) {
+    std::vector<std::array<double, 3>> base_steps, aa_steps;
+    add_slice(base_steps, 0, {230, 234, 231, 233});
+    add_slice(aa_steps, 0, {234, 281, 314, 316});
+    const std::vector<std::vector<double>> steady = {
+        {315, 323, 317, 326}, {322, 313, 313, 317}, {315, 319, 324, 315}, {311, 313, 323, 314}};
+    const std::vector<std::vector<double>> steady_aa = {
+        {312, 310, 309, 315}, {311, 309, 316, 311}, {315, 321, 310, 314}, {349, 312, 310, 312}};
+    for (int r = 1; r <= 4; ++r) {
+        add_slice(base_steps, r, steady[r - 1]);
+        add_slice(aa_steps, r, steady_aa[r - 1]);  // round 4: one spike, the median holds
+    }
+    auto medians = [](const std::vector<std::array<double, 3>>& steps) {
+        std::vector<std::pair<int, double>> rm;
+        for (const auto& s : steps) rm.emplace_back(int(s[0]), s[1]);
+        return round_medians(rm);
+    };
+    const RoundLoads lb = round_loads(base_steps), la = round_loads(aa_steps);
+    EXPECT_NEAR(la.at(0).inner_spread_log, std::log(314.0 / 281.0), 1e-12);
+    EXPECT_NEAR(la.at(3).inner_spread_log, std::log(315.0 / 314.0), 1e-12);
+    EXPECT_EQ(la.at(4).inner_spread_log, 0.0);  // 349 among 310, 312, 312: a spike, ignored
+    const SpeedupInterval s =
+        paired_speedup_interval(medians(base_steps), medians(aa_steps), &lb, &la);
+    EXPECT_EQ(s.rounds_unsteady, 1);
+    EXPECT_EQ(s.rounds_left_out, 0);
+    EXPECT_EQ(s.rounds, 4);
+    // The four steady rounds: +2.8, +1.3, +0.7, +0.6 % — a narrow interval around 1, which
+    // still touches the 2 % boundary (the measured run said so too): never faster or slower.
+    EXPECT_GT(s.low(), 0.99);
+    EXPECT_LT(s.high(), 1.04);
+    const TimeCallResult call = make_time_call(s, kDefaultMinEffect);
+    EXPECT_NE(call.call, TimeCall::faster) << call.text;
+    EXPECT_NE(call.call, TimeCall::slower) << call.text;
+    EXPECT_CONTAINS(call.text, "(1 round left out: a slice's steps changed speed midway)");
+    // Without the loads nothing is left out, and the unsteady round makes the interval wide.
+    const SpeedupInterval kept = paired_speedup_interval(medians(base_steps), medians(aa_steps));
+    EXPECT_LT(kept.low(), 0.85);
+}
+
+// A variant whose steps always vary (data.seq_len_jitter: each step a different length) is
+// unsteady by nature, in every slice alike: measured against its own slices, it keeps every
+// round, and its 20 % slowdown is called.
+TEST(PairedStatsLoad, AVariantWhoseStepsAlwaysVaryKeepsItsRounds) {
+    std::vector<std::array<double, 3>> base_steps, jitter_steps;
+    std::vector<std::pair<int, double>> base_rm, jitter_rm;
+    for (int r = 0; r < 5; ++r) {
+        const std::vector<double> b = {100, 101, 99, 100.5};
+        const std::vector<double> j = {90.0 + r, 150.0 - r, 110, 130};  // spread ~30 % every slice
+        add_slice(base_steps, r, b);
+        add_slice(jitter_steps, r, j);
+        for (double m : b) base_rm.emplace_back(r, m);
+        for (double m : j) jitter_rm.emplace_back(r, m);
+    }
+    const RoundLoads lb = round_loads(base_steps), lj = round_loads(jitter_steps);
+    const SpeedupInterval s =
+        paired_speedup_interval(round_medians(base_rm), round_medians(jitter_rm), &lb, &lj);
+    EXPECT_EQ(s.rounds_unsteady, 0);
+    EXPECT_EQ(s.rounds, 5);
+    EXPECT_EQ(make_time_call(s, kDefaultMinEffect).call, TimeCall::slower);
+}
+
 // The load figure counts 10 ms clock ticks: on a 40 ms slice one tick is 0.25 cores, so a
 // difference below 3 ticks' worth is resolution, not a different machine.
 TEST(PairedStatsLoad, ALoadDifferenceWithinTheTickResolutionOfAShortSliceIsNotUneven) {

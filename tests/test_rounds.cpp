@@ -21,6 +21,7 @@
 #include "experiment/runner.h"
 #include "experiment/spec.h"
 #include "kernels/ops.h"
+#include "kernels/own_device_memory.h"
 #include "report/paired_stats.h"
 #include "report/results.h"
 #include "tests/test_util.h"
@@ -303,6 +304,37 @@ TEST_F(RoundsTest, ADelayedVariantIsCalledSlowerWhileANeighbourBurnsACoreInBurst
     ASSERT_TRUE(row("control").time_call.has_value());
     EXPECT_NE(*row("control").time_call, TimeCall::faster) << row("control").time_call_text;
     EXPECT_NE(*row("control").time_call, TimeCall::slower) << row("control").time_call_text;
+}
+
+// The device's counter (cudaMemGetInfo) counts every process; a variant's figure must be its
+// own whichever workers were resident beside it. Two workers simulated on one counter, A set
+// up first, B second (A idle), then slices in the order A, B, A: each reads only what it holds.
+TEST(OwnDeviceMemory, OtherWorkersResidentMemoryIsNotAVariantsOwn) {
+    const size_t kMiB = size_t{1} << 20, outside = 500 * kMiB;  // another user's process
+    size_t device = outside;
+    device += 300 * kMiB;  // A's context
+    OwnDeviceMemory a(device);
+    device += 1000 * kMiB;  // A's setup: weights, arena
+    EXPECT_EQ(a.observe(device), 1000 * kMiB);
+    device += 300 * kMiB;  // B's context, while A is idle
+    OwnDeviceMemory b(device);
+    device += 400 * kMiB;  // B's setup
+    EXPECT_EQ(b.observe(device), 400 * kMiB);
+    a.rebase(device);     // A's slice: B's 700 MiB are not A's
+    device += 64 * kMiB;  // A's transient workspace
+    EXPECT_EQ(a.observe(device), 1064 * kMiB);
+    device -= 64 * kMiB;
+    EXPECT_EQ(a.observe(device), 1000 * kMiB);
+    b.rebase(device);  // B's slice
+    EXPECT_EQ(b.observe(device), 400 * kMiB);
+    device -= 1300 * kMiB;  // A's worker quits
+    a.rebase(device + 1300 * kMiB);
+    b.rebase(device);  // B's last slice: A gone, B still holds its own
+    EXPECT_EQ(b.observe(device), 400 * kMiB);
+    // A counter below the others' share (one of them freed while this process worked) reads
+    // zero, never a wrapped-around size_t.
+    OwnDeviceMemory c(device);
+    EXPECT_EQ(c.observe(device - 10 * kMiB), 0u);
 }
 
 TEST(RoundsSpec, RoundsAreTheExperimentsScheduleNotAKnob) {

@@ -237,6 +237,7 @@ class CpuBackend final : public Backend {
         size_t size_pages = 0, resident_pages = 0;
         if (f >> size_pages >> resident_pages)
             info.used_bytes = resident_pages * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        info.own_bytes = info.used_bytes;
         return info;
     }
 

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/nvml_clock.h"
 #include "kernels/ops.h"
+#include "kernels/own_device_memory.h"
 
 #if __has_include(<nvtx3/nvToolsExt.h>)
 #include <nvtx3/nvToolsExt.h>
@@ -125,6 +127,12 @@ class CudaBackend final : public Backend {
         device_ = opt.device_index;
         CUDA_CHECK(cudaSetDevice(device_));
         CUDA_CHECK(cudaGetDeviceProperties(&prop_, device_));
+        // The context exists now (cudaFree(0) makes sure), nothing is allocated yet: what the
+        // device holds is everyone else's (and our context's), the start of own_bytes.
+        CUDA_CHECK(cudaFree(nullptr));
+        size_t free_b = 0, total_b = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        own_memory_.emplace(total_b - free_b);
         if (opt.precision == Precision::bf16 && prop_.major < 8)
             throw BackendError(std::string("run.precision: bf16 needs compute capability 8.0+; ") +
                                prop_.name + " is " + std::to_string(prop_.major) + "." +
@@ -263,7 +271,16 @@ class CudaBackend final : public Backend {
         info.free_bytes = free_b;
         info.total_bytes = total_b;
         info.used_bytes = total_b - free_b;
+        info.own_bytes = own_memory_ ? own_memory_->observe(info.used_bytes) : 0;
         return info;
+    }
+    void rebase_device_memory() override {
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+            cudaGetLastError();
+            return;
+        }
+        if (own_memory_) own_memory_->rebase(total_b - free_b);
     }
 
     // ---- data movement ----
@@ -583,6 +600,8 @@ class CudaBackend final : public Backend {
     std::unique_ptr<cuda::CublasHandle> blas_;
     std::unique_ptr<cuda::CublasLtHandle> lt_;
     std::unique_ptr<cuda::NvmlClock> clock_;  // SM clock / throttle reasons (null: no NVML)
+    // This process's share of the device's used bytes (device_memory_info updates it: mutable).
+    mutable std::optional<OwnDeviceMemory> own_memory_;
     cuda::BlasContext ctx_;
     std::unordered_map<void*, DeviceAlloc> device_allocs_;
     std::map<void*, HostAlloc> host_allocs_;  // ordered: pinned-range lookup

@@ -143,6 +143,24 @@ TEST_F(CudaBackendTest, AllocatorAccountingMatchesMemGetInfo) {
     EXPECT_GT(s0.current[int(MemoryCategory::workspace)], 0u);
 }
 
+// Two backends in one process stand for two variants' workers on one device: what the other
+// allocates while this one is paused is not counted in this one's own_bytes after a rebase.
+TEST_F(CudaBackendTest, OwnBytesLeaveOutWhatAnotherBackendHolds) {
+    gpu->synchronize();
+    const size_t start = gpu->device_memory_info().own_bytes;
+    const size_t bytes = 256u << 20, slack = 64u << 20;
+    DeviceBuffer mine(*gpu, bytes, MemoryCategory::activations);
+    const size_t with_mine = gpu->device_memory_info().own_bytes;
+    EXPECT_GE(with_mine, start + bytes);
+    EXPECT_LE(with_mine, start + bytes + slack);
+    std::unique_ptr<Backend> other = create_backend(BackendKind::cuda);
+    DeviceBuffer theirs(*other, 2 * bytes, MemoryCategory::activations);
+    EXPECT_GE(other->device_memory_info().own_bytes, 2 * bytes);
+    gpu->rebase_device_memory();
+    const size_t after = gpu->device_memory_info().own_bytes;
+    EXPECT_LE(after > with_mine ? after - with_mine : with_mine - after, slack);
+}
+
 TEST_F(CudaBackendTest, OutOfMemoryNamesCategoryBytesFreeAndTotal) {
     const DeviceMemoryInfo info = gpu->device_memory_info();
     try {
