@@ -70,6 +70,7 @@ void NoiseFigures::add(const StepRow& s) {
 }
 
 bool NoiseSummary::quiet() const {
+    if (speed_change) return false;
     for (const NoiseSlice& s : slices)
         if (s.hit || s.figures.steal_cores() > kStealCores || !s.figures.slowdowns.empty())
             return false;
@@ -81,6 +82,43 @@ const NoiseSlice* NoiseSummary::slice(const std::string& variant, int round) con
         if (s.variant == variant && s.round == round) return &s;
     return nullptr;
 }
+
+namespace {
+
+// The steadiest variant's slowest over fastest slice, when it exceeds 1 + kSpeedChange (two
+// variants with two slices at least: one variant alone cannot tell the machine from itself).
+std::optional<SpeedChange> speed_change_of(const NoiseSummary& n) {
+    std::optional<SpeedChange> steadiest;
+    int variants = 0;
+    for (const std::string& v : n.variants) {
+        SpeedChange c{v};
+        int slices = 0;
+        for (const NoiseSlice& s : n.slices) {
+            if (s.variant != v || s.figures.steps == 0) continue;
+            const double ms = s.figures.wall_ms / s.figures.steps;
+            if (slices == 0 || ms < c.fast_ms) c.fast_round = s.round, c.fast_ms = ms;
+            if (slices == 0 || ms > c.slow_ms) c.slow_round = s.round, c.slow_ms = ms;
+            ++slices;
+        }
+        if (slices < 2) continue;
+        ++variants;
+        if (!steadiest || c.ratio() < steadiest->ratio()) steadiest = c;
+    }
+    if (variants < 2 || steadiest->ratio() <= 1 + kSpeedChange) return std::nullopt;
+    return steadiest;
+}
+
+std::string speed_change_sentence(const SpeedChange& c) {
+    return "The machine changed speed: even the steadiest variant, " + c.variant + ", took " +
+           f("%.1f", c.fast_ms) + " ms a step in round " + std::to_string(c.fast_round) + " and " +
+           f("%.1f", c.slow_ms) + " ms in round " + std::to_string(c.slow_round) + " (" +
+           f("%.2f", c.ratio()) +
+           "x) — a VM's host lending its cores to another guest, or a clock stepping down, "
+           "slows every variant alike; the time calls leave out the rounds such a change split "
+           "(docs/report.md).";
+}
+
+}  // namespace
 
 NoiseSummary summarize_noise(const Results& results) {
     NoiseSummary n;
@@ -117,6 +155,7 @@ NoiseSummary summarize_noise(const Results& results) {
         if (!n.busiest ||
             n.slices[i].figures.cores_busy() > n.slices[*n.busiest].figures.cores_busy())
             n.busiest = i;
+    n.speed_change = speed_change_of(n);
     return n;
 }
 
@@ -189,6 +228,7 @@ std::vector<std::string> noise_sentences(const NoiseSummary& n, unsigned hardwar
                 " times carry that load, and a comparison with the others credits it "
                 "to the knob (run.rounds interleaves the variants).");
     }
+    if (n.speed_change) out.push_back(speed_change_sentence(*n.speed_change));
     for (const NoiseRound& r : n.rounds_figures)
         if (r.much_harder)
             out.push_back("Round " + std::to_string(r.round) +

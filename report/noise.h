@@ -33,6 +33,13 @@ inline constexpr double kHarderRoundFactor = 3.0;
 // neighbours; on a quiet host it reads 0).
 inline constexpr double kStealCores = 0.05;
 
+// The machine changed speed when even the steadiest variant's slowest slice took this much
+// longer a step than its fastest (each slice's mean step): a cloud VM whose host lends its cores
+// to another guest, or a clock that steps down, slows every variant with no process in sight
+// (measured on a 2-core VM: 231 and 315 ms a step, flipping every few seconds). The steadiest
+// variant, so that one whose steps vary by design (data.seq_len_jitter) does not read as it.
+inline constexpr double kSpeedChange = 0.15;
+
 // The noise of a run of steps (a slice, a round, a whole `train` run): sums over measured steps.
 struct NoiseFigures {
     int steps = 0;
@@ -60,15 +67,25 @@ struct NoiseRound {
     double others_median_cores = 0;  // that median (0 with one round)
 };
 
+// The steadiest variant's slowest and fastest slices (mean step time), see kSpeedChange.
+struct SpeedChange {
+    std::string variant;
+    int fast_round = 0, slow_round = 0;
+    double fast_ms = 0, slow_ms = 0;
+    double ratio() const { return fast_ms > 0 ? slow_ms / fast_ms : 1; }
+};
+
 struct NoiseSummary {
     int rounds = 0;
-    std::vector<std::string> variants;  // the measured ones, in file order
-    std::vector<NoiseSlice> slices;     // variant-major, rounds in order; empty slices left out
+    std::optional<SpeedChange> speed_change;  // set when ratio() > 1 + kSpeedChange
+    std::vector<std::string> variants;        // the measured ones, in file order
+    std::vector<NoiseSlice> slices;  // variant-major, rounds in order; empty slices left out
     std::vector<NoiseRound> rounds_figures;
     NoiseFigures all;               // every measured step of every variant
     std::optional<size_t> busiest;  // index in slices of the one with the most cores busy
     bool has_device_clock() const { return all.min_sm_clock_mhz.has_value(); }
-    // Nothing worth naming: no slice hit, no steal worth naming, no clock slowdown.
+    // Nothing worth naming: no slice hit, no steal worth naming, no clock slowdown, no change
+    // of speed.
     bool quiet() const;
     const NoiseSlice* slice(const std::string& variant, int round) const;
 };

@@ -152,6 +152,20 @@ double unsteady_threshold(const RoundLoads& loads) {
     return std::max(kUnsteadySliceFactor * typical, std::log1p(kUnsteadySliceFloor));
 }
 
+// The pairs left after dropping those far from the median pair (see paired_stats.h).
+std::vector<double> without_outlying_pairs(const std::vector<double>& d) {
+    if (d.size() < 3) return d;
+    const double centre = median_of(d);
+    std::vector<double> dev;
+    for (double x : d) dev.push_back(std::fabs(x - centre));
+    const double robust_sd = 1.4826 * median_of(dev);
+    const double limit = std::max(std::log1p(kOutlierPairFloor), kOutlierPairMads * robust_sd);
+    std::vector<double> kept;
+    for (double x : d)
+        if (std::fabs(x - centre) <= limit) kept.push_back(x);
+    return kept;
+}
+
 }  // namespace
 
 bool uneven_load(const SliceLoad& a, const SliceLoad& b) {
@@ -192,6 +206,9 @@ SpeedupInterval paired_speedup_interval(const RoundMedians& baseline, const Roun
         }
         s.log_ratios.push_back(std::log(b) - std::log(it->second));
     }
+    const size_t pairs = s.log_ratios.size();
+    s.log_ratios = without_outlying_pairs(s.log_ratios);
+    s.rounds_outlying = static_cast<int>(pairs - s.log_ratios.size());
     s.rounds = static_cast<int>(s.log_ratios.size());
     const MeanVar m = mean_var(s.log_ratios);
     s.centre_log = m.mean;
@@ -269,6 +286,9 @@ TimeCallResult make_time_call(const SpeedupInterval& s, double min_effect) {
     if (s.rounds_unsteady)
         left_out += " (" + rounds_text(s.rounds_unsteady) +
                     " left out: a slice's steps changed speed midway)";
+    if (s.rounds_outlying)
+        left_out += " (" + rounds_text(s.rounds_outlying) +
+                    " left out: the machine changed speed between the two slices)";
     const std::string tail = (s.paired ? "" : " (unpaired)") + left_out;
     if (!s.has_interval) {
         r.call = TimeCall::inconclusive;

@@ -25,7 +25,7 @@
 // an outlier d_r: an outlier D among R values moves the mean by D/R but raises the standard
 // deviation to about D/sqrt(R), so the half-width grows by about t·D/R (t = 2.78 at R = 5): the
 // interval widens more than it moves, and a burst gives an honest `inconclusive` rather than a
-// wrong call. Why not a bootstrap over rounds: with R = 5 it under-covers (it cannot see the tails
+// wrong call — and a gross one is left out (the outlying-pair rule below). Why not a bootstrap over rounds: with R = 5 it under-covers (it cannot see the tails
 // of 5 values); why not a rank interval (Walsh averages / Hodges–Lehmann): with R = 5 the highest
 // confidence it can reach is 1 - 2/32 = 93.75 %, never 95 %. tests/test_paired_stats.cpp shows,
 // on a simulator of step times with drift, noise and bursts, the coverage, the A/A false-call
@@ -56,8 +56,15 @@
 // value) by more than kUnsteadySliceFactor times that side's typical (median) slice spread and
 // by more than kUnsteadySliceFloor. Relative to its own slices, so a variant whose steps always
 // vary (data.seq_len_jitter) keeps its rounds; decided from each slice alone, never from the
-// ratio, so it cannot favour a call. When too few pairs are left, the call is `inconclusive`
-// and says why.
+// ratio, so it cannot favour a call. And when the speed changes between the two slices of a
+// round (on that VM it flipped between the two levels every few seconds), neither slice shows
+// it: that round's ratio is off by the change, 37 % where the effects are a few. So, last, a
+// pair whose log ratio lies farther from the median of the round pairs than kOutlierPairFloor
+// (15 %) and than kOutlierPairMads robust standard deviations (1.4826 · MAD) is left out (with
+// 3 pairs or more). On a machine whose rounds scatter by a few percent this never fires, and
+// the interval is the plain t-interval; it removes only changes far beyond any round's noise,
+// on either side of the centre. When too few pairs are left, the call is `inconclusive` and
+// says why.
 //
 // Unpaired (`microtrain compare A.json B.json`: two runs, measured at different times, so their
 // rounds are not pairs): a Welch t-interval on the difference of the mean log per-round medians
@@ -112,6 +119,9 @@ inline constexpr double kUnevenLoadCores = 0.25;
 // A slice is unsteady beyond this many times its side's median inner spread, and beyond 5 %.
 inline constexpr double kUnsteadySliceFactor = 3.0;
 inline constexpr double kUnsteadySliceFloor = 0.05;
+// A round pair is an outlier beyond 15 % and 5 robust standard deviations from the median pair.
+inline constexpr double kOutlierPairFloor = 0.15;
+inline constexpr double kOutlierPairMads = 5.0;
 // The CPU-time figure's resolution: Linux's USER_HZ clock tick (100 Hz), in ms.
 inline constexpr double kCpuTickMs = 10.0;
 // Whether slices a and b of one round met different loads (see the top of this file).
@@ -124,6 +134,7 @@ struct SpeedupInterval {
     int rounds_baseline = 0, rounds_variant = 0;
     int rounds_left_out = 0;    // paired: common rounds whose slices met different loads
     int rounds_unsteady = 0;    // paired: common rounds left out because a slice was unsteady
+    int rounds_outlying = 0;    // paired: common rounds whose ratio was far from the others'
     bool has_interval = false;  // false: too few rounds (fewer than 2; unpaired: in either run)
     double centre_log = 0;      // the point estimate: mean log ratio (0 when no round at all)
     double se_log = 0;          // its standard error

@@ -11,6 +11,7 @@
 #include "report/render.h"
 #include "report/results.h"
 #include "tests/hand_made_run.h"
+#include "tests/test_util.h"
 
 namespace mt {
 namespace {
@@ -105,6 +106,30 @@ TEST(Noise, ABurstInOneRoundIsNamedWithTheSlicesItHit) {
         std::string::npos)
         << md;
     EXPECT_NE(md.find("| fast | 0.05 | 0.05 | **1.20** | 0.05 | 0.05 |"), std::string::npos) << md;
+}
+
+// Measured on a 2-core VM: every variant's steps went from about 231 to 315 ms and back with no
+// other process in sight. The section names it, from the steadiest variant's slices.
+TEST(Noise, AMachineThatChangedSpeedIsNamedFromTheSteadiestVariant) {
+    Results r = run_of({"baseline", "jitter"}, 5, 4, [](int, int) { return 0.0; });
+    const double level[5] = {231, 315, 315, 231, 315};
+    for (StepRow& s : r.variants[0].steps)
+        if (!s.warmup) s.wall_ms = level[s.round];
+    for (StepRow& s : r.variants[1].steps)  // varies more: 0.6x .. 1.5x of the machine's level
+        if (!s.warmup) s.wall_ms = level[s.round] * (s.round == 1 ? 1.5 : s.round == 3 ? 0.6 : 1.0);
+    const NoiseSummary n = summarize_noise(r);
+    ASSERT_TRUE(n.speed_change.has_value());
+    EXPECT_EQ(n.speed_change->variant, "baseline");
+    EXPECT_EQ(n.speed_change->fast_round, 0);
+    EXPECT_EQ(n.speed_change->slow_round, 1);
+    EXPECT_FALSE(n.quiet());
+    EXPECT_CONTAINS(all_of(noise_sentences(n, 2)),
+                    "The machine changed speed: even the steadiest variant, baseline, took 231.0 "
+                    "ms a step in round 0 and 315.0 ms in round 1 (1.36x)");
+    // One variant that varies by design beside a steady one: the machine did not change.
+    for (StepRow& s : r.variants[0].steps) s.wall_ms = 100;
+    EXPECT_FALSE(summarize_noise(r).speed_change.has_value());
+    EXPECT_TRUE(summarize_noise(r).quiet());
 }
 
 TEST(Noise, ARoundIsHitMuchHarderOnlyAboveBothThresholds) {
