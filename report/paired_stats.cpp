@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "kernels/text.h"
 #include "report/format.h"
 
 namespace mt {
@@ -278,17 +279,21 @@ std::optional<int> more_rounds_to_decide(const SpeedupInterval& s, double min_ef
 
 TimeCallResult make_time_call(const SpeedupInterval& s, double min_effect) {
     TimeCallResult r;
-    auto rounds_text = [](int n) { return std::to_string(n) + (n == 1 ? " round" : " rounds"); };
+    // "(1 round left out: why)", or "(3 rounds left out: 2 why, 1 why)" for several reasons.
+    const std::pair<int, const char*> reasons[] = {
+        {s.rounds_left_out, "the two slices met different loads"},
+        {s.rounds_unsteady, "a slice's steps changed speed midway"},
+        {s.rounds_outlying, "the machine changed speed between the two slices"}};
+    int total = 0, kinds = 0;
+    for (const auto& [n, why] : reasons) total += n, kinds += n > 0;
     std::string left_out;
-    if (s.rounds_left_out)
-        left_out += " (" + rounds_text(s.rounds_left_out) +
-                    " left out: the two slices met different loads)";
-    if (s.rounds_unsteady)
-        left_out += " (" + rounds_text(s.rounds_unsteady) +
-                    " left out: a slice's steps changed speed midway)";
-    if (s.rounds_outlying)
-        left_out += " (" + rounds_text(s.rounds_outlying) +
-                    " left out: the machine changed speed between the two slices)";
+    if (total > 0) {
+        std::vector<std::string> parts;
+        for (const auto& [n, why] : reasons)
+            if (n > 0) parts.push_back(kinds > 1 ? std::to_string(n) + " where " + why : why);
+        left_out = " (" + std::to_string(total) + (total == 1 ? " round" : " rounds") +
+                   " left out: " + join(parts, "; ") + ")";
+    }
     const std::string tail = (s.paired ? "" : " (unpaired)") + left_out;
     if (!s.has_interval) {
         r.call = TimeCall::inconclusive;

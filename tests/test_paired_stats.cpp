@@ -499,6 +499,17 @@ TEST(PairedStatsLoad, APairWhoseRatioIsFarFromTheOtherRoundsIsLeftOut) {
                     "(1 round left out: the machine changed speed between the two slices)");
 }
 
+// Rounds left out for several reasons are counted in one parenthesis, each reason with its count.
+TEST(PairedStatsLoad, RoundsLeftOutForSeveralReasonsAreNamedOnce) {
+    SpeedupInterval s = paired_speedup_interval({{0, 100}, {1, 100}, {2, 100}, {3, 100}},
+                                                {{0, 110}, {1, 111}, {2, 110}, {3, 109}});
+    s.rounds_unsteady = 2;
+    s.rounds_outlying = 1;
+    EXPECT_CONTAINS(make_time_call(s, kDefaultMinEffect).text,
+                    "(3 rounds left out: 2 where a slice's steps changed speed midway; 1 where the "
+                    "machine changed speed between the two slices)");
+}
+
 // Rounds that scatter by a few percent, as on any machine, keep every pair: the rule only
 // removes what lies beyond 15 % and 5 robust standard deviations.
 TEST(PairedStatsLoad, RoundsThatScatterByAFewPercentKeepEveryPair) {
