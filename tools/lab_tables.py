@@ -23,7 +23,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CPU_LABS = ["kernel_ladder", "data_bound", "data_cache", "shape_jitter", "optimizer", "finetune",
+CPU_LABS = ["kernel_ladder", "layernorm", "data_bound", "data_cache", "shape_jitter", "optimizer", "finetune",
             "int8_frozen", "host_sync", "noisy_machine", "data_parallel"]
 MIB = 1024.0 * 1024.0
 
@@ -121,6 +121,12 @@ EXTRA = {
     "kernel_ladder": [
         ("matmul_forward GFLOP/s (% of roofline)", lambda v, r: gemm_cell(v, "matmul_forward")),
         ("matmul_backward GFLOP/s (% of roofline)", lambda v, r: gemm_cell(v, "matmul_backward")),
+    ],
+    "layernorm": [
+        ("layernorm_forward ms/step", lambda v, r: f"{kernel(v, 'layernorm_forward')['ms_per_step']:.3f}"
+         if kernel(v, "layernorm_forward") else "–"),
+        ("layernorm_forward GB/s", lambda v, r: f"{kernel(v, 'layernorm_forward')['gb_per_s']:.1f}"
+         if kernel(v, "layernorm_forward") else "–"),
     ],
     "data_bound": [
         ("data ms (median)", lambda v, r: f"{phase_median(v, 'data'):.2f}"),
