@@ -298,14 +298,18 @@ std::string cpu_model_of(const std::string& device_name) {
 
 MachinePeaks measure_peaks(Backend& backend, bool force) {
     static std::mutex mu;
-    static std::map<std::string, MachinePeaks> in_process;  // CUDA peaks: once per process
+    // CUDA peaks: once per process, device AND precision (the probe's GEMM runs in the backend's
+    // precision: a bf16 variant measured after an fp32 one in the same process must not reuse
+    // the fp32 figure, which made its bf16 matmuls read 981 % of peak).
+    static std::map<std::pair<std::string, Precision>, MachinePeaks> in_process;
     std::lock_guard<std::mutex> lock(mu);
     const std::string name = backend.device_name();
-    const bool cpu = backend.kind() == BackendKind::cpu;
+    const std::pair<std::string, Precision> key{name, backend.precision()};
+    const bool cpu = backend.kind() == BackendKind::cpu;  // fp32 only: one figure per device
     if (!force) {
         if (cpu) {
             if (auto p = cached_peaks(name)) return *p;
-        } else if (auto it = in_process.find(name); it != in_process.end()) {
+        } else if (auto it = in_process.find(key); it != in_process.end()) {
             return it->second;
         }
     }
@@ -313,7 +317,7 @@ MachinePeaks measure_peaks(Backend& backend, bool force) {
     // The probe's buffers are freed; do not let them count towards the run's peaks.
     backend.reset_peaks();
     if (!cpu) {
-        in_process[name] = p;
+        in_process[key] = p;
         return p;
     }
     std::string note;

@@ -1130,31 +1130,27 @@ void GPT::backward_attention(int l) {
 // ---- analytic costs -------------------------------------------------------------------------
 
 double GPT::training_flops_per_step(int B, int T) const {
-    // Model FLOPs (not hardware FLOPs): per parameter of a matmul and per token, 2 forward, 2
-    // for the input gradient and 2 for the weight gradient (6 in all, as nanoGPT's
-    // estimate_mfu), counting the LM head at the real vocab size and excluding the position
-    // embedding (a lookup), plus the attention score/value products: 12 * L * C * T per token
-    // (PaLM appendix B: 4 forward, 8 backward). Causal masking is not discounted, as in those
-    // references, so MFU figures compare with theirs. Biases and LayerNorm parameters count as
-    // matmul parameters, as nanoGPT's count does. What backward does not run is not counted: a
-    // frozen tensor's gradient (4 instead of 6), and the whole backward (2 instead of 6, 4CT
-    // attention instead of 12CT) of the blocks below the lowest one that trains when the
-    // embeddings are frozen (GPT::backward does not visit them). A LoRA adapter (x A^T, u B^T)
-    // is a matmul like any other.
+    // Model FLOPs (not hardware FLOPs), counted as llm.c counts them (gpt2_estimate_mfu), so MFU
+    // compares with its figures: per token 6 N + 6 L C T, where N is every parameter (the
+    // padded vocabulary rows, the position embedding, biases and LayerNorms included: small
+    // terms llm.c keeps) at 6 FLOPs each (2 forward, 2 for the input gradient, 2 for the weight
+    // gradient), and 6 L C T the attention score/value products (2 forward, 4 backward per
+    // layer and token; causal masking not discounted). GPT-2 124M at T = 1024: N = 124,475,904,
+    // llm.c's num_parameters. What backward does not run is not counted: a frozen tensor's
+    // weight gradient (4 instead of 6), and the whole backward (2 instead of 6, 2 C T attention
+    // instead of 6 C T) of the blocks below the lowest one that trains when the embeddings are
+    // frozen (GPT::backward does not visit them). A LoRA adapter (x A^T, u B^T) is a matmul like
+    // any other.
     const double C = config_.n_embd, L = config_.n_layer;
     const std::string h = "transformer.h.";
     double per_token = 0;
     for (const auto& t : table_.tensors()) {
-        if (t.name == "transformer.wpe.weight") continue;
-        double n = static_cast<double>(t.count);
-        if (t.name == "transformer.wte.weight")
-            n -= static_cast<double>(config_.padded_vocab_size() - config_.vocab_size) * C;
         const bool skipped =
             t.name.rfind(h, 0) == 0 && std::stoi(t.name.substr(h.size())) < lowest_trainable_layer_;
-        per_token += n * (skipped ? 2.0 : t.trainable ? 6.0 : 4.0);
+        per_token += static_cast<double>(t.count) * (skipped ? 2.0 : t.trainable ? 6.0 : 4.0);
     }
     const double visited = L - lowest_trainable_layer_;
-    per_token += 12.0 * visited * C * T + 4.0 * (L - visited) * C * T;
+    per_token += 6.0 * visited * C * T + 2.0 * (L - visited) * C * T;
     return per_token * B * T;
 }
 

@@ -291,8 +291,8 @@ class GPT {
     using GradientReadyHook = std::function<void(size_t offset, size_t count)>;
     void set_gradient_ready_hook(GradientReadyHook hook) { gradient_ready_ = std::move(hook); }
 
-    // Analytic FLOPs of one training step (forward + backward) for (B, T): 6 N_params_matmul
-    // B T + attention terms, as in the PaLM appendix / nanoGPT's estimate_mfu.
+    // Analytic FLOPs of one training step (forward + backward) for (B, T), as llm.c counts
+    // them: (6 N + 6 L C T) B T, with what backward does not run left out.
     double training_flops_per_step(int B, int T) const;
     static MemoryEstimate estimate_memory(const GPTConfig& config, const ModelOptions& options,
                                           int B, int T, const Backend& backend);

@@ -257,6 +257,8 @@ void write_throughput(std::ostringstream& o, const Results& res) {
         if (fl.mfu && *fl.mfu > 1.0) mfu_over = true;
         if (!sources.count(v.device_name)) sources[v.device_name] = peaks_text(v);
     }
+    o << "\nModel FLOPs per token: 6 N + 6 L C T, as llm.c counts them (N every parameter; what "
+         "backward does not run left out; docs/report.md, \"MFU and the peak it uses\").\n";
     if (!sources.empty()) {
         o << "\nPeaks used:\n";
         for (const auto& [dev, s] : sources) o << "\n- " << s;

@@ -292,13 +292,17 @@ TEST(GPTMemory, EstimateMatchesWhatTheAllocatorTracks) {
     EXPECT_EQ(st.current[int(MemoryCategory::optimizer)] + 8, est.optimizer);
 }
 
-TEST(GPTFlops, TrainingFlopsFollowTheSixNPlusAttentionFormula) {
+// MFU compares with llm.c's only if the FLOPs are counted as llm.c counts them: 6 N + 6 L C T
+// per token with N = 124,475,904 for GPT-2 124M (llm.c's num_parameters: the vocabulary padded
+// to 50304, the position embedding included).
+TEST(GPTFlops, TrainingFlopsAreCountedAsLlmcCountsThem) {
     GPTConfig cfg = *gpt_preset("gpt2-124M");
     auto backend = create_backend(BackendKind::cpu);
     GPT model(*backend, cfg);
-    // 6 * (124439808 - 1024*768) + 12 * 12 * 768 * 1024 per token, B*T = 1024 tokens.
-    double per_token = 6.0 * (124439808.0 - 1024.0 * 768.0) + 12.0 * 12 * 768 * 1024;
+    const double per_token = 6.0 * 124475904.0 + 6.0 * 12 * 768 * 1024;  // B*T = 1024 tokens
     EXPECT_DOUBLE_EQ(model.training_flops_per_step(1, 1024), per_token * 1024);
+    EXPECT_DOUBLE_EQ(model.training_flops_per_step(4, 512),
+                     (6.0 * 124475904.0 + 6.0 * 12 * 768 * 512) * 4 * 512);
 }
 
 TEST(LRSchedule, WarmsUpLinearlyThenDecaysByCosineToTheFloor) {

@@ -359,7 +359,8 @@ TEST(ReportMd, HasTheTableDeltasWithSignsAndTheAnswers) {
           "Is the change worth keeping?", "## Phase breakdown", "## Memory",
           "## Bottleneck and next steps", "## Effective configuration",
           "| fast | optim.impl=fused | 5.00 |", "+5.00 (2.00x)", "-2.00 (0.83x)", "+40.0",
-          "changes 2 knobs", "needs a GPU"})
+          "changes 2 knobs", "needs a GPU",
+          "Model FLOPs per token: 6 N + 6 L C T, as llm.c counts them"})
         EXPECT_NE(md.find(s), std::string::npos) << "missing: " << s << "\n" << md;
     EXPECT_NE(md.find("dominant phase: **backward**"), std::string::npos);
 }
