@@ -255,4 +255,10 @@ void GradientSync::run_job(const Job& job) {
     stats_.bytes += bytes;
 }
 
+void GradientSync::set_simulated_link_gbps(double gbps) {
+    // Under the queue's lock: the worker reads config_ only for a job it took under that lock.
+    std::lock_guard<std::mutex> lock(mu_);
+    config_.simulate_link_gbps = gbps;
+}
+
 }  // namespace mt

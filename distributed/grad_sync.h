@@ -102,6 +102,9 @@ class GradientSync {
     };
     // This step's totals, reset for the next step. Call after the last wait of the step.
     StepStats take_step_stats();
+    // Sets the simulated link's bandwidth (Gbit/s; 0: off) from the next collective on: between
+    // steps (dist.simulate_link_ratio: calibrated after the warm-up, experiment/runner.cpp).
+    void set_simulated_link_gbps(double gbps);
 
   private:
     enum class JobKind { all_reduce, reduce_scatter, all_gather };

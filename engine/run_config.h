@@ -97,7 +97,11 @@ struct DistConfig {
     // (0 = off), so a communication-bound step can be studied on one machine.
     float simulate_link_gbps = 0;   // link bandwidth in Gbit/s
     float simulate_latency_us = 0;  // per-collective latency in microseconds
-    float timeout_s = 120;          // every wait for another rank gives up after this
+    // Or a link scaled to the machine: after the warm-up, the bandwidth at which one step's
+    // gradient traffic takes this many times the last warm-up step's forward + backward (the
+    // slowest rank's), so a lab's comm-bound lesson holds on any machine (0 = off).
+    float simulate_link_ratio = 0;
+    float timeout_s = 120;  // every wait for another rank gives up after this
 };
 
 struct ProfileConfig {

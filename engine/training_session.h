@@ -180,6 +180,10 @@ class TrainingSession {
     // Data parallel: the world size (1 without), and the synchroniser (null on one rank).
     int world_size() const { return world_size_; }
     const GradientSync* gradient_sync() const { return grad_sync_.get(); }
+    // Data parallel: the simulated link's bandwidth from the next step on (see GradientSync).
+    void set_simulated_link_gbps(double gbps) {
+        if (grad_sync_) grad_sync_->set_simulated_link_gbps(gbps);
+    }
     const Collectives* collectives() const { return collectives_.get(); }
     // Data parallel, on every rank at once, before the first step: the bus bandwidth (GB/s) of
     // an all-reduce of the first min(grads, max_bytes) bytes of the gradient buffer over the real

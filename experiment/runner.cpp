@@ -268,6 +268,45 @@ void probe_collectives(TrainingSession& session, const RunConfig& cfg, World& wo
     v.data_parallel = std::move(d);
 }
 
+// dist.simulate_link_ratio: a simulated link scaled to this machine. The first variant that
+// runs with it measures the compute it scales to: its last warm-up step's forward + backward,
+// the slowest rank's, so every rank sets the same link. Every later variant reuses that figure:
+// the variants of one experiment share one link (a variant that did 4x the work per step, like
+// run.grad_accum: 4, must meet the same link, not one 4x slower), as they would share a real
+// one; keep the baseline first. Each variant's bandwidth is then the one at which its step's
+// gradient traffic (the bytes this rank sent in its last warm-up step) takes `ratio` times that
+// compute, so a lab's "comm-bound" means the same on a laptop and on a server.
+struct LinkCalibration {
+    std::optional<double> compute_ms;  // set by the first variant that scales its link
+};
+
+void scale_simulated_link(TrainingSession& session, const RunConfig& cfg, World& world,
+                          std::FILE* out, VariantResult& v, LinkCalibration& calibration) {
+    const StepRow& last = v.steps.back();
+    if (!calibration.compute_ms) {
+        double ms = last.phases_ms[static_cast<int>(Phase::forward)] +
+                    last.phases_ms[static_cast<int>(Phase::backward)];
+        world.allreduce_max(&ms, 1, cfg.dist.timeout_s, "the simulated link's calibration");
+        calibration.compute_ms = ms;
+    }
+    const double compute_ms = *calibration.compute_ms;
+    const double seconds = cfg.dist.simulate_link_ratio * compute_ms * 1e-3;
+    if (!(seconds > 0) || !(last.comm_bytes > 0)) return;  // nothing to scale to: no link
+    const double gbps = last.comm_bytes * 8.0 / seconds / 1e9;
+    session.set_simulated_link_gbps(gbps);
+    if (v.data_parallel) {
+        v.data_parallel->simulated_link_gbps = gbps;
+        v.data_parallel->simulated_link_ratio = cfg.dist.simulate_link_ratio;
+        v.data_parallel->calibration_compute_ms = compute_ms;
+    }
+    if (out)
+        std::fprintf(out,
+                     "  SIMULATED link scaled to this machine: %.4g Gbit/s, so the %.1f MiB of "
+                     "gradients a step sends take %.3g x the first variant's warm-up forward + "
+                     "backward (%.1f ms)\n",
+                     gbps, last.comm_bytes / kMiB, cfg.dist.simulate_link_ratio, compute_ms);
+}
+
 }  // namespace
 
 // The trace steps as JSON (what a rank sends rank 0, what a variant's worker sends the runner).
@@ -404,6 +443,9 @@ class VariantRun {
                              "steps)\n",
                              TrainingSession::kHostSyncWindow);
             run_range(0, cfg_.run.warmup_steps, -1);
+            if (session_->world_size() > 1 && cfg_.dist.simulate_link_ratio > 0 && active() &&
+                link_)
+                scale_simulated_link(*session_, cfg_, *opt_.world, out, v_, *link_);
         });
     }
 
@@ -440,6 +482,9 @@ class VariantRun {
         v_.roofline = roofline_record(m_.peaks);
         return v_;
     }
+
+    // Data parallel: the simulated link's calibration the variants share (see LinkCalibration).
+    void share_link_calibration(LinkCalibration* link) { link_ = link; }
 
     // Whether it can run more steps.
     bool active() const { return session_ && v_.status == RunStatus::ok; }
@@ -562,6 +607,7 @@ class VariantRun {
     EngineMeasures m_;
     std::optional<BackendKind> kind_;
     std::unique_ptr<TrainingSession> session_;
+    LinkCalibration* link_ = nullptr;
     Progress progress_;
     std::optional<std::chrono::steady_clock::time_point> trace_t0_;
     int step_ = -1;
@@ -748,6 +794,7 @@ void run_one_after_another(const ExperimentSpec& spec, const RunnerOptions& opti
                            ExperimentRun& run, const std::function<void(VariantResult)>& add) {
     Results& res = run.results;
     World* world = options.world && options.world->distributed() ? options.world : nullptr;
+    LinkCalibration link;  // one simulated link for every variant (dist.simulate_link_ratio)
     for (const RunConfig& cfg : spec.variants) {
         // A signal that arrived between two variants' steps (on any rank: all stop together).
         double sig = stop_signal();
@@ -769,6 +816,7 @@ void run_one_after_another(const ExperimentSpec& spec, const RunnerOptions& opti
         }
         const bool inject = options.inject_variant.empty() || options.inject_variant == cfg.variant;
         VariantRun variant(cfg, options, inject);
+        variant.share_link_calibration(&link);
         if (variant.set_up())
             variant.run_steps(cfg.run.warmup_steps, cfg.run.warmup_steps + cfg.run.measure_steps, 0,
                               /*rewarm=*/false);

@@ -646,7 +646,12 @@ void add_trainable_keys(std::vector<KeyDef>& t) {
     {
         KeyDef k{"optim.freeze", Kind::list, {}, nullptr, nullptr, nullptr};
         k.set = [](RunConfig& c, const Value& v) { c.trainable.freeze = v.list; };
-        k.get = [](const RunConfig& c) { return "[" + join(c.trainable.freeze, ", ") + "]"; };
+        // Appended, not "[" + ...: GCC 12 warns falsely (-Wrestrict) on that inlined concatenation.
+        k.get = [](const RunConfig& c) {
+            std::string text = "[";
+            text += join(c.trainable.freeze, ", ");
+            return text += "]";
+        };
         t.push_back(std::move(k));
     }
 }
@@ -669,6 +674,11 @@ void add_dist_keys(std::vector<KeyDef>& t) {
         "dist.simulate_latency_us", [](double x) { return x >= 0 && x <= 1e7; },
         "a number in [0, 1e7]", [](RunConfig& c) -> float& { return c.dist.simulate_latency_us; },
         "it is a SIMULATED per-collective latency in microseconds; use 0 for none"));
+    t.push_back(float_key(
+        "dist.simulate_link_ratio", [](double x) { return x >= 0 && x <= 100; },
+        "a number in [0, 100]", [](RunConfig& c) -> float& { return c.dist.simulate_link_ratio; },
+        "it is how many times the step's measured compute a SIMULATED link takes for the "
+        "gradients (set after the warm-up); use 0 for none"));
     t.push_back(float_key(
         "dist.timeout_s", [](double x) { return x > 0 && x <= 86400; }, "a number in (0, 86400]",
         [](RunConfig& c) -> float& { return c.dist.timeout_s; },
@@ -1435,6 +1445,15 @@ struct Resolver {
                       to_string(c.run.precision) +
                       "; cuDNN's fused attention computes in 16-bit: set run.precision: bf16 "
                       "or use kernels.attention: flash");
+        if (c.dist.simulate_link_ratio > 0 && c.dist.simulate_link_gbps > 0)
+            error(blame({"dist.simulate_link_ratio", "dist.simulate_link_gbps"}),
+                  "expected one simulated bandwidth, got dist.simulate_link_gbps and "
+                  "dist.simulate_link_ratio both set; the ratio sets the bandwidth from the "
+                  "measured compute: keep one of them");
+        if (c.dist.simulate_link_ratio > 0 && c.run.warmup_steps < 1)
+            error(blame({"dist.simulate_link_ratio", "run.warmup_steps"}),
+                  "expected run.warmup_steps >= 1 with dist.simulate_link_ratio, got 0; the "
+                  "link is scaled to the last warm-up step's compute: add a warm-up step");
         if (c.data.source == DataSource::synthetic) return;
 
         const char* what = c.data.source == DataSource::tokens ? "an llm.c token file (.bin)"

@@ -248,6 +248,8 @@ struct JsonFields<DataParallelRecord> {
         json_field("buckets", &S::buckets),
         json_field("simulated_link_gbps", &S::simulated_link_gbps),
         json_field("simulated_latency_us", &S::simulated_latency_us),
+        json_field("simulated_link_ratio", &S::simulated_link_ratio),
+        json_field("calibration_compute_ms", &S::calibration_compute_ms),
         json_field("bytes_per_step", &S::bytes_per_step),
         json_field("achieved_busbw_gbps", &S::achieved_busbw_gbps),
         json_field("probe_busbw_gbps", &S::probe_busbw_gbps),

@@ -203,6 +203,48 @@ TEST(DataParallel, RanksWithDifferentConfigsAreRefusedNamingTheKey) {
     EXPECT_FALSE(std::filesystem::exists(dir.file("out/dp/results.json")));
 }
 
+// dist.simulate_link_ratio scales the simulated link to the machine: the first variant's last
+// warm-up forward + backward (the slowest rank's) sets the compute, and every variant gets the
+// bandwidth at which its step's gradients take `ratio` times that compute — the same compute
+// for all, so run.grad_accum: 2 (twice the work per step) meets the same link, not a slower
+// one. Each measured step's link time is then at least that (the simulation sleeps until it).
+TEST(DataParallel, ALinkScaledToTheComputeIsOneLinkForEveryVariant) {
+    REQUIRE_MPI();
+    TempDir dir("mt_dp");
+    const double ratio = 2.0;
+    const std::string f = write_experiment(
+        dir, "s.yaml", 2,
+        "variants:\n  - name: base\n    set: {dist.simulate_link_ratio: 2}\n"
+        "  - name: accum\n    set: {dist.simulate_link_ratio: 2, run.grad_accum: 2}\n");
+    const CliResult r = run_shell(mpirun(2) + "'" + MT_BINARY + "' run '" + f + "' --out-dir '" +
+                                  dir.file("out") + "'");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "SIMULATED link scaled to this machine");
+    std::string results;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir.file("out")))
+        if (e.path().filename() == "results.json") results = e.path().string();
+    ASSERT_FALSE(results.empty()) << r.output;
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(results));
+    double compute_ms = 0;
+    for (const nlohmann::json& v : j["variants"]) {
+        const nlohmann::json& d = v["data_parallel"];
+        ASSERT_TRUE(d.is_object()) << v.dump();
+        EXPECT_DOUBLE_EQ(d["simulated_link_ratio"].get<double>(), ratio);
+        const double ms = d["calibration_compute_ms"].get<double>();
+        EXPECT_GT(ms, 0);
+        if (compute_ms == 0) compute_ms = ms;
+        EXPECT_DOUBLE_EQ(ms, compute_ms) << "every variant scales to the first one's compute";
+        const nlohmann::json& steps = v["steps"];
+        const double bytes = steps.back()["comm_bytes"].get<double>();
+        EXPECT_NEAR(d["simulated_link_gbps"].get<double>(),
+                    bytes * 8 / (ratio * compute_ms * 1e-3) / 1e9, 1e-9);
+        for (const nlohmann::json& s : steps) {
+            if (s["warmup"].get<bool>()) continue;
+            EXPECT_GE(s["comm_busy_ms"].get<double>(), 0.999 * ratio * compute_ms) << s.dump();
+        }
+    }
+}
+
 // run.host_sync none cannot be data parallel (the step's loss all-reduce and stop agreement are
 // host collectives): every rank skips that variant with the reason, and the others run.
 TEST(DataParallel, HostSyncNoneIsSkippedUnderMpirunWithTheReason) {

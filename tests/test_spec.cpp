@@ -13,6 +13,7 @@
 
 #include "engine/data.h"
 #include "experiment/spec.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace mt;
@@ -263,6 +264,19 @@ TEST_F(SpecTest, ImpossibleValuesAreRejectedWithTheirFix) {
                      "smallest speedup that counts, as a fraction such as 0.02"},
     };
     for (const auto& c : cases) EXPECT_EQ(error_of(c.yaml), c.want) << c.yaml;
+}
+
+// dist.simulate_link_ratio sets the simulated bandwidth from the measured compute: with a fixed
+// bandwidth too one of them would be ignored, and without a warm-up step there is nothing to
+// measure it on.
+TEST_F(SpecTest, ALinkScaledToTheComputeNeedsAWarmUpAndNoFixedBandwidth) {
+    EXPECT_CONTAINS(error_of("dist: { simulate_link_ratio: 1.1, simulate_link_gbps: 0.5 }\n"),
+                    "expected one simulated bandwidth, got dist.simulate_link_gbps and "
+                    "dist.simulate_link_ratio both set");
+    EXPECT_CONTAINS(error_of("run: { warmup_steps: 0 }\ndist: { simulate_link_ratio: 1.1 }\n"),
+                    "expected run.warmup_steps >= 1 with dist.simulate_link_ratio, got 0");
+    EXPECT_CONTAINS(error_of("dist: { simulate_link_ratio: -1 }\n"),
+                    "key 'dist.simulate_link_ratio': expected a number in [0, 100], got -1");
 }
 
 TEST_F(SpecTest, MinEffectIsReadFromTheFileAndFromSet) {
