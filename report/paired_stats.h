@@ -25,11 +25,11 @@
 // an outlier d_r: an outlier D among R values moves the mean by D/R but raises the standard
 // deviation to about D/sqrt(R), so the half-width grows by about t·D/R (t = 2.78 at R = 5): the
 // interval widens more than it moves, and a burst gives an honest `inconclusive` rather than a
-// wrong call — and a gross one is left out (the outlying-pair rule below). Why not a bootstrap over rounds: with R = 5 it under-covers (it cannot see the tails
-// of 5 values); why not a rank interval (Walsh averages / Hodges–Lehmann): with R = 5 the highest
-// confidence it can reach is 1 - 2/32 = 93.75 %, never 95 %. tests/test_paired_stats.cpp shows,
-// on a simulator of step times with drift, noise and bursts, the coverage, the A/A false-call
-// rate and the power of these calls.
+// wrong call — and a gross one is left out (the outlying-pair rule below). Why not a bootstrap over
+// rounds: with R = 5 it under-covers (it cannot see the tails of 5 values); why not a rank interval
+// (Walsh averages / Hodges–Lehmann): with R = 5 the highest confidence it can reach is 1 - 2/32
+// = 93.75 %, never 95 %. tests/test_paired_stats.cpp shows, on a simulator of step times with
+// drift, noise and bursts, the coverage, the A/A false-call rate and the power of these calls.
 //
 // The call, from the interval [low, high] and the minimal effect m (default 2 %):
 //   faster         low  >= 1 + m            (the whole interval is a gain of at least m)
