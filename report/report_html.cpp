@@ -38,20 +38,39 @@ std::string esc(const std::string& s) {
     return o;
 }
 
-// Inline markdown of our own report: `code`, **bold**, *emphasis*; text is escaped first.
+// Whether the `*` at `i` closes an emphasis: it follows a non-space, and is not half of a `**`.
+bool closes_em(const std::string& s, size_t i) {
+    return i > 0 && s[i - 1] != ' ' && s[i - 1] != '*' && (i + 1 >= s.size() || s[i + 1] != '*');
+}
+
+// Whether the `*` at `i` opens an emphasis, as in CommonMark: it starts a word (the text's start,
+// or after a space or an opening bracket) and is followed by a non-space, and a closing `*` comes
+// later. So the `*` of a key pattern such as `kernels.*` (after a dot) or `2 * 3` is text, not an
+// <em> left open to italicise the rest of the paragraph.
+bool opens_em(const std::string& s, size_t i) {
+    const bool word_start = i == 0 || s[i - 1] == ' ' || s[i - 1] == '(' || s[i - 1] == '[';
+    if (!word_start || i + 1 >= s.size() || s[i + 1] == ' ' || s[i + 1] == '*') return false;
+    for (size_t j = i + 2; j < s.size(); ++j)
+        if (s[j] == '*' && closes_em(s, j)) return true;
+    return false;
+}
+
+// Inline markdown of our own report: `code`, **bold**, *emphasis*; text is escaped first. A
+// marker that does not pair with a later one is printed as text, so every tag opened is closed.
 std::string inline_md(const std::string& raw) {
     const std::string s = esc(raw);
     std::string o;
     bool code = false, bold = false, em = false;
     for (size_t i = 0; i < s.size(); ++i) {
-        if (s[i] == '`') {
+        if (s[i] == '`' && (code || s.find('`', i + 1) != std::string::npos)) {
             o += code ? "</code>" : "<code>";
             code = !code;
-        } else if (!code && s.compare(i, 2, "**") == 0) {
+        } else if (!code && s.compare(i, 2, "**") == 0 &&
+                   (bold || s.find("**", i + 2) != std::string::npos)) {
             o += bold ? "</strong>" : "<strong>";
             bold = !bold;
             ++i;
-        } else if (!code && s[i] == '*' && i + 1 < s.size() && (em || s[i + 1] != ' ')) {
+        } else if (!code && s[i] == '*' && (em ? closes_em(s, i) : opens_em(s, i))) {
             o += em ? "</em>" : "<em>";
             em = !em;
         } else if (s[i] == '\\' && i + 1 < s.size() && s[i + 1] == '|') {
@@ -61,9 +80,10 @@ std::string inline_md(const std::string& raw) {
             o += s[i];
         }
     }
+    // A marker whose partner sits inside a code span is left open: close those, innermost first.
     if (code) o += "</code>";
-    if (bold) o += "</strong>";
     if (em) o += "</em>";
+    if (bold) o += "</strong>";
     return o;
 }
 
@@ -92,6 +112,83 @@ std::vector<std::string> split_row(const std::string& line) {
         c = a == std::string::npos ? "" : c.substr(a, b - a + 1);
     }
     return cells;
+}
+
+// A markdown table: its header cells, which columns are right-aligned, its body rows.
+struct MdTable {
+    std::vector<std::string> head;
+    std::vector<bool> right;
+    std::vector<std::vector<std::string>> rows;
+};
+
+// The columns `cols` of `t` (indices into its header) as one HTML table. With `verdict_col` >= 0,
+// each row is followed by a row of its own holding that column's text across the whole width:
+// the verdict is a sentence, and as a column it either pushes the table past the page's right
+// edge or is squeezed into a cell many lines tall.
+std::string table_html(const MdTable& t, const std::vector<size_t>& cols, int verdict_col = -1,
+                       const std::string& css_class = "") {
+    std::ostringstream o;
+    o << "<div class=\"tw\"><table" << (css_class.empty() ? "" : " class=\"" + css_class + "\"")
+      << ">\n<thead><tr>";
+    for (size_t c : cols) o << "<th>" << inline_md(t.head[c]) << "</th>";
+    o << "</tr></thead>\n<tbody>\n";
+    for (const auto& cells : t.rows) {
+        o << "<tr>";
+        for (size_t c : cols)
+            o << (c < t.right.size() && t.right[c] ? "<td class=\"r\">" : "<td>")
+              << (c < cells.size() ? inline_md(cells[c]) : "") << "</td>";
+        o << "</tr>\n";
+        const auto v = static_cast<size_t>(verdict_col);
+        if (verdict_col >= 0 && v < cells.size())
+            o << "<tr class=\"verdict\"><td colspan=\"" << cols.size() << "\"><strong>"
+              << inline_md(t.head[v]) << ":</strong> " << inline_md(cells[v]) << "</td></tr>\n";
+    }
+    o << "</tbody></table></div>\n";
+    return o.str();
+}
+
+// The comparison table (the one whose last column is the Verdict), readable at 1280 px: first a
+// narrow summary (what changed, the time call, memory, loss) with each verdict on its own line,
+// then the measured numbers. Without the summary's columns (another table that ends in a
+// Verdict), every column but the verdict, with the verdict on its own line.
+std::string comparison_html(const MdTable& t) {
+    const size_t verdict = t.head.size() - 1;
+    auto index = [&](const std::string& name) {
+        return static_cast<size_t>(std::find(t.head.begin(), t.head.end(), name) - t.head.begin());
+    };
+    std::vector<size_t> summary;
+    for (const char* name :
+         {"Variant", "Changed", "Time call [95% CI]", "Δmem MiB", "Loss within tol."})
+        if (const size_t c = index(name); c < verdict) summary.push_back(c);
+    std::vector<size_t> numbers{0};
+    for (size_t c = 1; c < verdict; ++c)
+        if (std::find(summary.begin(), summary.end(), c) == summary.end()) numbers.push_back(c);
+    if (summary.size() < 3 || summary.front() != 0) {
+        numbers.resize(verdict);
+        for (size_t c = 0; c < verdict; ++c) numbers[c] = c;
+        return table_html(t, numbers, static_cast<int>(verdict), "cmp");
+    }
+    return table_html(t, summary, static_cast<int>(verdict), "cmp") +
+           "<p class=\"cmp-numbers\">The measured numbers of each variant:</p>\n" +
+           table_html(t, numbers, -1, "cmp");
+}
+
+// The markdown table starting at lines[i], as HTML; `i` is left on its last line.
+std::string table_at(const std::vector<std::string>& lines, size_t& i) {
+    MdTable t;
+    t.head = split_row(lines[i]);
+    size_t j = i + 1;
+    if (j < lines.size() && lines[j].rfind("|-", 0) == 0) {
+        for (const auto& c : split_row(lines[j])) t.right.push_back(!c.empty() && c.back() == ':');
+        ++j;
+    }
+    for (; j < lines.size() && !lines[j].empty() && lines[j][0] == '|'; ++j)
+        t.rows.push_back(split_row(lines[j]));
+    i = j - 1;
+    if (!t.head.empty() && t.head.back() == "Verdict") return comparison_html(t);
+    std::vector<size_t> all(t.head.size());
+    for (size_t c = 0; c < all.size(); ++c) all[c] = c;
+    return table_html(t, all);
 }
 
 std::string md_to_html(const std::string& md, const std::string& charts) {
@@ -125,27 +222,7 @@ std::string md_to_html(const std::string& md, const std::string& charts) {
         } else if (!l.empty() && l[0] == '|') {
             flush_para();
             close_lists(0);
-            std::vector<std::string> head = split_row(l);
-            std::vector<bool> right;
-            size_t j = i + 1;
-            if (j < lines.size() && lines[j].rfind("|-", 0) == 0) {
-                for (const auto& c : split_row(lines[j]))
-                    right.push_back(!c.empty() && c.back() == ':');
-                ++j;
-            }
-            o << "<div class=\"tw\"><table>\n<thead><tr>";
-            for (const auto& c : head) o << "<th>" << inline_md(c) << "</th>";
-            o << "</tr></thead>\n<tbody>\n";
-            for (; j < lines.size() && !lines[j].empty() && lines[j][0] == '|'; ++j) {
-                const auto cells = split_row(lines[j]);
-                o << "<tr>";
-                for (size_t k = 0; k < cells.size(); ++k)
-                    o << (k < right.size() && right[k] ? "<td class=\"r\">" : "<td>")
-                      << inline_md(cells[k]) << "</td>";
-                o << "</tr>\n";
-            }
-            o << "</tbody></table></div>\n";
-            i = j - 1;
+            o << table_at(lines, i);
         } else if (l.rfind("- ", 0) == 0 || l.rfind("  - ", 0) == 0) {
             flush_para();
             const int depth = l[0] == '-' ? 1 : 2;
@@ -446,6 +523,298 @@ std::string memory_chart(const std::vector<VariantResult>& vs) {
     return o.str();
 }
 
+// ---- the charts a lesson needs, each drawn only where its data exists
+// ----------------------------
+
+// Ticks of a log10 axis from `lo` to `hi` (both > 0): the decades between them, and 2 and 5 times
+// each where the range spans under three decades, so a short range still has labelled ticks.
+std::vector<double> log_ticks(double lo, double hi) {
+    std::vector<double> t;
+    const bool fine = hi / lo < 1000;
+    for (double d = std::pow(10.0, std::floor(std::log10(lo))); d <= hi * 1.0001; d *= 10)
+        for (double m : {1.0, 2.0, 5.0})
+            if ((m == 1.0 || fine) && d * m >= lo * 0.9999 && d * m <= hi * 1.0001)
+                t.push_back(d * m);
+    return t;
+}
+
+// A number for an axis's tick, with no needless digits ("0.0002", "5", "2000").
+std::string tick_text(double v) {
+    return report_text::f("%g", v);
+}
+
+// The log10 range [lo, hi] widened to whole decades around the values.
+std::pair<double, double> decades(double lo, double hi) {
+    return {std::pow(10.0, std::floor(std::log10(lo))), std::pow(10.0, std::ceil(std::log10(hi)))};
+}
+
+std::string svg_open(double h) {
+    std::ostringstream o;
+    o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kW << "\" height=\"" << h
+      << "\" viewBox=\"0 0 " << kW << " " << h << "\">";
+    return o.str();
+}
+
+// The roofline of one profiled variant: each op's achieved GFLOP/s against its arithmetic
+// intensity (FLOP/byte), log-log, under the roof min(peak FLOP/s, bandwidth x intensity) of the
+// measured peaks. An op far under the roof left performance on the table; which side of the ridge
+// it sits on says whether more FLOP/s (compute-bound) or fewer bytes (memory-bound) would help.
+std::string roofline_chart(const VariantResult& v) {
+    const RooflineRecord& roof = v.roofline;
+    std::vector<const KernelRecord*> ops;
+    for (const KernelRecord& k : v.kernels)
+        if (k.intensity > 0 && k.gflops_per_s > 0) ops.push_back(&k);
+    if (ops.empty() || !(roof.peak_flops_per_s > 0 && roof.bandwidth_bytes_per_s > 0)) return "";
+    const double peak = roof.peak_flops_per_s / 1e9, bw = roof.bandwidth_bytes_per_s / 1e9;
+    double ilo = roof.ridge_flops_per_byte, ihi = ilo, glo = peak, ghi = peak;
+    for (const KernelRecord* k : ops) {
+        ilo = std::min(ilo, k->intensity), ihi = std::max(ihi, k->intensity);
+        glo = std::min(glo, k->gflops_per_s), ghi = std::max(ghi, k->gflops_per_s);
+    }
+    const auto [x0, x1] = decades(ilo, ihi);
+    const auto [y0, y1] = decades(glo, ghi);
+    const double top = 14, ph = 280, left = 70, pw = kW - left - 190, h = top + ph + 48;
+    auto X = [&](double i) { return left + pw * std::log(i / x0) / std::log(x1 / x0); };
+    auto Y = [&](double g) { return top + ph * (1 - std::log(g / y0) / std::log(y1 / y0)); };
+    std::ostringstream o;
+    o << "<figure><figcaption>Roofline of " << esc(v.name)
+      << ": each op's achieved GFLOP/s against its arithmetic intensity (log–log), under the "
+         "roof of the measured peaks</figcaption>"
+      << svg_open(h) << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << pw
+      << "\" height=\"" << ph << "\" fill=\"none\" stroke=\"#888\"/>";
+    for (double t : log_ticks(x0, x1))
+        o << "<text x=\"" << X(t) << "\" y=\"" << top + ph + 16
+          << "\" font-size=\"11\" text-anchor=\"middle\">" << tick_text(t) << "</text>";
+    for (double t : log_ticks(y0, y1))
+        o << "<text x=\"" << left - 6 << "\" y=\"" << Y(t) + 4
+          << "\" font-size=\"11\" text-anchor=\"end\">" << tick_text(t) << "</text><line x1=\""
+          << left << "\" y1=\"" << Y(t) << "\" x2=\"" << left + pw << "\" y2=\"" << Y(t)
+          << "\" stroke=\"#eee\"/>";
+    o << "<text x=\"" << left + pw << "\" y=\"" << top + ph + 32
+      << "\" font-size=\"11\" text-anchor=\"end\">arithmetic intensity (FLOP/byte)</text>"
+      << "<text x=\"12\" y=\"" << top + ph / 2 << "\" font-size=\"11\" transform=\"rotate(-90 12 "
+      << top + ph / 2 << ")\" text-anchor=\"middle\">GFLOP/s</text>";
+    // The roof: the bandwidth slope up to the ridge, then flat at the peak.
+    const double ridge = peak / bw;
+    const double slope_start = std::max(x0, y0 / bw);
+    o << "<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\" points=\"" << X(slope_start)
+      << "," << Y(slope_start * bw) << " " << X(ridge) << "," << Y(peak) << " " << X(x1) << ","
+      << Y(peak) << "\"><title>roof: " << report_text::fixed(bw, 1) << " GB/s × intensity, at most "
+      << report_text::fixed(peak, 1) << " GFLOP/s (ridge " << report_text::fixed(ridge, 2)
+      << " FLOP/byte)</title></polyline>"
+      << "<text x=\"" << left + pw + 6 << "\" y=\"" << Y(peak) + 4
+      << "\" font-size=\"11\" fill=\"#d62728\">peak " << report_text::fixed(peak, 1)
+      << " GFLOP/s</text>";
+    for (const KernelRecord* k : ops) {
+        const double cx = X(k->intensity), cy = Y(k->gflops_per_s);
+        o << "<circle cx=\"" << cx << "\" cy=\"" << cy << "\" r=\"4\" fill=\"#4e79a7\"><title>"
+          << esc(k->name) << ": " << report_text::fixed(k->gflops_per_s, 2) << " GFLOP/s at "
+          << report_text::fixed(k->intensity, 2) << " FLOP/byte</title></circle><text x=\""
+          << cx + 6 << "\" y=\"" << cy + 4 << "\" font-size=\"10\">" << esc(k->name) << "</text>";
+    }
+    o << "</svg></figure>\n";
+    return o.str();
+}
+
+// One stacked bar per step (warm-up ones included, shaded): what changes from step to step — a
+// cold data cache filled in the first steps, a jittered batch length — is invisible in the means.
+// One panel per measured variant, all on the same ms scale.
+std::string step_phase_chart(const std::vector<VariantResult>& vs) {
+    std::vector<const VariantResult*> rows;
+    double max_ms = 0;
+    for (const VariantResult& v : vs)
+        if (v.measured()) {
+            rows.push_back(&v);
+            for (const StepRow& s : v.steps) max_ms = std::max(max_ms, s.wall_ms);
+        }
+    if (rows.empty()) return "";
+    const auto [amax, tick] = nice_axis(max_ms);
+    const double panel = 90, gap = 26, top = 30, left = kLeft, pw = kPlotW;
+    const double h = top + rows.size() * (panel + gap) + 20;
+    std::ostringstream o;
+    o << "<figure><figcaption>Phases of every step (stacked ms; shaded: warm-up)</figcaption>"
+      << svg_open(h);
+    std::vector<std::pair<std::string, std::string>> leg;
+    for (int i = 0; i < kPhaseColumnCount; ++i)
+        leg.emplace_back(phase_column_name(i), kPhaseColors[i]);
+    o << legend(left, 16, leg);
+    double y = top;
+    for (const VariantResult* v : rows) {
+        const double slot = pw / std::max<size_t>(1, v->steps.size());
+        o << "<text x=\"" << left - 8 << "\" y=\"" << y + panel / 2 + 4
+          << "\" font-size=\"12\" text-anchor=\"end\">" << esc(v->name) << "</text>"
+          << "<line x1=\"" << left << "\" y1=\"" << y + panel << "\" x2=\"" << left + pw
+          << "\" y2=\"" << y + panel << "\" stroke=\"#888\"/><text x=\"" << left + pw + 6
+          << "\" y=\"" << y + 10 << "\" font-size=\"11\">" << report_text::fixed(amax, 1)
+          << " ms</text><line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + pw
+          << "\" y2=\"" << y << "\" stroke=\"#eee\"/>";
+        for (size_t k = 0; k < v->steps.size(); ++k) {
+            const StepRow& s = v->steps[k];
+            const double x = left + slot * k;
+            if (s.warmup)
+                o << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << slot << "\" height=\""
+                  << panel << "\" fill=\"#f0f0f0\"/>";
+            double base = y + panel;
+            for (int i = 0; i < kPhaseColumnCount; ++i) {
+                const double ms = std::max(0.0, i < kPhaseCount ? s.phases_ms[i] : s.other_ms);
+                const double bh = panel * ms / amax;
+                if (bh <= 0) continue;
+                base -= bh;
+                o << "<rect x=\"" << x + slot * 0.1 << "\" y=\"" << base << "\" width=\""
+                  << slot * 0.8 << "\" height=\"" << bh << "\" fill=\"" << kPhaseColors[i]
+                  << "\"><title>step " << s.step << " " << phase_column_name(i) << ": "
+                  << report_text::fixed(ms, 3) << " ms</title></rect>";
+            }
+        }
+        o << "<text x=\"" << left + pw << "\" y=\"" << y + panel + 14
+          << "\" font-size=\"11\" text-anchor=\"end\">step (" << v->steps.size() << ")</text>";
+        y += panel + gap;
+    }
+    o << "</svg></figure>\n";
+    return o.str();
+}
+
+// The median step of every measured variant on a log axis: a kernel ladder's rungs differ by
+// factors, and on a linear axis the fast ones shrink to slivers beside the slowest. Drawn where the
+// medians span more than kLadderSpan.
+constexpr double kLadderSpan = 3.0;
+
+std::string ladder_chart(const std::vector<VariantResult>& vs) {
+    std::vector<const VariantResult*> rows;
+    double lo = 1e300, hi = 0;
+    for (const VariantResult& v : vs)
+        if (v.measured() && v.stats.step_ms.median > 0) {
+            rows.push_back(&v);
+            lo = std::min(lo, v.stats.step_ms.median), hi = std::max(hi, v.stats.step_ms.median);
+        }
+    if (rows.size() < 2 || hi / lo <= kLadderSpan) return "";
+    const auto [x0, x1] = decades(lo, hi);
+    const double bar = 22, gap = 10, top = 10;
+    const double h = top + rows.size() * (bar + gap) + 40;
+    auto X = [&](double ms) { return kLeft + kPlotW * std::log(ms / x0) / std::log(x1 / x0); };
+    std::ostringstream o;
+    o << "<figure><figcaption>Median step time per variant, log axis (each gridline a factor)"
+      << "</figcaption>" << svg_open(h);
+    double y = top;
+    for (const VariantResult* v : rows) {
+        const double ms = v->stats.step_ms.median;
+        o << "<text x=\"" << kLeft - 8 << "\" y=\"" << y + bar / 2 + 4
+          << "\" font-size=\"12\" text-anchor=\"end\">" << esc(v->name) << "</text><rect x=\""
+          << kLeft << "\" y=\"" << y << "\" width=\"" << std::max(1.0, X(ms) - kLeft)
+          << "\" height=\"" << bar << "\" fill=\"#4e79a7\"/><text x=\"" << X(ms) + 6 << "\" y=\""
+          << y + bar / 2 + 4 << "\" font-size=\"11\">" << report_text::fixed(ms, 2) << " ms"
+          << (ms < hi ? " (" + report_text::fixed(hi / ms, 1) + "x faster than the slowest)" : "")
+          << "</text>";
+        y += bar + gap;
+    }
+    for (double t : log_ticks(x0, x1))
+        o << "<line x1=\"" << X(t) << "\" y1=\"" << top << "\" x2=\"" << X(t) << "\" y2=\"" << y
+          << "\" stroke=\"#ccc\"/><text x=\"" << X(t) << "\" y=\"" << y + 14
+          << "\" font-size=\"11\" text-anchor=\"middle\">" << tick_text(t) << "</text>";
+    o << "<text x=\"" << kLeft + kPlotW << "\" y=\"" << y + 30
+      << "\" font-size=\"11\" text-anchor=\"end\">ms per step (median, log scale)</text>"
+      << "</svg></figure>\n";
+    return o.str();
+}
+
+// Communication per data-parallel variant (rank 0's medians): the exposed wait, which the step
+// pays, beside the part hidden under backward (overlapped), which it does not.
+std::string comm_chart(const std::vector<VariantResult>& vs) {
+    std::vector<const VariantResult*> rows;
+    double max_ms = 0;
+    for (const VariantResult& v : vs)
+        if (v.data_parallel && v.measured()) {
+            rows.push_back(&v);
+            max_ms = std::max(
+                max_ms, v.data_parallel->comm_exposed_ms + v.data_parallel->comm_overlapped_ms);
+        }
+    if (rows.empty()) return "";
+    const auto [amax, tick] = nice_axis(max_ms);
+    const double bar = 24, gap = 12, top = 34;
+    const double h = top + rows.size() * (bar + gap) + 44;
+    const char* const exposed_color = "#e15759";
+    const char* const hidden_color = "#a0cbe8";
+    std::ostringstream o;
+    o << "<figure><figcaption>Communication per step (rank 0, median ms): exposed (the step waits) "
+         "vs overlapped (hidden under backward)</figcaption>"
+      << svg_open(h)
+      << legend(kLeft, 16, {{"exposed", exposed_color}, {"overlapped", hidden_color}});
+    double y = top;
+    for (const VariantResult* v : rows) {
+        const DataParallelRecord& d = *v->data_parallel;
+        const double we = kPlotW * d.comm_exposed_ms / amax;
+        const double wo = kPlotW * d.comm_overlapped_ms / amax;
+        o << "<text x=\"" << kLeft - 8 << "\" y=\"" << y + bar / 2 + 4
+          << "\" font-size=\"12\" text-anchor=\"end\">" << esc(v->name) << "</text><rect x=\""
+          << kLeft << "\" y=\"" << y << "\" width=\"" << we << "\" height=\"" << bar << "\" fill=\""
+          << exposed_color << "\"><title>exposed " << report_text::fixed(d.comm_exposed_ms, 3)
+          << " ms</title></rect><rect x=\"" << kLeft + we << "\" y=\"" << y << "\" width=\"" << wo
+          << "\" height=\"" << bar << "\" fill=\"" << hidden_color << "\"><title>overlapped "
+          << report_text::fixed(d.comm_overlapped_ms, 3) << " ms</title></rect><text x=\""
+          << kLeft + we + wo + 6 << "\" y=\"" << y + bar / 2 + 4 << "\" font-size=\"11\">"
+          << report_text::fixed(d.comm_exposed_ms, 2) << " exposed + "
+          << report_text::fixed(d.comm_overlapped_ms, 2) << " overlapped ms ("
+          << report_text::pct(d.comm_share) << " of the step)</text>";
+        y += bar + gap;
+    }
+    o << axis_x(kLeft, y, kPlotW, amax, tick, "ms per step") << "</svg></figure>\n";
+    return o.str();
+}
+
+// Whether a variant's measured steps trained different token counts (data.seq_len_jitter): only
+// the run's own record has them (StepRow::tokens is not in results.json).
+bool tokens_vary(const VariantResult& v) {
+    double lo = 1e300, hi = 0;
+    for (const StepRow& s : v.steps)
+        if (!s.warmup && s.tokens > 0) lo = std::min(lo, s.tokens), hi = std::max(hi, s.tokens);
+    return hi > lo;
+}
+
+// Step time against the tokens the step trained, one dot per measured step: with jittered batch
+// lengths the step time follows the length, so its spread is the data's, not the machine's noise.
+// Drawn where a variant's tokens vary; every variant with token counts is plotted beside it.
+std::string jitter_chart(const std::vector<VariantResult>& vs) {
+    if (std::none_of(vs.begin(), vs.end(), tokens_vary)) return "";
+    double max_tok = 0, max_ms = 0;
+    for (const VariantResult& v : vs)
+        for (const StepRow& s : v.steps)
+            if (!s.warmup && s.tokens > 0)
+                max_tok = std::max(max_tok, s.tokens), max_ms = std::max(max_ms, s.wall_ms);
+    const auto [tmax, ttick] = nice_axis(max_tok);
+    const auto [mmax, mtick] = nice_axis(max_ms);
+    const double top = 30, ph = 240, left = 70, pw = kW - left - 40, h = top + ph + 48;
+    auto X = [&](double t) { return left + pw * t / tmax; };
+    auto Y = [&](double ms) { return top + ph * (1 - ms / mmax); };
+    std::ostringstream o;
+    o << "<figure><figcaption>Step time against the tokens each measured step trained (one dot "
+         "per step)</figcaption>"
+      << svg_open(h) << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << pw
+      << "\" height=\"" << ph << "\" fill=\"none\" stroke=\"#888\"/>";
+    for (double t = 0; t <= mmax * 1.0001; t += mtick)
+        o << "<text x=\"" << left - 6 << "\" y=\"" << Y(t) + 4
+          << "\" font-size=\"11\" text-anchor=\"end\">" << tick_text(t) << "</text>";
+    o << "<text x=\"12\" y=\"" << top + ph / 2 << "\" font-size=\"11\" transform=\"rotate(-90 12 "
+      << top + ph / 2 << ")\" text-anchor=\"middle\">ms per step</text>"
+      << axis_x(left, top + ph, pw, tmax, ttick, "tokens per step");
+    std::vector<std::pair<std::string, std::string>> leg;
+    int ci = 0;
+    for (const VariantResult& v : vs) {
+        const char* color = kLineColors[ci++ % std::size(kLineColors)];
+        bool any = false;
+        for (const StepRow& s : v.steps) {
+            if (s.warmup || !(s.tokens > 0)) continue;
+            any = true;
+            o << "<circle cx=\"" << X(s.tokens) << "\" cy=\"" << Y(s.wall_ms)
+              << "\" r=\"3\" fill=\"" << color << "\" fill-opacity=\"0.8\"><title>" << esc(v.name)
+              << " step " << s.step << ": " << report_text::fixed(s.tokens, 0) << " tokens, "
+              << report_text::fixed(s.wall_ms, 2) << " ms</title></circle>";
+        }
+        if (any) leg.emplace_back(v.name, color);
+    }
+    o << legend(left, 18, leg) << "</svg></figure>\n";
+    return o.str();
+}
+
 const char* kStyle = R"(
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1200px;color:#222;line-height:1.45;padding:0 16px}
 h1{font-size:1.6em;border-bottom:2px solid #4e79a7;padding-bottom:4px}
@@ -457,6 +826,9 @@ th,td{border:1px solid #d5d5d5;padding:3px 7px;vertical-align:top}
 th{background:#f1f4f8;text-align:left}
 td.r{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr:nth-child(even) td{background:#fafafa}
+table.cmp tr td{background:#fff}
+table.cmp tr.verdict td{border-top:none;padding:1px 7px 7px 22px;color:#333}
+.cmp-numbers{margin-bottom:0}
 code{background:#f3f3f3;padding:0 3px;border-radius:3px;font-size:0.92em}
 figure{margin:18px 0}
 figcaption{font-weight:600;margin-bottom:4px}
@@ -468,8 +840,10 @@ li{margin:2px 0}
 
 std::string render_report_html(const Results& results) {
     const std::vector<VariantResult>& vs = results.variants;
-    const std::string charts = "<h2>Charts</h2>\n" + phase_chart(vs) + distribution_chart(vs) +
-                               loss_chart(vs) + memory_chart(vs);
+    std::string charts = "<h2>Charts</h2>\n" + phase_chart(vs) + step_phase_chart(vs) +
+                         ladder_chart(vs) + distribution_chart(vs) + jitter_chart(vs) +
+                         loss_chart(vs) + memory_chart(vs) + comm_chart(vs);
+    for (const VariantResult& v : vs) charts += roofline_chart(v);
     std::ostringstream o;
     o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>"
       << esc(results.experiment.name) << " — microtrain report</title>\n<style>" << kStyle
