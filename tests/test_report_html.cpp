@@ -4,7 +4,6 @@
 // nowhere else. The page in a real browser: tests/test_report_browser.cpp.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -12,6 +11,7 @@
 #include "report/format.h"
 #include "report/render.h"
 #include "tests/hand_made_run.h"
+#include "tests/html_tags.h"
 
 namespace mt {
 namespace {
@@ -73,35 +73,6 @@ HandMadeExperiment experiment_of(std::vector<HandMadeRun> runs) {
 
 const std::vector<double> kTenMs = {10, 10.1, 9.9, 10, 10.05};
 const std::vector<double> kFiveMs = {5, 5.05, 4.95, 5, 5.02};
-
-// Every way the page's tags fail to nest, one line each: a closing tag that does not match the
-// innermost open one, or a tag left open at the end. Void elements and self-closed SVG shapes
-// (`<rect .../>`) open nothing; script and style bodies are skipped.
-std::vector<std::string> tag_problems(const std::string& html) {
-    static const std::vector<std::string> kVoid = {"meta", "br", "hr", "img", "input", "link"};
-    std::vector<std::string> open, problems;
-    for (size_t p = html.find('<'); p != std::string::npos; p = html.find('<', p + 1)) {
-        if (html.compare(p, 2, "<!") == 0) continue;  // doctype, comment
-        const size_t end = html.find('>', p);
-        if (end == std::string::npos) return {"a '<' never closed by '>' at " + std::to_string(p)};
-        const bool closing = html[p + 1] == '/';
-        const size_t a = p + (closing ? 2 : 1);
-        const std::string name = html.substr(a, html.find_first_of(" \t\n/>", a) - a);
-        if (closing) {
-            if (open.empty() || open.back() != name)
-                problems.push_back("</" + name + "> at " + std::to_string(p) + " closes <" +
-                                   (open.empty() ? std::string("nothing") : open.back()) + ">");
-            else
-                open.pop_back();
-        } else if (html[end - 1] != '/' &&
-                   std::find(kVoid.begin(), kVoid.end(), name) == kVoid.end()) {
-            open.push_back(name);
-            if (name == "script" || name == "style") p = html.find("</" + name, end) - 1;
-        }
-    }
-    for (const std::string& t : open) problems.push_back("<" + t + "> never closed");
-    return problems;
-}
 
 std::string joined(const std::vector<std::string>& v) {
     std::string s;
