@@ -323,18 +323,26 @@ void write_memory_peaks(std::ostringstream& o, const Results& res) {
     o << "\n|---|";
     for (int i = 0; i < kPhaseCount; ++i) o << "---:|";
     o << "\n";
+    // Variants whose cells print the same share one row, named together (as in the table above).
+    std::vector<std::pair<std::string, std::string>> rows;  // (variants, cells)
     for (const VariantResult& v : res.variants) {
         if (v.status == RunStatus::skipped) continue;
-        o << "| " << v.name << " |";
+        std::ostringstream cells;
         for (Phase p : kAllPhases) {
             if (const auto& pm = v.memory.phases[column(p)])
-                o << " " << mib(pm->tracked_peak_total) << " / " << mib(pm->device_used_peak)
-                  << " |";
+                cells << " " << mib(pm->tracked_peak_total) << " / " << mib(pm->device_used_peak)
+                      << " |";
             else
-                o << " – |";
+                cells << " – |";
         }
-        o << "\n";
+        const auto same = std::find_if(rows.begin(), rows.end(),
+                                       [&](const auto& r) { return r.second == cells.str(); });
+        if (same != rows.end())
+            same->first += ", " + v.name;
+        else
+            rows.emplace_back(v.name, cells.str());
     }
+    for (const auto& [names, cells] : rows) o << "| " << names << " |" << cells << "\n";
 }
 
 void write_kernels(std::ostringstream& o, const Results& res) {

@@ -160,6 +160,22 @@ TEST(ReportMd, VariantsWithTheSameMemoryShareOneBlockOfTheMemoryTable) {
     EXPECT_EQ(count(table, "**total (peak of the sum)**"), 2u) << table;
 }
 
+TEST(ReportMd, VariantsWithTheSamePerPhasePeaksShareOneRow) {
+    HandMadeRun naive = run_of("naive", kTenMs), blocked = run_of("blocked", kFiveMs);
+    HandMadeRun lean = run_of("lean", kTenMs, {}, {256}, 4 << 20);
+    for (HandMadeRun* r : {&naive, &blocked, &lean}) {
+        auto& fwd = r->memory.phases[static_cast<int>(Phase::forward)];
+        fwd.seen = true;
+        fwd.tracked_peak_total = r->memory.tracked_peak_total;
+    }
+    const std::string md = render_report_md(experiment_of({naive, blocked, lean}).results());
+    const size_t a = md.find("Per-phase peaks");
+    const std::string table = md.substr(a, md.find("\n\n", md.find("|---", a)) - a);
+    EXPECT_EQ(count(table, "| naive, blocked | – | – | 8.0 / 0.0 |"), 1u) << table;
+    EXPECT_EQ(count(table, "| lean | – | – | 4.0 / 0.0 |"), 1u) << table;
+    EXPECT_EQ(count(table, "\n| "), 3u) << table;  // the header and two rows
+}
+
 TEST(ReportText, ADeltaThatRoundsToZeroHasNoMinusSign) {
     EXPECT_EQ(report_text::signed_f("%.1f", -0.04), "+0.0");
     EXPECT_EQ(report_text::signed_f("%.1f", -0.06), "-0.1");
