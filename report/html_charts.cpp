@@ -38,7 +38,7 @@ std::string html_escape(const std::string& s) {
 
 namespace {
 
-// ---- charts -------------------------------------------------------------------------------------
+// ---- colours, axes, legends, and the charts of every run ---------------------------------------
 
 // One colour per phase column (the phases, then other); comm, the data-parallel wait, is yellow.
 // The static_assert makes a new phase without a colour a compile error rather than a null
@@ -316,8 +316,7 @@ std::string memory_chart(const std::vector<VariantResult>& vs) {
     return o.str();
 }
 
-// ---- the charts a lesson needs, each drawn only where its data exists
-// ----------------------------
+// ---- the charts a lesson needs, each drawn only where its data exists -------------------------
 
 // Ticks of a log10 axis from `lo` to `hi` (both > 0): the decades between them, and 2 and 5 times
 // each where the range spans under three decades, so a short range still has labelled ticks.
