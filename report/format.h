@@ -25,12 +25,12 @@ inline std::string fixed(double x, int decimals) {
 inline std::string mib(double bytes) {
     return f("%.1f", to_mib(bytes));
 }
-// Like f, with a leading '+' for x >= 0 (deltas).
+// Like f, with a leading '+' for x >= 0 (deltas). A small negative that rounds to zero prints as
+// "+0.0", not "-0.0": a sign is only shown where the digits can carry it.
 inline std::string signed_f(const char* spec, double x) {
-    std::string s;
-    if (x >= 0) s.push_back('+');
-    s += f(spec, x);
-    return s;
+    std::string s = f(spec, x);
+    if (s[0] == '-' && s.find_first_of("123456789") == std::string::npos) s.erase(0, 1);
+    return s[0] == '-' ? s : "+" + s;
 }
 // A fraction as a percentage with one decimal ("12.5%").
 inline std::string pct(double frac) {

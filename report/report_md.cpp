@@ -274,23 +274,44 @@ void write_throughput(std::ostringstream& o, const Results& res) {
           << "/cpu_peaks.json` to re-measure on a quiet machine.**\n";
 }
 
+// Whether two variants' memory tables would print the same rows: the same estimate and the same
+// tracked peak in every category.
+bool same_memory_rows(const MemoryRecord& a, const MemoryRecord& b) {
+    return a.estimate == b.estimate && a.tracked_peak == b.tracked_peak &&
+           a.estimate_total == b.estimate_total && a.tracked_peak_total == b.tracked_peak_total;
+}
+
+// One block of rows per distinct memory record: variants whose rows would repeat an earlier
+// block's (a kernel ladder's variants all hold the same buffers) are named in that block's first
+// column instead of printing the same numbers again.
 void write_memory_estimate_table(std::ostringstream& o, const Results& res) {
     o << "\n## Memory\n\nAnalytic estimate (printed before the run) beside the allocator's "
          "tracked peak per category, in MiB.\n\n| Variant | category | estimate | tracked peak | "
          "Δ (tracked − estimate) |\n|---|---|---:|---:|---:|\n";
+    std::vector<const VariantResult*> printed;
     for (const VariantResult& v : res.variants) {
         if (v.status == RunStatus::skipped) continue;
+        const bool repeats = std::any_of(printed.begin(), printed.end(), [&](const auto* p) {
+            return same_memory_rows(p->memory, v.memory);
+        });
+        if (repeats) continue;
+        printed.push_back(&v);
+        std::string names = v.name;
+        for (const VariantResult& w : res.variants)
+            if (&w != &v && w.status != RunStatus::skipped && same_memory_rows(w.memory, v.memory))
+                names += ", " + w.name;
         const MemoryRecord& m = v.memory;
         for (int c = 0; c < kMemoryCategoryCount; ++c) {
             const double e = static_cast<double>(m.estimate[c]);
             const double t = static_cast<double>(m.tracked_peak[c]);
-            o << "| " << v.name << " | " << to_string(static_cast<MemoryCategory>(c)) << " | "
-              << mib(e) << " | " << mib(t) << " | " << signed_f("%.1f", to_mib(t - e)) << " |\n";
+            o << "| " << (c == 0 ? names : "") << " | " << to_string(static_cast<MemoryCategory>(c))
+              << " | " << mib(e) << " | " << mib(t) << " | " << signed_f("%.1f", to_mib(t - e))
+              << " |\n";
         }
         const double e = static_cast<double>(m.estimate_total);
         const double t = static_cast<double>(m.tracked_peak_total);
-        o << "| " << v.name << " | **total (peak of the sum)** | " << mib(e) << " | " << mib(t)
-          << " | " << signed_f("%.1f", to_mib(t - e)) << " |\n";
+        o << "| | **total (peak of the sum)** | " << mib(e) << " | " << mib(t) << " | "
+          << signed_f("%.1f", to_mib(t - e)) << " |\n";
     }
 }
 
@@ -307,18 +328,26 @@ void write_memory_peaks(std::ostringstream& o, const Results& res) {
     o << "\n|---|";
     for (int i = 0; i < kPhaseCount; ++i) o << "---:|";
     o << "\n";
+    // Variants whose cells print the same share one row, named together (as in the table above).
+    std::vector<std::pair<std::string, std::string>> rows;  // (variants, cells)
     for (const VariantResult& v : res.variants) {
         if (v.status == RunStatus::skipped) continue;
-        o << "| " << v.name << " |";
+        std::ostringstream cells;
         for (Phase p : kAllPhases) {
             if (const auto& pm = v.memory.phases[column(p)])
-                o << " " << mib(pm->tracked_peak_total) << " / " << mib(pm->device_used_peak)
-                  << " |";
+                cells << " " << mib(pm->tracked_peak_total) << " / " << mib(pm->device_used_peak)
+                      << " |";
             else
-                o << " – |";
+                cells << " – |";
         }
-        o << "\n";
+        const auto same = std::find_if(rows.begin(), rows.end(),
+                                       [&](const auto& r) { return r.second == cells.str(); });
+        if (same != rows.end())
+            same->first += ", " + v.name;
+        else
+            rows.emplace_back(v.name, cells.str());
     }
+    for (const auto& [names, cells] : rows) o << "| " << names << " |" << cells << "\n";
 }
 
 void write_kernels(std::ostringstream& o, const Results& res) {

@@ -445,7 +445,7 @@ TEST(ReportHtml, IsSelfContainedWithCharts) {
     EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
     size_t svgs = 0;
     for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
-    EXPECT_EQ(svgs, 4u);  // phases, distribution, loss, memory
+    EXPECT_EQ(svgs, 5u);  // phases, phases per step, distribution, loss, memory
     EXPECT_EQ(html.find("<script src"), std::string::npos);
     EXPECT_EQ(html.find("<link"), std::string::npos);
     EXPECT_EQ(html.find("<img"), std::string::npos);

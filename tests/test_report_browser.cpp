@@ -1,10 +1,12 @@
 // report.html in a real browser: the microtrain binary (MT_BINARY) runs a tiny two-variant
-// experiment, headless Chromium renders its report.html, and a checker script appended to a copy
-// of the page measures every chart's SVG after layout (present, in the SVG namespace, with shapes,
-// a non-empty rendered box, drawn inside its viewBox); the console must hold no error (uncaught
-// exception, console.error, failed resource load). A deliberately broken page proves that both
-// checks can fail. Needs Debian's `chromium` (tools/setup.sh installs it): without it these tests
-// FAIL, unless MT_SKIP_BROWSER_TESTS=1 asks to skip them (see docs/report.md).
+// experiment, headless Chromium renders its report.html at a 1280 px viewport, and a checker
+// script appended to a copy of the page measures every chart's SVG after layout (present, in the
+// SVG namespace, with shapes, a non-empty rendered box, drawn inside its viewBox) and whether the
+// comparison tables overflow sideways; the console must hold no error (uncaught exception,
+// console.error, failed resource load), and the page as written must close every tag it opens
+// (tests/html_tags.h: the browser would repair it silently). A deliberately broken page proves
+// that every check can fail. Needs Debian's `chromium` (tools/setup.sh installs it): without it
+// these tests FAIL, unless MT_SKIP_BROWSER_TESTS=1 asks to skip them (see docs/report.md).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,7 +20,11 @@
 #include <string>
 #include <vector>
 
+#include "tests/html_tags.h"
+
 namespace {
+
+using mt::tag_problems;
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -31,7 +37,8 @@ constexpr const char* kConsoleHook =
     R"(addEventListener("error",v=>{if(v.target!==window)console.log("[resource error] "+)"
     R"((v.target.src||v.target.href||v.target.tagName));},true);})();</script>)";
 
-// Runs last (inserted before </body>): one JSON record per <figure>, written into the DOM that
+// Runs last (inserted before </body>): one JSON record per <figure>, and per comparison table
+// (table.cmp) how many px it overflows its box or the viewport, written into the DOM that
 // --dump-dom prints. getBBox / getBoundingClientRect force layout, so the sizes are rendered ones.
 constexpr const char* kChartChecker = R"(<script>(function(){
 const out=[];
@@ -48,11 +55,21 @@ for(const fig of document.querySelectorAll("figure")){
   }
   out.push(r);
 }
+const wide=[];
+for(const t of document.querySelectorAll("table.cmp")){
+  const box=t.closest(".tw")||t;
+  wide.push({table:t.rows[0]?t.rows[0].textContent.slice(0,60):"",
+    overflow:Math.max(box.scrollWidth-box.clientWidth,t.getBoundingClientRect().right-innerWidth)});
+}
 const pre=document.createElement("pre");
 pre.id="mt-browser-check";
-pre.textContent=JSON.stringify(out);
+pre.textContent=JSON.stringify({figures:out,comparison:wide,
+  page_overflow:document.documentElement.scrollWidth-innerWidth});
 document.body.appendChild(pre);
 })();</script>)";
+
+// The viewport the page is laid out in: a laptop screen. The comparison must fit it.
+constexpr int kViewportWidth = 1280;
 
 // The chromium executable: $MT_CHROMIUM (empty when it is not executable), else the first of the
 // usual names on PATH.
@@ -108,6 +125,9 @@ Render render(const std::string& chromium, const fs::path& page, const fs::path&
         "timeout -k 5 60 " + quoted(chromium) +
         " --headless=new --no-sandbox --disable-gpu --no-first-run"
         " --no-default-browser-check --disable-extensions --disable-dev-shm-usage"
+        " --window-size=" +
+        std::to_string(kViewportWidth) +
+        ",2000"
         " --enable-logging=stderr --v=0 --user-data-dir=" +
         quoted((work / "profile").string()) + " --dump-dom " +
         quoted("file://" + fs::absolute(page).string()) + " > " + quoted(dom.string()) + " 2> " +
@@ -147,8 +167,9 @@ std::string unescape_html(std::string s) {
     return s;
 }
 
-// The checker's records, or a null json when the checker's output is not in the DOM.
-json chart_records(const std::string& dom) {
+// The checker's records ({figures, comparison, page_overflow}), or a null json when the checker's
+// output is not in the DOM.
+json checker_records(const std::string& dom) {
     const std::string open = "<pre id=\"mt-browser-check\">";
     const size_t a = dom.find(open);
     if (a == std::string::npos) return nullptr;
@@ -156,6 +177,19 @@ json chart_records(const std::string& dom) {
     if (b == std::string::npos) return nullptr;
     return json::parse(unescape_html(dom.substr(a + open.size(), b - a - open.size())), nullptr,
                        false);
+}
+
+// Every comparison table that overflows (its scroll box or the viewport), one line each.
+std::vector<std::string> overflow_problems(const json& records) {
+    std::vector<std::string> p;
+    for (const json& t : records["comparison"])
+        if (t["overflow"].get<double>() > 0.5)
+            p.push_back("comparison table '" + t["table"].get<std::string>() +
+                        "...' overflows by " + t["overflow"].dump() + " px at " +
+                        std::to_string(kViewportWidth) + " px");
+    if (records["page_overflow"].get<double>() > 0.5)
+        p.push_back("the page scrolls sideways by " + records["page_overflow"].dump() + " px");
+    return p;
 }
 
 // Every way a chart record falls short, one line each; empty when the chart is drawn.
@@ -216,7 +250,8 @@ class ReportBrowser : public ::testing::Test {
         if (!dir_.empty() && !HasFailure()) fs::remove_all(dir_);  // kept for a look when failed
     }
 
-    // A real run folder: the binary on a tiny 2-variant experiment (1 warm-up + 2 steps).
+    // A real run folder: the binary on a tiny 2-variant experiment (1 warm-up + 2 steps), profiled
+    // per op (the roofline charts).
     fs::path run_tiny_experiment() {
         const fs::path yaml = dir_ / "tiny.yaml";
         std::ofstream(yaml) << "name: tiny\nbackend: cpu\n"
@@ -225,6 +260,7 @@ class ReportBrowser : public ::testing::Test {
                                "data: { source: synthetic, batch_size: 2, seq_len: 16 }\n"
                                "optim: { lr: 1.0e-3, impl: unfused }\n"
                                "run: { seed: 7, warmup_steps: 1, measure_steps: 2, threads: 1 }\n"
+                               "profile: { kernels: true }\n"
                                "variants:\n  - name: baseline\n  - name: fused\n"
                                "    set: { optim.impl: fused }\n"
                                "compare: { baseline: baseline, loss_tolerance: 0.02 }\n"
@@ -249,21 +285,33 @@ class ReportBrowser : public ::testing::Test {
     fs::path dir_;
 };
 
-TEST_F(ReportBrowser, EveryChartRendersAnSvgAndThePageLogsNoErrors) {
+TEST_F(ReportBrowser, ChartsRenderTheComparisonFitsAt1280PxTagsCloseAndNothingLogsAnError) {
     const fs::path run = run_tiny_experiment();
     ASSERT_FALSE(run.empty()) << "microtrain run printed no run folder";
     ASSERT_TRUE(fs::exists(run / "report.html"));
     const fs::path page = run / "report.browser-check.html";
-    std::ofstream(page, std::ios::binary) << instrument(read_file(run / "report.html"));
+    const std::string html = read_file(run / "report.html");
+    std::ofstream(page, std::ios::binary) << instrument(html);
 
     const Render r = render(chromium_, page, dir_);
     ASSERT_EQ(r.code, 0) << "chromium failed or timed out; console:\n" << joined(r.console);
     EXPECT_TRUE(r.errors.empty()) << "the page logged errors:\n" << joined(r.errors);
-    const json charts = chart_records(r.dom);
-    ASSERT_TRUE(charts.is_array()) << "the checker's output is not in the DOM:\n" << r.dom;
-    // The four charts report_html.cpp draws, in its order.
-    const std::vector<std::string> expected = {"Phase breakdown", "Step-time distribution",
-                                               "Loss per step", "Memory"};
+    EXPECT_EQ(tag_problems(html), std::vector<std::string>{}) << joined(tag_problems(html));
+    const json records = checker_records(r.dom);
+    ASSERT_TRUE(records.is_object()) << "the checker's output is not in the DOM:\n" << r.dom;
+    EXPECT_EQ(overflow_problems(records), std::vector<std::string>{})
+        << joined(overflow_problems(records));
+    EXPECT_EQ(records["comparison"].size(), 2u) << records["comparison"].dump(1);
+    // The charts report_html.cpp draws for this run, in its order: a profiled CPU run on one rank
+    // with fixed batch lengths (no communication or tokens chart). The ladder (a log axis) is
+    // drawn only where the medians span a factor 3, which two tiny steps may or may not do.
+    json charts = json::array();
+    for (const json& f : records["figures"])
+        if (f.value("caption", std::string()).rfind("Median step time", 0) != 0)
+            charts.push_back(f);
+    const std::vector<std::string> expected = {
+        "Phase breakdown", "Phases of every step", "Step-time distribution", "Loss per step",
+        "Memory",          "Roofline of baseline", "Roofline of fused"};
     ASSERT_EQ(charts.size(), expected.size()) << charts.dump(1);
     for (size_t i = 0; i < expected.size(); ++i) {
         const std::string caption = charts[i].value("caption", std::string());
@@ -272,18 +320,21 @@ TEST_F(ReportBrowser, EveryChartRendersAnSvgAndThePageLogsNoErrors) {
     }
 }
 
-// The same two checks on a page with one fault of each kind: each must be reported.
-TEST_F(ReportBrowser, ChecksDetectAnUncaughtErrorAConsoleErrorAMissingFileAndAMissingSvg) {
+// The same checks on a page with one fault of each kind: each must be reported.
+TEST_F(ReportBrowser, ChecksDetectErrorsAMissingSvgAnOverflowingTableAndAnUnclosedTag) {
     const fs::path page = dir_ / "broken.html";
-    std::ofstream(page) << instrument(
+    const std::string broken =
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>broken</title></head><body>"
         "<figure><figcaption>no chart here</figcaption><p>nothing</p></figure>"
         "<figure><figcaption>empty chart</figcaption><svg xmlns=\"http://www.w3.org/2000/svg\" "
         "width=\"100\" height=\"50\" viewBox=\"0 0 100 50\"></svg></figure>"
         "<img src=\"no-such-image.png\">"
+        "<div class=\"tw\"><table class=\"cmp\"><tr><td><div style=\"width:3000px\">wide</div></td>"
+        "<td><em>left open</td></tr></table></div>"
         "<script>console.error(\"deliberate console error\");</script>"
         "<script>throw new Error(\"deliberate uncaught error\");</script>"
-        "</body></html>");
+        "</body></html>";
+    std::ofstream(page) << instrument(broken);
 
     const Render r = render(chromium_, page, dir_);
     ASSERT_EQ(r.code, 0) << "chromium failed or timed out; console:\n" << joined(r.console);
@@ -293,13 +344,22 @@ TEST_F(ReportBrowser, ChecksDetectAnUncaughtErrorAConsoleErrorAMissingFileAndAMi
     EXPECT_NE(errors.find("[console.error] deliberate console error"), std::string::npos) << errors;
     EXPECT_NE(errors.find("no-such-image.png"), std::string::npos) << errors;
 
-    const json charts = chart_records(r.dom);
-    ASSERT_TRUE(charts.is_array()) << r.dom;
+    const json records = checker_records(r.dom);
+    ASSERT_TRUE(records.is_object()) << r.dom;
+    const json& charts = records["figures"];
     ASSERT_EQ(charts.size(), 2u) << charts.dump(1);
     EXPECT_EQ(joined(chart_problems(charts[0])), "  chart 'no chart here': no <svg>\n");
     const std::string empty = joined(chart_problems(charts[1]));
     EXPECT_NE(empty.find("has no shapes"), std::string::npos) << empty;
     EXPECT_NE(empty.find("empty bounding box"), std::string::npos) << empty;
+
+    const std::string wide = joined(overflow_problems(records));
+    EXPECT_NE(wide.find("comparison table 'wideleft open...' overflows by"), std::string::npos)
+        << wide;
+    EXPECT_NE(wide.find("the page scrolls sideways"), std::string::npos) << wide;
+    const std::string tags = joined(tag_problems(broken));
+    EXPECT_NE(tags.find("</td> at "), std::string::npos) << tags;
+    EXPECT_NE(tags.find(" closes <em>"), std::string::npos) << tags;
 }
 
 }  // namespace
