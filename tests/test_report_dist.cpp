@@ -147,6 +147,8 @@ TEST(ReportDistResults, DataParallelIsNullForOneRankAndFullForTwo) {
                             "buckets",
                             "simulated_link_gbps",
                             "simulated_latency_us",
+                            "simulated_link_ratio",
+                            "calibration_compute_ms",
                             "bytes_per_step",
                             "achieved_busbw_gbps",
                             "probe_busbw_gbps",
@@ -160,7 +162,7 @@ TEST(ReportDistResults, DataParallelIsNullForOneRankAndFullForTwo) {
                             "comm_share",
                             "busbw_fraction_of_probe"})
         EXPECT_TRUE(d.contains(key)) << key;
-    EXPECT_EQ(d.size(), 20u);
+    EXPECT_EQ(d.size(), 22u);
     EXPECT_EQ(d["world_size"], 2);
     ASSERT_EQ(d["ranks"].size(), 2u);
     EXPECT_EQ(d["ranks"][1]["rank"], 1);
