@@ -12,7 +12,9 @@ precision: fp32 (TF32 off), tf32 (TF32 matmuls), bf16 (torch.autocast bf16; fp32
 as microtrain). attention: 'math' (explicit masked softmax, scores materialised, like
 microtrain's naive) or 'sdpa' (F.scaled_dot_product_attention: PyTorch's flash kernel).
 Each step is timed with CUDA events around forward+backward+optimizer; the loss is read back
-after the step. Prints one JSON line: ms per step (mean, min), tokens/s, final loss.
+after the step. --compile wraps the model in torch.compile (compiled during the warm-up steps,
+which must then be enough to cover it: they are not timed). Prints one JSON line: ms per step
+(mean, median, min), tokens/s, final loss, peak memory.
 """
 
 import argparse
@@ -96,6 +98,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--json", default="")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (compiled during the warm-up steps, not timed)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("torch_gpu_step: no CUDA device visible to PyTorch", file=sys.stderr)
@@ -106,6 +110,7 @@ def main():
     L, NH, C, maxT, V = PRESETS[a.preset]
     dev = torch.device("cuda")
     model = GPT(L, NH, C, maxT, V, a.attention).to(dev)
+    step_model = torch.compile(model) if a.compile else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -118,7 +123,7 @@ def main():
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-            loss = model(x, y)
+            loss = step_model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -131,6 +136,7 @@ def main():
     res = {
         "impl": "pytorch", "torch": torch.__version__, "device": torch.cuda.get_device_name(0),
         "preset": a.preset, "B": a.B, "T": a.T, "precision": a.precision, "attention": a.attention,
+        "compile": a.compile, "ms_per_step_median": sorted(times)[len(times) // 2],
         "steps": a.steps, "ms_per_step_mean": mean, "ms_per_step_min": min(times),
         "tokens_per_s": a.B * a.T / (mean / 1e3), "final_loss": loss_v,
         "peak_mem_mib": torch.cuda.max_memory_allocated() / 2**20,
