@@ -5,8 +5,12 @@
 
 #include "cli/commands.h"
 #include "distributed/world.h"
+#include "kernels/openmp_wait.h"
 
 int main(int argc, char** argv) {
+    // Threads that sleep at a barrier instead of spinning (kernels/openmp_wait.h): before
+    // anything, since it may execute this binary again with the policy in its environment.
+    mt::choose_openmp_wait_policy(argv);
     // Under mpirun: this process becomes one rank of the job (distributed/world.h); otherwise one
     // rank.
     std::unique_ptr<mt::World> world;

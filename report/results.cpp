@@ -13,6 +13,8 @@
 #include <fstream>
 #include <thread>
 
+#include "kernels/openmp_wait.h"
+
 namespace mt {
 
 using nlohmann::json;
@@ -299,7 +301,8 @@ struct JsonFields<VariantResult> {
     };
 };
 
-// Keys absent when unknown (hostname, cuda_note, git_dirty, compiler); git_commit is null.
+// Keys absent when unknown (hostname, cuda_note, git_dirty, compiler, openmp_wait); git_commit
+// is null.
 template <>
 struct JsonFields<Environment> {
     using S = Environment;
@@ -312,6 +315,7 @@ struct JsonFields<Environment> {
         json_key_if_present("git_dirty", &S::git_dirty),
         json_key_if_present("compiler", &S::compiler),
         json_field("peaks_cache", &S::peaks_cache),
+        json_key_if_present("openmp_wait", &S::openmp_wait),
     };
 };
 
@@ -497,6 +501,7 @@ Environment capture_environment(const std::string& experiment_source_path) {
     env.compiler = __VERSION__;
 #endif
     env.peaks_cache = peaks_cache_dir();
+    env.openmp_wait = openmp_wait_policy();
     return env;
 }
 

@@ -301,6 +301,9 @@ struct Environment {
     std::optional<bool> git_dirty;          // present with git_commit
     std::optional<std::string> compiler;
     std::string peaks_cache;
+    // How the CPU backend's OpenMP threads wait at a barrier (kernels/openmp_wait.h): a busy
+    // machine costs a spinning policy several times what it costs a sleeping one.
+    std::optional<std::string> openmp_wait;
 };
 
 struct Units {
