@@ -293,6 +293,9 @@ using IntRef = std::function<int&(RunConfig&)>;
 // Resource bounds, checked before any work starts (fixed, so a file validates the same on every
 // machine): kMaxDataWorkers (engine/run_config.h), kMaxThreads (kernels/types.h) and this one.
 constexpr int kMaxPrefetch = 1024;
+// The tokens of one optimizer step on one rank (B x T x grad_accum): 2^40, so the report's
+// count over the ranks (times the world size) stays far inside 64 bits.
+constexpr int64_t kMaxTokensPerStep = int64_t{1} << 40;
 using FloatRef = std::function<float&(RunConfig&)>;
 
 // An int field in [lo, hi]; `hi_reason` says where the upper bound comes from.
@@ -667,9 +670,15 @@ void add_dist_keys(std::vector<KeyDef>& t) {
         [](RunConfig& c) -> int& { return c.dist.zero; },
         "use 0 (replicated AdamW state) or 1 (AdamW state sharded across the ranks)"));
     t.push_back(float_key(
-        "dist.simulate_link_gbps", [](double x) { return x >= 0; }, "a number >= 0",
+        "dist.simulate_link_gbps",
+        [](double x) {
+            return x == 0 || (x >= kMinSimulatedLinkGbps && x <= kMaxSimulatedLinkGbps);
+        },
+        "0 or a number in [" + format_double(kMinSimulatedLinkGbps) + ", " +
+            format_double(kMaxSimulatedLinkGbps) + "]",
         [](RunConfig& c) -> float& { return c.dist.simulate_link_gbps; },
-        "it is a SIMULATED link bandwidth in Gbit/s; use 0 for the real transport only"));
+        "it is a SIMULATED link bandwidth in Gbit/s (slower than 0.01 would only hang the run); "
+        "use 0 for the real transport only"));
     t.push_back(float_key(
         "dist.simulate_latency_us", [](double x) { return x >= 0 && x <= 1e7; },
         "a number in [0, 1e7]", [](RunConfig& c) -> float& { return c.dist.simulate_latency_us; },
@@ -1325,11 +1334,7 @@ struct Resolver {
                   "expected data.source tokens or text (the validation file is read like "
                   "data.path), got data.source synthetic; use data.val_fraction with synthetic "
                   "data");
-        std::error_code ec;
-        if (!fs::is_regular_file(c.data.val_path, ec))
-            error("data.val_path", "expected a readable file, got '" + c.data.val_path +
-                                       "' which does not exist or is not a file; check the path "
-                                       "(relative paths resolve against the experiment file)");
+        // The file itself is checked with data.path's checks (check_data_file).
     }
 
     // kernels.matmul / kernels.layernorm_forward: each backend has its own ladder steps. With
@@ -1394,6 +1399,31 @@ struct Resolver {
                       " positions (the step indexes them with a 32-bit int); lower one of them");
     }
 
+    // Counts the trainer adds or multiplies, bounded here so no sum wraps where it is used: the
+    // runner's step indices (warm-up then measured steps, an int) and the tokens of one
+    // optimizer step (B x T x grad_accum, counted in 64 bits and multiplied by the ranks in the
+    // report).
+    void check_step_counts(const RunConfig& c) const {
+        const int64_t steps = static_cast<int64_t>(c.run.warmup_steps) + c.run.measure_steps;
+        if (steps > std::numeric_limits<int>::max())
+            error(blame({"run.warmup_steps", "run.measure_steps"}),
+                  "expected run.warmup_steps + run.measure_steps <= " +
+                      std::to_string(std::numeric_limits<int>::max()) + ", got " +
+                      std::to_string(c.run.warmup_steps) + " + " +
+                      std::to_string(c.run.measure_steps) + " = " + std::to_string(steps) +
+                      " (the runner numbers the steps with a 32-bit int); lower one of them");
+        const int64_t tokens = static_cast<int64_t>(c.data.batch_size) * c.data.seq_len *
+                               static_cast<int64_t>(c.run.grad_accum);
+        if (tokens > kMaxTokensPerStep)
+            error(blame({"run.grad_accum", "data.batch_size", "data.seq_len"}),
+                  "expected at most 2^40 tokens per optimizer step (data.batch_size x "
+                  "data.seq_len x run.grad_accum), got " +
+                      std::to_string(c.data.batch_size) + " x " + std::to_string(c.data.seq_len) +
+                      " x " + std::to_string(c.run.grad_accum) + " = " + std::to_string(tokens) +
+                      " tokens per optimizer step (a trillion tokens is years of steps, and the "
+                      "report's counts over every rank must fit 64 bits); lower run.grad_accum");
+    }
+
     // LoRA's rank against the model, optim.freeze's names against its parameter table, and
     // int8 storage against what is frozen: the table's own checks, blamed on the key they name.
     void check_trainable(const RunConfig& c) const {
@@ -1430,6 +1460,7 @@ struct Resolver {
                            "; lower data.seq_len or raise model.max_seq_len");
         }
         check_sizes(c);
+        check_step_counts(c);
         if (c.optim.schedule.kind == LRSchedule::Kind::cosine && c.optim.schedule.decay_steps < 1)
             error(blame({"optim.decay_steps", "optim.schedule"}),
                   "expected optim.decay_steps >= 1 with schedule cosine, got " +
@@ -1448,8 +1479,6 @@ struct Resolver {
                       "or use kernels.attention: flash");
         if (c.data.source == DataSource::synthetic) return;
 
-        const char* what = c.data.source == DataSource::tokens ? "an llm.c token file (.bin)"
-                                                               : "a UTF-8 text file";
         if (c.data.source == DataSource::text && m.vocab_size < 256)
             error(blame({"model.vocab_size", "data.source", "model.preset"}),
                   "expected model.vocab_size >= 256 for byte-level text, got " +
@@ -1457,40 +1486,54 @@ struct Resolver {
         if (c.data.path.empty())
             error("data.path", std::string("missing; data.source ") +
                                    (c.data.source == DataSource::tokens ? "tokens" : "text") +
-                                   " reads " + what + ": add `path: <file>` to the data section");
-        const std::string& p = c.data.path;
+                                   " reads " + data_file_kind(c) +
+                                   ": add `path: <file>` to the data section");
+        check_data_file(c, "data.path");
+        // The validation file is read like the training file, one batch at a time.
+        if (!c.data.val_path.empty()) check_data_file(c, "data.val_path");
+    }
+
+    static std::string data_file_kind(const RunConfig& c) {
+        return c.data.source == DataSource::tokens ? "an llm.c token file (.bin)"
+                                                   : "a UTF-8 text file";
+    }
+
+    // data.path or data.val_path (`key`): a readable regular file of data.source's kind holding
+    // at least one batch. Its tokens against the vocabulary are read by `validate`
+    // (check_data_source), not here: that reads the whole file.
+    void check_data_file(const RunConfig& c, const std::string& key) const {
+        const std::string what = data_file_kind(c);
+        const std::string& p = key == "data.path" ? c.data.path : c.data.val_path;
         std::error_code ec;
         if (!fs::exists(p, ec) && !ec)  // ec set (e.g. ELOOP): not_a_regular_file says what
-            error("data.path", "expected " + std::string(what) + ", got '" + p +
-                                   "' which does not exist; check the path (relative paths "
-                                   "resolve against the experiment file's directory)");
+            error(key, "expected " + what + ", got '" + p +
+                           "' which does not exist; check the path (relative paths resolve "
+                           "against the experiment file's directory)");
         if (fs::is_directory(p, ec))
-            error("data.path", "expected " + std::string(what) + ", got the directory '" + p +
-                                   "'; name a file inside it");
+            error(key,
+                  "expected " + what + ", got the directory '" + p + "'; name a file inside it");
         if (auto problem = not_a_regular_file(p))  // a FIFO would block the open below forever
-            error("data.path",
-                  "expected " + std::string(what) + ", got '" + p + "' which " + *problem);
+            error(key, "expected " + what + ", got '" + p + "' which " + *problem);
         {
             std::ifstream f(p, std::ios::binary);
             if (!f)
-                error("data.path", "expected a readable file, got '" + p +
-                                       "' which cannot be opened: " + std::strerror(errno) +
-                                       "; check its permissions");
+                error(key, "expected a readable file, got '" + p + "' which cannot be opened: " +
+                               std::strerror(errno) + "; check its permissions");
         }
         size_t count = 0;
         if (c.data.source == DataSource::tokens) {
             try {
                 count = token_file_count(p);
             } catch (const DataError& e) {
-                error("data.path", std::string("expected an llm.c token file, got a bad one: ") +
-                                       e.what() + "; regenerate it with a tokenizer script");
+                error(key, std::string("expected an llm.c token file, got a bad one: ") + e.what() +
+                               "; regenerate it with a tokenizer script");
             }
         } else {
             count = static_cast<size_t>(fs::file_size(p, ec));
         }
         const size_t need = static_cast<size_t>(c.data.batch_size) * c.data.seq_len + 1;
         if (count < need)
-            error(blame({"data.path", "data.batch_size", "data.seq_len"}),
+            error(blame({key, "data.batch_size", "data.seq_len"}),
                   "expected a data file holding at least one batch (batch_size " +
                       std::to_string(c.data.batch_size) + " x seq_len " +
                       std::to_string(c.data.seq_len) + " + 1 = " + std::to_string(need) +

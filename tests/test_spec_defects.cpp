@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/data.h"
 #include "experiment/spec.h"
 #include "experiment/spec_text.h"
 #include "model/gpt.h"
@@ -413,6 +414,68 @@ TEST_F(SpecDefects, ValidateAndRunExitTwoOnTheseErrors) {
     const std::string lr = write("lr.yaml", "optim: { lr: 1e-50 }\n");
     const Proc p = run_cmd(std::string(MT_BINARY) + " validate " + lr);
     EXPECT_EQ(p.rc, 2) << p.out;
+}
+
+// ---- issue #25: nothing silently wrong ------------------------------------------------------
+
+// Item 6: the runner counts warm-up and measured steps in one int; a sum past 2^31-1 ran no
+// step at all and exited 0.
+TEST_F(SpecDefects, WarmupPlusMeasureStepsPastInt32IsRefused) {
+    const std::string msg = error_of("run: { warmup_steps: 2147483000, measure_steps: 1000 }\n");
+    EXPECT_CONTAINS(msg, "run.warmup_steps + run.measure_steps <= 2147483647");
+    EXPECT_CONTAINS(msg, "2147483000 + 1000 = 2147484000");
+    EXPECT_EQ(error_of("run: { warmup_steps: 2147483000, measure_steps: 647 }\n"), "");
+}
+
+// Item 6, the same class: the samples of one optimizer step (B x T x grad_accum, times the
+// ranks in the report) are counted in 64 bits; a bound keeps them far from overflowing.
+TEST_F(SpecDefects, TokensPerOptimizerStepAreBounded) {
+    const std::string msg =
+        error_of("data: { batch_size: 65536, seq_len: 32 }\nrun: { grad_accum: 2147483647 }\n");
+    EXPECT_CONTAINS(msg, "key 'run.grad_accum'");
+    EXPECT_CONTAINS(msg, "tokens per optimizer step");
+}
+
+// Item 8: data.val_path is checked as data.path is, when the file is loaded, not when `train`
+// starts (after creating its run directory).
+TEST_F(SpecDefects, ValPathIsCheckedLikeDataPath) {
+    write_token_file((dir_ / "train.bin").string(), std::vector<uint16_t>(1000, 7));
+    const std::string head =
+        "data: { source: tokens, path: train.bin, batch_size: 2, seq_len: 8, val_path: ";
+    // Too short for one batch (2 x 8 + 1 = 17 tokens).
+    write_token_file((dir_ / "short.bin").string(), std::vector<uint16_t>(10, 7));
+    std::string msg = error_of(head + "short.bin }\n");
+    EXPECT_CONTAINS(msg, "key 'data.val_path'");
+    EXPECT_CONTAINS(msg, "with 10 tokens");
+    // Empty, and truncated (the header promises more tokens than the file holds).
+    write("empty.bin", "");
+    msg = error_of(head + "empty.bin }\n");
+    EXPECT_CONTAINS(msg, "key 'data.val_path'");
+    EXPECT_CONTAINS(msg, "empty.bin");
+    write_token_file((dir_ / "cut.bin").string(), std::vector<uint16_t>(100, 7));
+    fs::resize_file(dir_ / "cut.bin", fs::file_size(dir_ / "cut.bin") - 50);
+    msg = error_of(head + "cut.bin }\n");
+    EXPECT_CONTAINS(msg, "key 'data.val_path'");
+    EXPECT_CONTAINS(msg, "cut.bin");
+    // A directory.
+    fs::create_directories(dir_ / "sub");
+    EXPECT_CONTAINS(error_of(head + "sub }\n"), "key 'data.val_path'");
+    // A good one loads.
+    write_token_file((dir_ / "val.bin").string(), std::vector<uint16_t>(100, 7));
+    EXPECT_EQ(error_of(head + "val.bin }\n"), "");
+}
+
+// Item 11: the simulated link's duration overflowed its clock (1e-30 Gbit/s: no delay at all
+// while the report said a link was simulated) or hung (1e-12). The key is bounded.
+TEST_F(SpecDefects, SimulatedLinkBandwidthIsBounded) {
+    for (const char* gbps : {"1e-30", "1e-12", "0.0001", "1e7"}) {
+        const std::string msg =
+            error_of(std::string("dist: { simulate_link_gbps: ") + gbps + " }\n");
+        EXPECT_CONTAINS(msg, "key 'dist.simulate_link_gbps'");
+        EXPECT_CONTAINS(msg, "0 or a number in [0.01, 1e+06]");
+    }
+    for (const char* gbps : {"0", "0.01", "10", "1e6"})
+        EXPECT_EQ(error_of(std::string("dist: { simulate_link_gbps: ") + gbps + " }\n"), "");
 }
 
 }  // namespace
