@@ -628,6 +628,13 @@ std::string parse_lora(const YAML::Node& node, LoraConfig& out) {
                    fix + ")";
         }
     }
+    // alpha and targets shape the adapters of rank > 0; without a rank LoRA is off and the
+    // whole model would train, the other keys silently ignored.
+    if (l.rank == 0 && (node["alpha"] || node["targets"]))
+        return std::string("has ") + (node["alpha"] ? "alpha" : "targets") + " but " +
+               (node["rank"] ? "rank 0" : "no rank") +
+               ", which means no adapters: LoRA would be off and every parameter would train; "
+               "add a rank such as `rank: 8`, or remove model.lora";
     out = l;
     return "";
 }
@@ -1261,6 +1268,41 @@ void apply_override(ParsedFile& pf, const std::string& text) {
     pf.settings.emplace(key, Setting{value, where, "", std::string(), false});
 }
 
+// ---- keys another key makes meaningless ---------------------------------------------------
+
+// A key that has no effect under another key's value: written anyway, it would be silently
+// ignored (data.path under data.source: synthetic trains on synthetic data). Each pair is an
+// error naming both keys. model.lora's own keys (alpha, targets without rank) are parse_lora's.
+struct IgnoredUnder {
+    std::string key;        // the key written
+    std::string governing;  // the key whose value makes it meaningless
+    std::function<bool(const RunConfig&)> ignored;
+    std::string fix;
+};
+const std::vector<IgnoredUnder>& ignored_under() {
+    using S = LRSchedule::Kind;
+    auto constant = [](const RunConfig& c) { return c.optim.schedule.kind == S::constant; };
+    const std::string cosine = "set optim.schedule: cosine, or remove ";
+    static const std::vector<IgnoredUnder> pairs = {
+        {"data.path", "data.source",
+         [](const RunConfig& c) { return c.data.source == DataSource::synthetic; },
+         "set data.source: tokens (an llm.c .bin) or text, or remove data.path"},
+        {"data.synthetic", "data.source",
+         [](const RunConfig& c) { return c.data.source != DataSource::synthetic; },
+         "remove data.synthetic (it picks the generated data of data.source: synthetic)"},
+        {"data.prefetch", "data.workers", [](const RunConfig& c) { return c.data.workers == 0; },
+         "set data.workers >= 1 (prefetch is the ring the workers fill), or remove "
+         "data.prefetch"},
+        {"optim.warmup_steps", "optim.schedule", constant, cosine + "optim.warmup_steps"},
+        {"optim.decay_steps", "optim.schedule", constant, cosine + "optim.decay_steps"},
+        {"optim.min_lr_ratio", "optim.schedule", constant, cosine + "optim.min_lr_ratio"},
+        {"profile.trace_steps", "profile.trace",
+         [](const RunConfig& c) { return !c.profile.trace; },
+         "set profile.trace: true, or remove profile.trace_steps"},
+    };
+    return pairs;
+}
+
 // ---- resolving one config -------------------------------------------------------------------
 
 struct Resolver {
@@ -1309,6 +1351,7 @@ struct Resolver {
             def.set(c, v);
         }
         if (preset && !(*preset == c.model)) c.model_preset.clear();
+        check_ignored_keys(c);
         check_validation_split(c);
         check_host_sync(c);
         check_kernel_ladders(c);
@@ -1318,6 +1361,28 @@ struct Resolver {
             c.data.seq_len = std::min(c.data.seq_len, c.model.max_seq_len);
         check(c);
         return c;
+    }
+
+    // A written key that another key's value makes meaningless (ignored_under). Not when the
+    // key comes from the base and a variant sets the governing key: the base's detail is then
+    // for the variants that switch the mode on (prefetch in the base, data.workers per variant),
+    // or a variant switches the mode off without unsetting it (data.source: synthetic).
+    void check_ignored_keys(const RunConfig& c) const {
+        for (const IgnoredUnder& p : ignored_under()) {
+            const auto written = s.find(p.key);
+            if (written == s.end() || !p.ignored(c)) continue;
+            if (!written->second.from_variant && some_variant_sets(p.governing)) continue;
+            const auto governing = s.find(p.governing);
+            const std::string value = find_knob(p.governing)->get(c);
+            error(p.key, "has no effect with " + p.governing + ": " + value +
+                             (governing == s.end() ? " (the default)"
+                                                   : " (at " + governing->second.where + ")") +
+                             ", so it would be silently ignored; " + p.fix);
+        }
+    }
+    bool some_variant_sets(const std::string& key) const {
+        return std::any_of(pf.variants.begin(), pf.variants.end(),
+                           [&](const VariantSpec& v) { return v.set.count(key) > 0; });
     }
 
     // The validation split: a share of the windows (data.val_fraction) or a file of the same

@@ -478,4 +478,42 @@ TEST_F(SpecDefects, SimulatedLinkBandwidthIsBounded) {
         EXPECT_EQ(error_of(std::string("dist: { simulate_link_gbps: ") + gbps + " }\n"), "");
 }
 
+// Item 5: a key that another key's value makes meaningless was silently ignored (data.path
+// without a file source trained on synthetic data; LoRA's alpha without rank trained the whole
+// model). Each pair is an error naming both keys.
+TEST_F(SpecDefects, KeysWithNoEffectUnderAnotherKeyAreRefused) {
+    write_token_file((dir_ / "my.bin").string(), std::vector<uint16_t>(1000, 7));
+    std::string msg = error_of("data: { path: my.bin }\n");
+    EXPECT_CONTAINS(msg,
+                    "key 'data.path': has no effect with data.source: synthetic (the default)");
+    EXPECT_CONTAINS(msg, "set data.source: tokens");
+    msg = error_of("model: { lora: { alpha: 16, targets: [attn.c_attn] } }\n");
+    EXPECT_CONTAINS(msg, "key 'model.lora'");
+    EXPECT_CONTAINS(msg, "no rank");
+    EXPECT_CONTAINS(msg, "every parameter would train");
+    EXPECT_CONTAINS(error_of("model: { lora: { rank: 0, targets: [attn.c_attn] } }\n"), "rank 0");
+    const std::pair<const char*, const char*> pairs[] = {
+        {"data: { source: tokens, path: my.bin, synthetic: uniform }\n", "data.synthetic"},
+        {"data: { workers: 0, prefetch: 4 }\n", "data.prefetch"},
+        {"optim: { warmup_steps: 10 }\n", "optim.warmup_steps"},
+        {"optim: { schedule: constant, decay_steps: 10 }\n", "optim.decay_steps"},
+        {"optim: { min_lr_ratio: 0.1 }\n", "optim.min_lr_ratio"},
+        {"profile: { trace: false, trace_steps: 5 }\n", "profile.trace_steps"},
+    };
+    for (const auto& [text, key] : pairs)
+        EXPECT_CONTAINS(error_of(text), std::string("key '") + key + "': has no effect with");
+    // Meaningful under the other key's value: accepted.
+    EXPECT_EQ(error_of("data: { source: tokens, path: my.bin }\n"), "");
+    EXPECT_EQ(error_of("optim: { schedule: cosine, warmup_steps: 10, decay_steps: 100 }\n"), "");
+    EXPECT_EQ(error_of("model: { lora: { rank: 4, alpha: 8 } }\n"), "");
+    // A base detail for the variants that switch the mode on, or off: accepted.
+    EXPECT_EQ(error_of("data: { workers: 0, prefetch: 4 }\n"
+                       "variants:\n  - name: a\n  - name: b\n    set: { data.workers: 2 }\n"),
+              "");
+    EXPECT_EQ(
+        error_of("data: { source: tokens, path: my.bin }\n"
+                 "variants:\n  - name: a\n  - name: b\n    set: { data.source: synthetic }\n"),
+        "");
+}
+
 }  // namespace
