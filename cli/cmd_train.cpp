@@ -154,7 +154,7 @@ void register_train_command(CLI::App& app, int& exit_code) {
                     "Run directory (default <report.out_dir>/<name>-train[-<variant>])");
     cmd->add_option("--resume", args->resume,
                     "Continue the run in DIR from its newest valid checkpoint");
-    cmd->add_option("--set", args->overrides, "Override a key: --set optim.lr=1e-3 (repeatable)");
+    add_set_option(cmd, args->overrides, "Override a key: --set optim.lr=1e-3 (repeatable)");
     cmd->add_option("--preset", args->preset, "Model preset (one-batch test)")
         ->capture_default_str()
         ->check(CLI::IsMember(gpt_preset_names()));

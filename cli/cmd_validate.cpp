@@ -146,10 +146,9 @@ void register_validate_command(CLI::App& app, int& exit_code) {
     CLI::App* cmd = app.add_subcommand(
         "validate", "Check an experiment file without running it; print each variant's config");
     cmd->add_option("file", args->file, "Experiment YAML file")->required();
-    cmd->add_option("--set", args->overrides,
-                    "Override a config key before the variants apply, e.g. --set run.seed=7 "
-                    "(repeatable)")
-        ->allow_extra_args(false);
+    add_set_option(cmd, args->overrides,
+                   "Override a config key before the variants apply, e.g. --set run.seed=7 "
+                   "(repeatable)");
     cmd->callback([args, &exit_code] { exit_code = run_validate(*args); });
 }
 

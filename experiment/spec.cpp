@@ -56,9 +56,24 @@ struct Setting {
 };
 using Settings = std::map<std::string, Setting>;
 
+// The name with every byte outside the printable ASCII range shown as \xHH, for messages: a NUL
+// in a key would otherwise cut the message short at a valid-looking key.
+std::string printable(const std::string& s) {
+    std::string out;
+    for (char c : s) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u >= 0x20 && u < 0x7f) {
+            out += c;
+        } else {
+            const char* d = "0123456789ABCDEF";
+            out += std::string("\\x") + d[u >> 4] + d[u & 15];
+        }
+    }
+    return out;
+}
 [[noreturn]] void fail(const std::string& where, const std::string& key, const std::string& context,
                        const std::string& body) {
-    std::string msg = where + ": key '" + key + "'";
+    std::string msg = where + ": key '" + printable(key) + "'";
     if (!context.empty()) msg += " (" + context + ")";
     msg += ": " + body;
     throw SpecError(msg);
@@ -212,8 +227,10 @@ struct Value {
     std::string text;  // the scalar as written (integers: kept for out-of-range messages)
 };
 
+// A whole number; a leading '+' is allowed as YAML allows it (from_chars rejects it).
 bool parse_int(const std::string& s, int64_t& out) {
-    auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+    const char* b = s.data() + (s.size() > 1 && s[0] == '+' && s[1] != '-' ? 1 : 0);
+    auto r = std::from_chars(b, s.data() + s.size(), out);
     return r.ec == std::errc() && r.ptr == s.data() + s.size() && !s.empty();
 }
 // A whole number too large for int64 (parse_int failed only on the range): its sign.
@@ -225,8 +242,9 @@ int integer_overflow_sign(const std::string& s) {
     return s[0] == '-' ? -1 : 1;
 }
 bool parse_u64(const std::string& s, uint64_t& out) {
-    if (s.empty() || s[0] == '-' || s[0] == '+') return false;
-    auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+    const size_t sign = !s.empty() && s[0] == '+' ? 1 : 0;  // '+' as in parse_int
+    if (s.size() == sign || s[sign] == '-' || s[sign] == '+') return false;
+    auto r = std::from_chars(s.data() + sign, s.data() + s.size(), out);
     return r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
 bool parse_number(const std::string& s, double& out) {
@@ -879,7 +897,7 @@ struct ParsedFile {
 void unknown_key(const std::string& where, const std::string& key, const std::string& context,
                  const std::vector<std::string>& valid) {
     const std::string nearest = nearest_key(key, valid);
-    std::string msg = where + ": unknown key '" + key + "'";
+    std::string msg = where + ": unknown key '" + printable(key) + "'";
     if (!context.empty()) msg += " (" + context + ")";
     msg += ": did you mean '" + nearest + "'?";
     // List the keys of the section the user was writing in, so the fix is on the screen.
@@ -942,20 +960,6 @@ constexpr size_t kMaxNameLength = 64;
 bool name_char_ok(char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ||
            c == '+';
-}
-// The name with every byte outside the printable ASCII range shown as \xHH, for messages.
-std::string printable(const std::string& s) {
-    std::string out;
-    for (char c : s) {
-        const auto u = static_cast<unsigned char>(c);
-        if (u >= 0x20 && u < 0x7f) {
-            out += c;
-        } else {
-            const char* d = "0123456789ABCDEF";
-            out += std::string("\\x") + d[u >> 4] + d[u & 15];
-        }
-    }
-    return out;
 }
 void check_name(const std::string& name, const std::string& where, const std::string& key,
                 const std::string& what) {
@@ -1242,6 +1246,28 @@ YAML::Node load_value_text(const std::string& value_text, const std::string& whe
     }
 }
 
+// `--set model=tiny`: a section where a dotted key belongs. The nearest key by spelling would be
+// 'name'; the section's key that takes the value (model.preset takes tiny) is what was meant.
+void section_as_key(const std::string& where, const std::string& key, const YAML::Node& value) {
+    std::vector<std::string> in_section;
+    std::string takes_value;
+    for (const auto& k : all_keys(true)) {
+        if (section_of(k) != key) continue;
+        in_section.push_back(leaf_of(k));
+        const KeyDef* def = find_knob(k);
+        if (def && value.IsScalar() && takes_value.empty() &&
+            std::find(def->choices.begin(), def->choices.end(), value.Scalar()) !=
+                def->choices.end())
+            takes_value = k;
+    }
+    if (in_section.empty()) return;
+    throw SpecError(where + ": '" + key + "' is a section, not a key: --set takes a dotted key" +
+                    (takes_value.empty()
+                         ? " such as " + key + "." + in_section.front() + "=..."
+                         : ": did you mean '" + takes_value + "=" + value.Scalar() + "'?") +
+                    " (" + key + " keys: " + join(in_section, ", ") + ")");
+}
+
 // Applies one --set key=value to the file's base settings / experiment keys.
 void apply_override(ParsedFile& pf, const std::string& text) {
     // A very long argument is shown shortened: the message names it, it need not repeat it.
@@ -1262,6 +1288,7 @@ void apply_override(ParsedFile& pf, const std::string& text) {
     if (!find_knob(key)) {
         if (key == "variants")
             throw SpecError(where + ": key 'variants' cannot be set with --set; edit the file");
+        section_as_key(where, key, value);
         unknown_key(where, key, "", all_keys(true));
     }
     pf.settings.erase(key);  // not assignment: see add_setting

@@ -411,6 +411,16 @@ TEST_F(SpecDefects, ValidateAndRunExitTwoOnTheseErrors) {
         EXPECT_EQ(p.rc, 2) << p.out;
         EXPECT_CONTAINS(p.out, at(1, 7) + ": a double-quoted string opens here");
     }
+    // Item 14: `--set k=v FILE` is one override and the file, with options after the file too
+    // ("file is required" before: --set took the file as a second override).
+    const std::string file = write("x.yaml", "name: x\n");
+    for (const std::string& args :
+         {" validate --set run.bogus=1 " + file, " run --set run.bogus=1 " + file + " --quiet",
+          " train --set run.bogus=1 " + file + " --steps 1"}) {
+        const Proc p = run_cmd(std::string(MT_BINARY) + args);
+        EXPECT_EQ(p.rc, 2) << args << p.out;
+        EXPECT_CONTAINS(p.out, "unknown key 'run.bogus'");
+    }
     const std::string lr = write("lr.yaml", "optim: { lr: 1e-50 }\n");
     const Proc p = run_cmd(std::string(MT_BINARY) + " validate " + lr);
     EXPECT_EQ(p.rc, 2) << p.out;
@@ -514,6 +524,30 @@ TEST_F(SpecDefects, KeysWithNoEffectUnderAnotherKeyAreRefused) {
         error_of("data: { source: tokens, path: my.bin }\n"
                  "variants:\n  - name: a\n  - name: b\n    set: { data.source: synthetic }\n"),
         "");
+}
+
+// Item 14: `n_layer: +2` (YAML allows the '+') was reported as out of range.
+TEST_F(SpecDefects, AnIntegerWithAPlusSignIsItsValue) {
+    const std::string path = write("exp.yaml", "model: { n_layer: +2 }\nrun: { seed: +7 }\n");
+    const ExperimentSpec spec = load_experiment(path);
+    EXPECT_EQ(spec.base.model.n_layer, 2);
+    EXPECT_EQ(spec.base.run.seed, 7u);
+    EXPECT_CONTAINS(error_of("model: { n_layer: +-2 }\n"), "expected an integer");
+}
+
+// Item 14: `--set model=tiny` suggested "did you mean 'name'?".
+TEST_F(SpecDefects, SetOfASectionSuggestsTheKeyThatTakesTheValue) {
+    const std::string msg = error_of("name: x\n", {"model=tiny"});
+    EXPECT_CONTAINS(msg, "--set model=tiny: 'model' is a section, not a key");
+    EXPECT_CONTAINS(msg, "did you mean 'model.preset=tiny'?");
+    EXPECT_CONTAINS(error_of("name: x\n", {"optim=3"}), "such as optim.lr=...");
+}
+
+// Item 14: a NUL in a key cut the message at a valid-looking key ('model.n_la').
+TEST_F(SpecDefects, ANulInAKeyIsShownEscaped) {
+    const std::string msg = error_of("model: { \"n_la\\0yer\": 2 }\n");
+    EXPECT_CONTAINS(msg, "unknown key 'model.n_la\\x00yer'");
+    EXPECT_EQ(msg.find('\0'), std::string::npos);
 }
 
 }  // namespace
