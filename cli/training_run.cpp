@@ -884,7 +884,8 @@ int Trainer::loop() {
                                  (outcome.non_finite.in_loss ? "loss" : "gradient norm") +
                                  " is not finite at step " + std::to_string(step) +
                                  "; no checkpoint of the diverged model is written (the last one "
-                                 "is kept); lower optim.lr or check the data",
+                                 "is kept); " +
+                                 non_finite_hint(cfg_.optim, outcome.non_finite.in_loss),
                              /*agreed=*/true);
         case LoopOutcome::End::interrupted:
             if (leader_) print_noise();
