@@ -285,5 +285,22 @@ TEST(StepCli, FlagsAreCheckedLikeTheirExperimentKeys) {
     EXPECT_CONTAINS(out, "key 'optim.lr': expected a number");
 }
 
+// Issue #25 item 13: 1024 threads under an address-space limit made libgomp print "Thread
+// creation failed" and exit(1) with nothing else said. The backend tries the threads first and
+// fails with the count that could start and what to change.
+TEST(StepCli, ThreadsThatCannotStartAreAClearError) {
+    TempDir dir("mt_step");
+    const std::string out = dir.file("o.safetensors");
+    const CliResult r =
+        run_shell("ulimit -v 2000000; '" + std::string(MT_BINARY) + "' step --weights " +
+                  q(data("tiny_weights.safetensors")) + " --batch " +
+                  q(data("tiny_batch.safetensors")) + " --out " + q(out) + " --threads 1024");
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, "cannot run 1024 CPU threads (run.threads, --threads) here: only ");
+    EXPECT_CONTAINS(r.output, "lower run.threads");
+    EXPECT_EQ(r.output.find("libgomp"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out));
+}
+
 }  // namespace
 }  // namespace mt
