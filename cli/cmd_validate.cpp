@@ -40,25 +40,22 @@ bool runs_on_cuda_here(const RunConfig& c, bool have_cuda) {
 // Reads every distinct data file the variants name, as the loader will: tokens >= vocab_size, a
 // malformed header, invalid UTF-8, a FIFO or a file too short for one batch fail here, before
 // the experiment runs. Returns 2 (with the message) on the first bad one, else 0.
-// data.val_path is read the same way (the validation batches come from a loader over it).
+// data.val_path is read the same way (check_data_sources).
 int check_data_files(const ExperimentSpec& spec) {
-    std::set<std::tuple<DataSource, std::string, int, int, int>> seen;
+    std::set<std::tuple<DataSource, std::string, std::string, int, int, int>> seen;
     for (const RunConfig& v : spec.variants) {
-        for (const bool validation : {false, true}) {
-            DataConfig d = v.data;
-            if (validation) d.path = d.val_path;
-            if (d.source == DataSource::synthetic || d.path.empty() ||
-                !seen.insert({d.source, d.path, v.model.vocab_size, d.batch_size, d.seq_len})
-                     .second)
-                continue;
-            try {
-                check_data_source(d, v.model.vocab_size);
-            } catch (const DataError& e) {
-                std::fprintf(stderr, "microtrain validate: %s: variant '%s': %s: %s\n",
-                             spec.source_path.c_str(), v.variant.c_str(),
-                             validation ? "data.val_path" : "data", e.what());
-                return 2;
-            }
+        const DataConfig& d = v.data;
+        if (d.source == DataSource::synthetic ||
+            !seen.insert(
+                     {d.source, d.path, d.val_path, v.model.vocab_size, d.batch_size, d.seq_len})
+                 .second)
+            continue;
+        try {
+            check_data_sources(d, v.model.vocab_size);
+        } catch (const DataError& e) {
+            std::fprintf(stderr, "microtrain validate: %s: variant '%s': %s\n",
+                         spec.source_path.c_str(), v.variant.c_str(), e.what());
+            return 2;
         }
     }
     return 0;
