@@ -139,10 +139,12 @@ TEST_F(StepLoopTest, ANonFiniteLossStopsAtThatStepNamingStepWarmUpAndPhase) {
     EXPECT_TRUE(outcome.non_finite.in_loss);
     EXPECT_TRUE(outcome.non_finite.warmup);
     EXPECT_EQ(outcome.non_finite.phase, "forward");
-    EXPECT_EQ(outcome.non_finite.message,
-              "variant 'tiny': non-finite loss (nan) at step 3 (warm-up), produced in the forward "
-              "phase and detected at the sync read-back; this variant stopped there (lower "
-              "optim.lr or check the data)");
+    EXPECT_EQ(
+        outcome.non_finite.message,
+        "variant 'tiny': non-finite loss (nan) at step 3 (warm-up; the progress line's count, "
+        "steps[2] in results.json), produced in the forward "
+        "phase and detected at the sync read-back; this variant stopped there (lower "
+        "optim.lr or check the data)");
     // The step that stopped the loop was seen (recorded), never passed as a good step.
     EXPECT_EQ(seen.on_step, (std::vector<int>{0, 1, 2}));
     EXPECT_EQ(seen.after_step, (std::vector<int>{0, 1}));
@@ -181,10 +183,12 @@ TEST_F(StepLoopTest, ANonFiniteGradientNormStopsInTheBackwardPhase) {
     EXPECT_FALSE(outcome.non_finite.in_loss);
     EXPECT_FALSE(outcome.non_finite.warmup);
     EXPECT_EQ(outcome.non_finite.phase, "backward");
-    EXPECT_EQ(outcome.non_finite.message,
-              "variant 'tiny': non-finite gradient norm (nan) at step 2, produced in the backward "
-              "phase and detected at the sync read-back; this variant stopped there (enable "
-              "optim.grad_clip or lower optim.lr)");
+    EXPECT_EQ(
+        outcome.non_finite.message,
+        "variant 'tiny': non-finite gradient norm (nan) at step 2 (the progress line's count, "
+        "steps[1] in results.json), produced in the backward "
+        "phase and detected at the sync read-back; this variant stopped there (enable "
+        "optim.grad_clip or lower optim.lr)");
     EXPECT_EQ(seen.on_step, (std::vector<int>{0, 1}));
     EXPECT_EQ(seen.after_step, (std::vector<int>{0}));
 }
