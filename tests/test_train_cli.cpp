@@ -227,6 +227,15 @@ TEST(TrainCli, ABadValPathFailsBeforeTheRunDirectoryNamingTheKey) {
     EXPECT_FALSE(fs::exists(out)) << "nothing is created for a run that cannot start";
 }
 
+// Issue #25 item 10, the same class: the smoke test's --lr is read by optim.lr's parser, so a
+// value its 32-bit float would turn into 0 is refused naming the flag and the key.
+TEST(TrainCli, OneBatchLrIsCheckedLikeItsKey) {
+    const CliResult r = run_microtrain("train --one-batch --steps 1 --threads 1 --lr 1e-50");
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, "--lr 1e-50: key 'optim.lr'");
+    EXPECT_CONTAINS(r.output, "smaller would round to 0");
+}
+
 TEST(TrainCli, ResumedRunIsBitwiseIdenticalToUninterruptedRun) {
     TempDir d;
     const std::string yaml = tiny_yaml(d, kSmallTrain);
