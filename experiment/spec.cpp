@@ -1651,6 +1651,19 @@ std::map<std::string, std::string> diff(const RunConfig& base, const RunConfig& 
     return out;
 }
 
+// The `train:` keys' pair of ignored_under: the validation batches are never read without
+// a validation loss.
+void check_train_section(const ParsedFile& pf) {
+    const auto batches = pf.experiment_where.find("train.eval_batches");
+    if (batches == pf.experiment_where.end() || pf.train.eval_every != 0) return;
+    const auto every = pf.experiment_where.find("train.eval_every");
+    fail(batches->second, "train.eval_batches", "",
+         "has no effect with train.eval_every: 0" +
+             (every == pf.experiment_where.end() ? std::string() : " (at " + every->second + ")") +
+             " (no validation loss), so it would be silently ignored; set train.eval_every "
+             ">= 1, or remove train.eval_batches");
+}
+
 }  // namespace
 
 const RunConfig& ExperimentSpec::variant(const std::string& name) const {
@@ -1674,6 +1687,7 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
     spec.out_dir = pf.out_dir;
     spec.train = pf.train;
 
+    check_train_section(pf);
     spec.base = Resolver{pf, pf.settings, ""}.resolve();
     spec.base.variant = "base";
     const RunConfig& base = spec.base;

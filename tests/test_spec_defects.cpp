@@ -512,6 +512,9 @@ TEST_F(SpecDefects, KeysWithNoEffectUnderAnotherKeyAreRefused) {
     };
     for (const auto& [text, key] : pairs)
         EXPECT_CONTAINS(error_of(text), std::string("key '") + key + "': has no effect with");
+    EXPECT_CONTAINS(error_of("train: { eval_every: 0, eval_batches: 8 }\n"),
+                    "key 'train.eval_batches': has no effect with train.eval_every: 0");
+    EXPECT_EQ(error_of("train: { eval_every: 5, eval_batches: 8 }\n"), "");
     // Meaningful under the other key's value: accepted.
     EXPECT_EQ(error_of("data: { source: tokens, path: my.bin }\n"), "");
     EXPECT_EQ(error_of("optim: { schedule: cosine, warmup_steps: 10, decay_steps: 100 }\n"), "");
