@@ -183,9 +183,9 @@ void register_run_command(CLI::App& app, int& exit_code) {
         "Run an experiment (baseline + variants), time every phase, track memory, and "
         "write the run folder with the baseline-vs-variant report");
     cmd->add_option("file", args->file, "Experiment YAML file")->required();
-    cmd->add_option("--set", args->overrides,
-                    "Override a key of the base config, e.g. --set run.measure_steps=5 "
-                    "(repeatable)");
+    add_set_option(cmd, args->overrides,
+                   "Override a key of the base config, e.g. --set run.measure_steps=5 "
+                   "(repeatable)");
     cmd->add_option("--out-dir", args->out_dir,
                     "Directory for the run folder (default: the file's report.out_dir)");
     cmd->add_flag("--quiet,-q", args->quiet, "No progress output; only the table and the path");

@@ -29,8 +29,10 @@
 #include "cli/commands.h"
 #include "engine/step_loop.h"
 #include "engine/training_session.h"
+#include "experiment/spec.h"
 #include "io/safetensors.h"
 #include "kernels/enum_names.h"
+#include "kernels/text.h"
 
 namespace mt {
 namespace {
@@ -43,11 +45,15 @@ struct StepArgs {
     std::string backend = "cpu";
     int steps = 1;
     int threads = 0;
-    AdamWConfig optim = [] {
-        AdamWConfig c;
-        c.grad_clip = 0.0f;  // no clipping unless asked
-        return c;
-    }();
+    // The AdamW flags as typed. Each is the value of an experiment key and is read by that key's
+    // parser (set_knob, experiment/spec.h), so a flag takes exactly what the file's key takes:
+    // the same range, and nothing the 32-bit float field would turn into inf or 0.
+    std::string lr = format_float(AdamWConfig{}.lr);
+    std::string beta1 = format_float(AdamWConfig{}.beta1);
+    std::string beta2 = format_float(AdamWConfig{}.beta2);
+    std::string eps = format_float(AdamWConfig{}.eps);
+    std::string weight_decay = format_float(AdamWConfig{}.weight_decay);
+    std::string grad_clip = "0";  // no clipping unless asked
     std::string impl = "fused";
     std::vector<std::string> freeze;  // optim.freeze
     std::string quantize_frozen = "none";
@@ -119,7 +125,18 @@ RunConfig step_config(const StepArgs& a, const GPTConfig& model, const Batch& ba
     c.model = model;
     c.data.batch_size = batch.B;
     c.data.seq_len = batch.T;
-    c.optim = a.optim;
+    const std::pair<const char*, const std::string*> knobs[] = {
+        {"optim.lr", &a.lr},
+        {"optim.eps", &a.eps},
+        {"optim.weight_decay", &a.weight_decay},
+        {"optim.grad_clip", &a.grad_clip},
+    };
+    const char* flags[] = {"--lr", "--eps", "--weight-decay", "--grad-clip"};
+    for (size_t i = 0; i < std::size(knobs); ++i)
+        set_knob(c, knobs[i].first, *knobs[i].second,
+                 std::string(flags[i]) + " " + *knobs[i].second);
+    set_knob(c, "optim.betas", "[" + a.beta1 + ", " + a.beta2 + "]",
+             "--beta1 " + a.beta1 + " --beta2 " + a.beta2);
     c.optim.impl = parse_impl(a.impl);
     c.optim.schedule = LRSchedule{};  // constant LR
     c.run.threads = a.threads;
@@ -280,37 +297,21 @@ void register_step_command(CLI::App& app, int& exit_code) {
                     "Number of AdamW steps N (1.." + std::to_string(kMaxSteps) + ")")
         ->capture_default_str()
         ->check(CLI::Range(1, kMaxSteps));
-    cmd->add_option("--lr", a->optim.lr, "Learning rate (constant)")
-        ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
-    const CLI::Validator unit_open(
-        [](std::string& s) -> std::string {
-            double v = 0;
-            try {
-                v = std::stod(s);
-            } catch (...) {
-                return "expected a number in [0, 1), got '" + s + "'";
-            }
-            return v >= 0 && v < 1 ? std::string() : "expected a number in [0, 1), got " + s;
-        },
-        "in [0, 1)");
-    cmd->add_option("--beta1", a->optim.beta1, "AdamW beta1")
-        ->capture_default_str()
-        ->check(unit_open);
-    cmd->add_option("--beta2", a->optim.beta2, "AdamW beta2")
-        ->capture_default_str()
-        ->check(unit_open);
-    cmd->add_option("--eps", a->optim.eps, "AdamW epsilon")
-        ->capture_default_str()
-        ->check(CLI::PositiveNumber);
-    cmd->add_option("--weight-decay", a->optim.weight_decay,
-                    "Decoupled weight decay (2-D parameters only, as nanoGPT)")
-        ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
-    cmd->add_option("--grad-clip", a->optim.grad_clip,
-                    "Clip the global gradient L2 norm to this value (0 = no clipping)")
-        ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+    // Checked by their keys' parser when the command runs (step_config), not by CLI11 here.
+    cmd->add_option("--lr", a->lr, "Learning rate (constant; optim.lr, > 0)")
+        ->capture_default_str();
+    cmd->add_option("--beta1", a->beta1, "AdamW beta1 (optim.betas[0], in [0, 1))")
+        ->capture_default_str();
+    cmd->add_option("--beta2", a->beta2, "AdamW beta2 (optim.betas[1], in [0, 1))")
+        ->capture_default_str();
+    cmd->add_option("--eps", a->eps, "AdamW epsilon (optim.eps, > 0)")->capture_default_str();
+    cmd->add_option("--weight-decay", a->weight_decay,
+                    "Decoupled weight decay (2-D parameters only, as nanoGPT; optim.weight_decay)")
+        ->capture_default_str();
+    cmd->add_option("--grad-clip", a->grad_clip,
+                    "Clip the global gradient L2 norm to this value (0 = no clipping; "
+                    "optim.grad_clip)")
+        ->capture_default_str();
     cmd->add_option("--optim-impl", a->impl, "AdamW implementation")
         ->capture_default_str()
         ->check(CLI::IsMember({"fused", "multi_tensor", "unfused"}));

@@ -14,6 +14,7 @@
 #include "cli/training_run.h"
 #include "engine/step_loop.h"
 #include "engine/training_session.h"
+#include "experiment/spec.h"
 
 namespace mt {
 namespace {
@@ -32,7 +33,7 @@ struct TrainArgs {
     std::string preset = "tiny";
     std::string backend = "cpu";
     int batch = 4, seq_len = 32, steps = 20, threads = 0;
-    float lr = 1e-3f;
+    std::string lr = "0.001";  // read by optim.lr's parser (set_knob), as in a file
     uint64_t seed = 1337;
 };
 
@@ -44,7 +45,7 @@ RunConfig train_config(const TrainArgs& a, const GPTConfig& model) {
     c.model = model;
     c.data.batch_size = a.batch;
     c.data.seq_len = a.seq_len;
-    c.optim.lr = a.lr;
+    set_knob(c, "optim.lr", a.lr, "--lr " + a.lr);
     c.run.seed = a.seed;
     c.run.threads = a.threads;
     c.profile.trace = false;
@@ -133,6 +134,9 @@ int run_one_batch_checked(const TrainArgs& a, const CLI::App& cmd) {
     } catch (const ResourceError& e) {  // does not fit / too many threads: the user can fix it
         std::fprintf(stderr, "microtrain train: %s\n", e.what());
         return 2;
+    } catch (const SpecError& e) {  // a flag its key refuses (--lr)
+        std::fprintf(stderr, "microtrain train: %s\n", e.what());
+        return 2;
     }
 }
 
@@ -154,7 +158,7 @@ void register_train_command(CLI::App& app, int& exit_code) {
                     "Run directory (default <report.out_dir>/<name>-train[-<variant>])");
     cmd->add_option("--resume", args->resume,
                     "Continue the run in DIR from its newest valid checkpoint");
-    cmd->add_option("--set", args->overrides, "Override a key: --set optim.lr=1e-3 (repeatable)");
+    add_set_option(cmd, args->overrides, "Override a key: --set optim.lr=1e-3 (repeatable)");
     cmd->add_option("--preset", args->preset, "Model preset (one-batch test)")
         ->capture_default_str()
         ->check(CLI::IsMember(gpt_preset_names()));
@@ -170,14 +174,8 @@ void register_train_command(CLI::App& app, int& exit_code) {
     cmd->add_option("--steps", args->steps, "Optimizer steps (with FILE: overrides train.steps)")
         ->capture_default_str()
         ->check(CLI::Range(1, kMaxSteps));
-    cmd->add_option("--lr", args->lr, "Learning rate (one-batch test)")
-        ->capture_default_str()
-        ->check([](const std::string& text) -> std::string {
-            char* end = nullptr;
-            const double v = std::strtod(text.c_str(), &end);
-            if (end != text.c_str() && *end == '\0' && v > 0 && v <= 10) return "";
-            return "expected a learning rate > 0 and <= 10, got '" + text + "'";
-        });
+    cmd->add_option("--lr", args->lr, "Learning rate (one-batch test; optim.lr, > 0)")
+        ->capture_default_str();
     cmd->add_option("--seed", args->seed, "Seed for weights and data (one-batch test)")
         ->capture_default_str();
     cmd->add_option("--threads", args->threads, "CPU threads (0 = all)")

@@ -40,17 +40,20 @@ bool runs_on_cuda_here(const RunConfig& c, bool have_cuda) {
 // Reads every distinct data file the variants name, as the loader will: tokens >= vocab_size, a
 // malformed header, invalid UTF-8, a FIFO or a file too short for one batch fail here, before
 // the experiment runs. Returns 2 (with the message) on the first bad one, else 0.
+// data.val_path is read the same way (check_data_sources).
 int check_data_files(const ExperimentSpec& spec) {
-    std::set<std::tuple<DataSource, std::string, int, int, int>> seen;
+    std::set<std::tuple<DataSource, std::string, std::string, int, int, int>> seen;
     for (const RunConfig& v : spec.variants) {
         const DataConfig& d = v.data;
         if (d.source == DataSource::synthetic ||
-            !seen.insert({d.source, d.path, v.model.vocab_size, d.batch_size, d.seq_len}).second)
+            !seen.insert(
+                     {d.source, d.path, d.val_path, v.model.vocab_size, d.batch_size, d.seq_len})
+                 .second)
             continue;
         try {
-            check_data_source(d, v.model.vocab_size);
+            check_data_sources(d, v.model.vocab_size);
         } catch (const DataError& e) {
-            std::fprintf(stderr, "microtrain validate: %s: variant '%s': data: %s\n",
+            std::fprintf(stderr, "microtrain validate: %s: variant '%s': %s\n",
                          spec.source_path.c_str(), v.variant.c_str(), e.what());
             return 2;
         }
@@ -140,10 +143,9 @@ void register_validate_command(CLI::App& app, int& exit_code) {
     CLI::App* cmd = app.add_subcommand(
         "validate", "Check an experiment file without running it; print each variant's config");
     cmd->add_option("file", args->file, "Experiment YAML file")->required();
-    cmd->add_option("--set", args->overrides,
-                    "Override a config key before the variants apply, e.g. --set run.seed=7 "
-                    "(repeatable)")
-        ->allow_extra_args(false);
+    add_set_option(cmd, args->overrides,
+                   "Override a config key before the variants apply, e.g. --set run.seed=7 "
+                   "(repeatable)");
     cmd->callback([args, &exit_code] { exit_code = run_validate(*args); });
 }
 

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 namespace mt {
 void register_train_command(CLI::App& app, int& exit_code);     // cli/cmd_train.cpp
@@ -12,6 +13,13 @@ void register_validate_command(CLI::App& app, int& exit_code);  // cli/cmd_valid
 void register_run_command(CLI::App& app, int& exit_code);       // cli/cmd_run.cpp
 void register_compare_command(CLI::App& app, int& exit_code);   // cli/cmd_compare.cpp
 void register_export_command(CLI::App& app, int& exit_code);    // cli/cmd_export.cpp
+
+// `--set KEY=VALUE` of run, validate and train (repeatable): one value per --set, so the FILE
+// after it is not read as a second override (`run --set k=v FILE` said "file is required").
+inline CLI::Option* add_set_option(CLI::App* cmd, std::vector<std::string>& overrides,
+                                   const std::string& help) {
+    return cmd->add_option("--set", overrides, help)->allow_extra_args(false);
+}
 
 struct GPTConfig;
 class RepeatedBatch;

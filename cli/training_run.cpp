@@ -557,6 +557,14 @@ Trainer::Trainer(const TrainRunOptions& o)
                     ": run.host_sync: none is for `microtrain run` only: `train` writes "
                     "each step's loss to train.csv and checks it as the step ends; use step "
                     "(the default), loss_every_step or every_op");
+    // The data files as the loaders will read them (tokens against the vocabulary included),
+    // before the run directory is created: a bad validation file is an input error naming its
+    // key, not a failure after train.csv exists.
+    try {
+        check_data_sources(cfg_.data, cfg_.model.vocab_size);
+    } catch (const DataError& e) {
+        input_error(o.file + ": " + e.what());
+    }
     config_ = config_map(cfg_, train_);
     if (!o.resume_dir.empty()) {
         if (!o.out_dir.empty() &&
@@ -884,7 +892,8 @@ int Trainer::loop() {
                                  (outcome.non_finite.in_loss ? "loss" : "gradient norm") +
                                  " is not finite at step " + std::to_string(step) +
                                  "; no checkpoint of the diverged model is written (the last one "
-                                 "is kept); lower optim.lr or check the data",
+                                 "is kept); " +
+                                 non_finite_hint(cfg_.optim, outcome.non_finite.in_loss),
                              /*agreed=*/true);
         case LoopOutcome::End::interrupted:
             if (leader_) print_noise();

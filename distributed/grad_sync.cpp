@@ -9,6 +9,9 @@
 namespace mt {
 namespace {
 
+// The longest one simulated collective may take (a day): see the link simulation below.
+constexpr double kMaxSimulatedCollectiveSeconds = 86400;
+
 using clock_type = std::chrono::steady_clock;
 
 double ms_between(clock_type::time_point a, clock_type::time_point b) {
@@ -242,6 +245,10 @@ void GradientSync::run_job(const Job& job) {
         // SIMULATED link: the collective takes at least latency + bytes / bandwidth.
         double s = config_.simulate_latency_us * 1e-6;
         if (config_.simulate_link_gbps > 0) s += bytes * 8.0 / (config_.simulate_link_gbps * 1e9);
+        // In double seconds, capped before it becomes the clock's int64 nanoseconds: a duration
+        // past 292 years would wrap (a negative one: no delay at all). The experiment key is
+        // bounded far below this (engine/run_config.h); the cap keeps other callers safe.
+        s = std::min(s, kMaxSimulatedCollectiveSeconds);
         const auto sim_end = start + std::chrono::duration_cast<clock_type::duration>(
                                          std::chrono::duration<double>(s));
         if (sim_end > end) {

@@ -806,4 +806,21 @@ void check_data_source(const DataConfig& config, int vocab_size) {
     DataLoader loader(probe, vocab_size, /*seed=*/0);
 }
 
+void check_data_sources(const DataConfig& config, int vocab_size) {
+    try {
+        check_data_source(config, vocab_size);
+    } catch (const DataError& e) {
+        throw DataError(std::string("data.path: ") + e.what());
+    }
+    if (config.source == DataSource::synthetic || config.val_path.empty()) return;
+    DataConfig validation = config;  // read as the validation batches are: a loader over it
+    validation.path = config.val_path;
+    validation.val_path.clear();
+    try {
+        check_data_source(validation, vocab_size);
+    } catch (const DataError& e) {
+        throw DataError(std::string("data.val_path: ") + e.what());
+    }
+}
+
 }  // namespace mt

@@ -79,6 +79,10 @@ std::optional<std::string> not_a_regular_file(const std::string& path);
 // enough for one batch. Throws DataError naming the file and what is wrong. `microtrain validate`
 // runs it so a bad data file fails before an experiment starts, not in its first step.
 void check_data_source(const DataConfig& config, int vocab_size);
+// check_data_source for data.path and, when set, data.val_path: the DataError's message starts
+// with the key ("data.val_path: 'val.bin': token 600 ..."). `validate` and `train` (before it
+// creates its run directory) run it.
+void check_data_sources(const DataConfig& config, int vocab_size);
 
 // The length of batch `batch` under shape jitter (data.seq_len_jitter j): seq_len when j is 0,
 // otherwise drawn uniformly from [max(1, ceil((1 - j) * seq_len)), seq_len] by a generator seeded

@@ -25,12 +25,28 @@ namespace {
 
 constexpr int kProbeVersion = 4;  // bump when the probe changes, to invalidate old caches
 
+// Bounds on a cached CPU peak. A figure above these is no CPU's (the largest do about 1e13 FLOP/s
+// and 1e12 B/s): an edited or corrupt cache, ignored and measured again rather than kept forever.
+constexpr double kMaxPlausibleFlopsPerS = 1e16;
+constexpr double kMaxPlausibleBytesPerS = 1e14;
+// A busy machine's probe under-estimates the peak, so a better cached figure is kept over a fresh
+// probe; but not one more than this many times the fresh probe: no load slows a probe by an
+// order of magnitude, a wrong cache entry can.
+constexpr double kMaxCachedOverProbe = 10;
+
 bool is_cpu_device(const std::string& name) {
     return name.rfind("CPU", 0) == 0;
 }
 
 std::string cache_file() {
     return (std::filesystem::path(peaks_cache_dir()) / "cpu_peaks.json").string();
+}
+
+// A figure for a message: 1.02e+11, not std::to_string's 300 digits of 1e300.
+std::string sci(double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", x);
+    return buf;
 }
 
 // A cache that cannot be used is said once per process, naming the file, and then measured
@@ -84,6 +100,12 @@ std::optional<MachinePeaks> cached_peaks(const std::string& device_name) {
     p.flops_per_s = e["flops_per_s"].get<double>();
     p.bytes_per_s = e["bytes_per_s"].get<double>();
     if (!(p.flops_per_s > 0) || !(p.bytes_per_s > 0)) return std::nullopt;
+    if (p.flops_per_s > kMaxPlausibleFlopsPerS || p.bytes_per_s > kMaxPlausibleBytesPerS) {
+        warn_bad_cache(at + " holds " + sci(p.flops_per_s) + " FLOP/s and " + sci(p.bytes_per_s) +
+                       " B/s, above any CPU's (at most " + sci(kMaxPlausibleFlopsPerS) +
+                       " FLOP/s, " + sci(kMaxPlausibleBytesPerS) + " B/s)");
+        return std::nullopt;
+    }
     auto text = [&](const char* k, const char* dflt) {
         return e.contains(k) && e[k].is_string() ? e[k].get<std::string>() : std::string(dflt);
     };
@@ -170,8 +192,13 @@ MachinePeaks remember_cpu_peaks(const std::string& name, const MachinePeaks& p, 
         j["probe_version"] = kProbeVersion;
         if (!j.contains("devices")) j["devices"] = nlohmann::json::object();
         if (auto old = cached_peaks(name); old && old->flops_per_s >= p.flops_per_s) {
-            *note = " (the cache in " + cache_file() + " keeps a better figure)";
-            return *old;
+            if (old->flops_per_s <= kMaxCachedOverProbe * p.flops_per_s) {
+                *note = " (the cache in " + cache_file() + " keeps a better figure)";
+                return *old;
+            }
+            warn_bad_cache("devices[\"" + name + "\"] holds " + sci(old->flops_per_s) +
+                           " FLOP/s, more than " + sci(kMaxCachedOverProbe) +
+                           " times this probe's " + sci(p.flops_per_s));
         }
         j["devices"][name] = {{"flops_per_s", p.flops_per_s},
                               {"bytes_per_s", p.bytes_per_s},

@@ -88,6 +88,12 @@ struct RunSettings {
 
 // Data parallel (distributed/, `mpirun -np N microtrain run FILE`): how the gradients travel. Every
 // key is a one-knob variant; on one rank they change nothing.
+// dist.simulate_link_gbps's bounds when nonzero: 10 Mbit/s stretches a 25 MiB bucket to 21 s
+// (slower only hangs a run, and 1e-30 would overflow the clock into no delay at all); above
+// 1e6 Gbit/s the delay is below any clock's resolution, so it simulates nothing.
+inline constexpr double kMinSimulatedLinkGbps = 0.01;
+inline constexpr double kMaxSimulatedLinkGbps = 1e6;
+
 struct DistConfig {
     float bucket_mb = 25;  // gradients reduced in buckets of about this size (MiB), in the
                            // order backward produces them (PyTorch DDP's default is 25)
@@ -95,7 +101,7 @@ struct DistConfig {
     int zero = 0;          // ZeRO stage: 0, or 1 (AdamW state sharded across the ranks)
     // A SIMULATED slow interconnect: each collective is stretched to latency + bytes / link
     // (0 = off), so a communication-bound step can be studied on one machine.
-    float simulate_link_gbps = 0;   // link bandwidth in Gbit/s
+    float simulate_link_gbps = 0;   // link bandwidth in Gbit/s: 0, or in the bounds below
     float simulate_latency_us = 0;  // per-collective latency in microseconds
     // Or a link scaled to the machine: after the warm-up, the bandwidth at which one step's
     // gradient traffic takes this many times the last warm-up step's forward + backward (the

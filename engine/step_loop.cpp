@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <limits>
 #include <sstream>
 #include <utility>
@@ -12,30 +13,48 @@
 
 namespace mt {
 
-std::string non_finite_message(const std::string& variant, const StepRecord& rec) {
+// What to change, from the config: a decoupled weight decay with lr x weight_decay >= 1 scales
+// every weight by (1 - lr x wd) <= 0 each step (the weights flip sign and grow until they
+// overflow), whatever the LR alone; else the usual suspects of the loss or the gradients.
+std::string non_finite_hint(const AdamWConfig& optim, bool loss_bad) {
+    const double decay = static_cast<double>(optim.lr) * optim.weight_decay;
+    if (decay >= 1) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf,
+                      "lower optim.weight_decay: lr x weight_decay = %g >= 1 scales the weights "
+                      "by (1 - %g) each step",
+                      decay, decay);
+        return buf;
+    }
+    return loss_bad ? "lower optim.lr or check the data"
+                    : "enable optim.grad_clip or lower optim.lr";
+}
+
+std::string non_finite_message(const RunConfig& config, const StepRecord& rec) {
     const bool loss_bad = !std::isfinite(rec.loss);
+    // 1-based, as the progress line counts ("step 2/2 loss nan" is step 2 here too), with the
+    // 0-based index the step files use.
     std::ostringstream msg;
-    msg << "variant '" << variant << "': non-finite "
+    msg << "variant '" << config.variant << "': non-finite "
         << (loss_bad ? "loss (" + std::to_string(rec.loss) + ")"
                      : "gradient norm (" + std::to_string(rec.grad_norm) + ")")
-        << " at step " << rec.step << (rec.warmup ? " (warm-up)" : "") << ", produced in the "
+        << " at step " << rec.step + 1 << " (" << (rec.warmup ? "warm-up; " : "")
+        << "the progress line's count, steps[" << rec.step << "] in results.json), produced in the "
         << (loss_bad ? "forward" : "backward")
         << " phase and detected at the sync read-back; this variant stopped there ("
-        << (loss_bad ? "lower optim.lr or check the data"
-                     : "enable optim.grad_clip or lower optim.lr")
-        << ")";
+        << non_finite_hint(config.optim, loss_bad) << ")";
     return msg.str();
 }
 
 namespace {
 
-NonFiniteValue non_finite_value(const std::string& variant, const StepRecord& rec) {
+NonFiniteValue non_finite_value(const RunConfig& config, const StepRecord& rec) {
     NonFiniteValue v;
     v.in_loss = !std::isfinite(rec.loss);
     v.value = v.in_loss ? rec.loss : rec.grad_norm;
     v.warmup = rec.warmup;
     v.phase = v.in_loss ? "forward" : "backward";
-    v.message = non_finite_message(variant, rec);
+    v.message = non_finite_message(config, rec);
     return v;
 }
 
@@ -70,7 +89,7 @@ LoopOutcome StepLoop::run(int first, int last) {
                 // Under none the window's later steps ran on the device; they are dropped.
                 outcome.end = LoopOutcome::End::non_finite;
                 outcome.step = rec.step;
-                outcome.non_finite = non_finite_value(session_.config().variant, rec);
+                outcome.non_finite = non_finite_value(session_.config(), rec);
                 return outcome;
             }
             int sig = 0;

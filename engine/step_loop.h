@@ -62,9 +62,11 @@ struct NonFiniteValue {
     bool warmup = false;
     // The phase that produced it: "forward" (the loss) or "backward" (the gradients).
     std::string phase;
-    // "variant 'V': non-finite loss (nan) at step 3 (warm-up), produced in the forward phase and
+    // "variant 'V': non-finite loss (nan) at step 3 (warm-up; the progress line's count,
+    // steps[2] in results.json), produced in the forward phase and
     // detected at the sync read-back; this variant stopped there (lower optim.lr or check the
-    // data)" — V is the session's RunConfig::variant.
+    // data)" — V is the session's RunConfig::variant, the step 1-based as the progress line
+    // counts it, the hint from the config (non_finite_hint: weight decay or LR).
     std::string message;
 };
 
@@ -79,8 +81,11 @@ struct LoopOutcome {
     NonFiniteValue non_finite;  // when end == non_finite
 };
 
-// The non-finite message of NonFiniteValue::message for step `rec` of variant `variant`.
-std::string non_finite_message(const std::string& variant, const StepRecord& rec);
+// The non-finite message of NonFiniteValue::message for step `rec` of config's variant.
+std::string non_finite_message(const RunConfig& config, const StepRecord& rec);
+// Its hint, what to change: "lower optim.weight_decay: ..." when lr x weight_decay >= 1, else
+// "lower optim.lr or check the data" (a loss) / "enable optim.grad_clip or lower optim.lr".
+std::string non_finite_hint(const AdamWConfig& optim, bool loss_bad);
 
 class StepLoop {
   public:

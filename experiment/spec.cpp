@@ -56,9 +56,24 @@ struct Setting {
 };
 using Settings = std::map<std::string, Setting>;
 
+// The name with every byte outside the printable ASCII range shown as \xHH, for messages: a NUL
+// in a key would otherwise cut the message short at a valid-looking key.
+std::string printable(const std::string& s) {
+    std::string out;
+    for (char c : s) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u >= 0x20 && u < 0x7f) {
+            out += c;
+        } else {
+            const char* d = "0123456789ABCDEF";
+            out += std::string("\\x") + d[u >> 4] + d[u & 15];
+        }
+    }
+    return out;
+}
 [[noreturn]] void fail(const std::string& where, const std::string& key, const std::string& context,
                        const std::string& body) {
-    std::string msg = where + ": key '" + key + "'";
+    std::string msg = where + ": key '" + printable(key) + "'";
     if (!context.empty()) msg += " (" + context + ")";
     msg += ": " + body;
     throw SpecError(msg);
@@ -212,8 +227,10 @@ struct Value {
     std::string text;  // the scalar as written (integers: kept for out-of-range messages)
 };
 
+// A whole number; a leading '+' is allowed as YAML allows it (from_chars rejects it).
 bool parse_int(const std::string& s, int64_t& out) {
-    auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+    const char* b = s.data() + (s.size() > 1 && s[0] == '+' && s[1] != '-' ? 1 : 0);
+    auto r = std::from_chars(b, s.data() + s.size(), out);
     return r.ec == std::errc() && r.ptr == s.data() + s.size() && !s.empty();
 }
 // A whole number too large for int64 (parse_int failed only on the range): its sign.
@@ -225,8 +242,9 @@ int integer_overflow_sign(const std::string& s) {
     return s[0] == '-' ? -1 : 1;
 }
 bool parse_u64(const std::string& s, uint64_t& out) {
-    if (s.empty() || s[0] == '-' || s[0] == '+') return false;
-    auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+    const size_t sign = !s.empty() && s[0] == '+' ? 1 : 0;  // '+' as in parse_int
+    if (s.size() == sign || s[sign] == '-' || s[sign] == '+') return false;
+    auto r = std::from_chars(s.data() + sign, s.data() + s.size(), out);
     return r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
 bool parse_number(const std::string& s, double& out) {
@@ -293,6 +311,9 @@ using IntRef = std::function<int&(RunConfig&)>;
 // Resource bounds, checked before any work starts (fixed, so a file validates the same on every
 // machine): kMaxDataWorkers (engine/run_config.h), kMaxThreads (kernels/types.h) and this one.
 constexpr int kMaxPrefetch = 1024;
+// The tokens of one optimizer step on one rank (B x T x grad_accum): 2^40, so the report's
+// count over the ranks (times the world size) stays far inside 64 bits.
+constexpr int64_t kMaxTokensPerStep = int64_t{1} << 40;
 using FloatRef = std::function<float&(RunConfig&)>;
 
 // An int field in [lo, hi]; `hi_reason` says where the upper bound comes from.
@@ -625,6 +646,13 @@ std::string parse_lora(const YAML::Node& node, LoraConfig& out) {
                    fix + ")";
         }
     }
+    // alpha and targets shape the adapters of rank > 0; without a rank LoRA is off and the
+    // whole model would train, the other keys silently ignored.
+    if (l.rank == 0 && (node["alpha"] || node["targets"]))
+        return std::string("has ") + (node["alpha"] ? "alpha" : "targets") + " but " +
+               (node["rank"] ? "rank 0" : "no rank") +
+               ", which means no adapters: LoRA would be off and every parameter would train; "
+               "add a rank such as `rank: 8`, or remove model.lora";
     out = l;
     return "";
 }
@@ -667,9 +695,15 @@ void add_dist_keys(std::vector<KeyDef>& t) {
         [](RunConfig& c) -> int& { return c.dist.zero; },
         "use 0 (replicated AdamW state) or 1 (AdamW state sharded across the ranks)"));
     t.push_back(float_key(
-        "dist.simulate_link_gbps", [](double x) { return x >= 0; }, "a number >= 0",
+        "dist.simulate_link_gbps",
+        [](double x) {
+            return x == 0 || (x >= kMinSimulatedLinkGbps && x <= kMaxSimulatedLinkGbps);
+        },
+        "0 or a number in [" + format_double(kMinSimulatedLinkGbps) + ", " +
+            format_double(kMaxSimulatedLinkGbps) + "]",
         [](RunConfig& c) -> float& { return c.dist.simulate_link_gbps; },
-        "it is a SIMULATED link bandwidth in Gbit/s; use 0 for the real transport only"));
+        "it is a SIMULATED link bandwidth in Gbit/s (slower than 0.01 would only hang the run); "
+        "use 0 for the real transport only"));
     t.push_back(float_key(
         "dist.simulate_latency_us", [](double x) { return x >= 0 && x <= 1e7; },
         "a number in [0, 1e7]", [](RunConfig& c) -> float& { return c.dist.simulate_latency_us; },
@@ -868,7 +902,7 @@ struct ParsedFile {
 void unknown_key(const std::string& where, const std::string& key, const std::string& context,
                  const std::vector<std::string>& valid) {
     const std::string nearest = nearest_key(key, valid);
-    std::string msg = where + ": unknown key '" + key + "'";
+    std::string msg = where + ": unknown key '" + printable(key) + "'";
     if (!context.empty()) msg += " (" + context + ")";
     msg += ": did you mean '" + nearest + "'?";
     // List the keys of the section the user was writing in, so the fix is on the screen.
@@ -931,20 +965,6 @@ constexpr size_t kMaxNameLength = 64;
 bool name_char_ok(char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ||
            c == '+';
-}
-// The name with every byte outside the printable ASCII range shown as \xHH, for messages.
-std::string printable(const std::string& s) {
-    std::string out;
-    for (char c : s) {
-        const auto u = static_cast<unsigned char>(c);
-        if (u >= 0x20 && u < 0x7f) {
-            out += c;
-        } else {
-            const char* d = "0123456789ABCDEF";
-            out += std::string("\\x") + d[u >> 4] + d[u & 15];
-        }
-    }
-    return out;
 }
 void check_name(const std::string& name, const std::string& where, const std::string& key,
                 const std::string& what) {
@@ -1217,6 +1237,42 @@ ParsedFile parse_file(const std::string& path) {
     return pf;
 }
 
+// The value text of a --set or a flag as a YAML node, read as a file's value would be (the same
+// refusals of what yaml-cpp would misread). Throws SpecError at `where`.
+YAML::Node load_value_text(const std::string& value_text, const std::string& where,
+                           const std::string& key) {
+    check_experiment_text(value_text, where, true);
+    try {
+        return YAML::Load(value_text);
+    } catch (const YAML::Exception& e) {
+        fail(where, key, "",
+             "cannot parse the value '" + value_text + "': " + e.msg +
+                 "; quote it for the shell, e.g. --set 'optim.betas=[0.9, 0.99]'");
+    }
+}
+
+// `--set model=tiny`: a section where a dotted key belongs. The nearest key by spelling would be
+// 'name'; the section's key that takes the value (model.preset takes tiny) is what was meant.
+void section_as_key(const std::string& where, const std::string& key, const YAML::Node& value) {
+    std::vector<std::string> in_section;
+    std::string takes_value;
+    for (const auto& k : all_keys(true)) {
+        if (section_of(k) != key) continue;
+        in_section.push_back(leaf_of(k));
+        const KeyDef* def = find_knob(k);
+        if (def && value.IsScalar() && takes_value.empty() &&
+            std::find(def->choices.begin(), def->choices.end(), value.Scalar()) !=
+                def->choices.end())
+            takes_value = k;
+    }
+    if (in_section.empty()) return;
+    throw SpecError(where + ": '" + key + "' is a section, not a key: --set takes a dotted key" +
+                    (takes_value.empty()
+                         ? " such as " + key + "." + in_section.front() + "=..."
+                         : ": did you mean '" + takes_value + "=" + value.Scalar() + "'?") +
+                    " (" + key + " keys: " + join(in_section, ", ") + ")");
+}
+
 // Applies one --set key=value to the file's base settings / experiment keys.
 void apply_override(ParsedFile& pf, const std::string& text) {
     // A very long argument is shown shortened: the message names it, it need not repeat it.
@@ -1229,15 +1285,7 @@ void apply_override(ParsedFile& pf, const std::string& text) {
         throw SpecError(where + ": expected key=value (e.g. --set run.precision=bf16); got no '='");
     const std::string key = text.substr(0, eq);
     const std::string value_text = text.substr(eq + 1);
-    YAML::Node value;
-    check_experiment_text(value_text, where, true);  // what yaml-cpp would misread, as in a file
-    try {
-        value = YAML::Load(value_text);
-    } catch (const YAML::Exception& e) {
-        fail(where, key, "",
-             "cannot parse the value '" + value_text + "': " + e.msg +
-                 "; quote it for the shell, e.g. --set 'optim.betas=[0.9, 0.99]'");
-    }
+    const YAML::Node value = load_value_text(value_text, where, key);
     if (is_experiment_key(key)) {
         set_experiment_key(pf, key, value, where);
         return;
@@ -1245,10 +1293,46 @@ void apply_override(ParsedFile& pf, const std::string& text) {
     if (!find_knob(key)) {
         if (key == "variants")
             throw SpecError(where + ": key 'variants' cannot be set with --set; edit the file");
+        section_as_key(where, key, value);
         unknown_key(where, key, "", all_keys(true));
     }
     pf.settings.erase(key);  // not assignment: see add_setting
     pf.settings.emplace(key, Setting{value, where, "", std::string(), false});
+}
+
+// ---- keys another key makes meaningless ---------------------------------------------------
+
+// A key that has no effect under another key's value: written anyway, it would be silently
+// ignored (data.path under data.source: synthetic trains on synthetic data). Each pair is an
+// error naming both keys. model.lora's own keys (alpha, targets without rank) are parse_lora's.
+struct IgnoredUnder {
+    std::string key;        // the key written
+    std::string governing;  // the key whose value makes it meaningless
+    std::function<bool(const RunConfig&)> ignored;
+    std::string fix;
+};
+const std::vector<IgnoredUnder>& ignored_under() {
+    using S = LRSchedule::Kind;
+    auto constant = [](const RunConfig& c) { return c.optim.schedule.kind == S::constant; };
+    const std::string cosine = "set optim.schedule: cosine, or remove ";
+    static const std::vector<IgnoredUnder> pairs = {
+        {"data.path", "data.source",
+         [](const RunConfig& c) { return c.data.source == DataSource::synthetic; },
+         "set data.source: tokens (an llm.c .bin) or text, or remove data.path"},
+        {"data.synthetic", "data.source",
+         [](const RunConfig& c) { return c.data.source != DataSource::synthetic; },
+         "remove data.synthetic (it picks the generated data of data.source: synthetic)"},
+        {"data.prefetch", "data.workers", [](const RunConfig& c) { return c.data.workers == 0; },
+         "set data.workers >= 1 (prefetch is the ring the workers fill), or remove "
+         "data.prefetch"},
+        {"optim.warmup_steps", "optim.schedule", constant, cosine + "optim.warmup_steps"},
+        {"optim.decay_steps", "optim.schedule", constant, cosine + "optim.decay_steps"},
+        {"optim.min_lr_ratio", "optim.schedule", constant, cosine + "optim.min_lr_ratio"},
+        {"profile.trace_steps", "profile.trace",
+         [](const RunConfig& c) { return !c.profile.trace; },
+         "set profile.trace: true, or remove profile.trace_steps"},
+    };
+    return pairs;
 }
 
 // ---- resolving one config -------------------------------------------------------------------
@@ -1299,6 +1383,7 @@ struct Resolver {
             def.set(c, v);
         }
         if (preset && !(*preset == c.model)) c.model_preset.clear();
+        check_ignored_keys(c);
         check_validation_split(c);
         check_host_sync(c);
         check_kernel_ladders(c);
@@ -1308,6 +1393,28 @@ struct Resolver {
             c.data.seq_len = std::min(c.data.seq_len, c.model.max_seq_len);
         check(c);
         return c;
+    }
+
+    // A written key that another key's value makes meaningless (ignored_under). Not when the
+    // key comes from the base and a variant sets the governing key: the base's detail is then
+    // for the variants that switch the mode on (prefetch in the base, data.workers per variant),
+    // or a variant switches the mode off without unsetting it (data.source: synthetic).
+    void check_ignored_keys(const RunConfig& c) const {
+        for (const IgnoredUnder& p : ignored_under()) {
+            const auto written = s.find(p.key);
+            if (written == s.end() || !p.ignored(c)) continue;
+            if (!written->second.from_variant && some_variant_sets(p.governing)) continue;
+            const auto governing = s.find(p.governing);
+            const std::string value = find_knob(p.governing)->get(c);
+            error(p.key, "has no effect with " + p.governing + ": " + value +
+                             (governing == s.end() ? " (the default)"
+                                                   : " (at " + governing->second.where + ")") +
+                             ", so it would be silently ignored; " + p.fix);
+        }
+    }
+    bool some_variant_sets(const std::string& key) const {
+        return std::any_of(pf.variants.begin(), pf.variants.end(),
+                           [&](const VariantSpec& v) { return v.set.count(key) > 0; });
     }
 
     // The validation split: a share of the windows (data.val_fraction) or a file of the same
@@ -1324,11 +1431,7 @@ struct Resolver {
                   "expected data.source tokens or text (the validation file is read like "
                   "data.path), got data.source synthetic; use data.val_fraction with synthetic "
                   "data");
-        std::error_code ec;
-        if (!fs::is_regular_file(c.data.val_path, ec))
-            error("data.val_path", "expected a readable file, got '" + c.data.val_path +
-                                       "' which does not exist or is not a file; check the path "
-                                       "(relative paths resolve against the experiment file)");
+        // The file itself is checked with data.path's checks (check_data_file).
     }
 
     // kernels.matmul / kernels.layernorm_forward: each backend has its own ladder steps. With
@@ -1393,6 +1496,31 @@ struct Resolver {
                       " positions (the step indexes them with a 32-bit int); lower one of them");
     }
 
+    // Counts the trainer adds or multiplies, bounded here so no sum wraps where it is used: the
+    // runner's step indices (warm-up then measured steps, an int) and the tokens of one
+    // optimizer step (B x T x grad_accum, counted in 64 bits and multiplied by the ranks in the
+    // report).
+    void check_step_counts(const RunConfig& c) const {
+        const int64_t steps = static_cast<int64_t>(c.run.warmup_steps) + c.run.measure_steps;
+        if (steps > std::numeric_limits<int>::max())
+            error(blame({"run.warmup_steps", "run.measure_steps"}),
+                  "expected run.warmup_steps + run.measure_steps <= " +
+                      std::to_string(std::numeric_limits<int>::max()) + ", got " +
+                      std::to_string(c.run.warmup_steps) + " + " +
+                      std::to_string(c.run.measure_steps) + " = " + std::to_string(steps) +
+                      " (the runner numbers the steps with a 32-bit int); lower one of them");
+        const int64_t tokens = static_cast<int64_t>(c.data.batch_size) * c.data.seq_len *
+                               static_cast<int64_t>(c.run.grad_accum);
+        if (tokens > kMaxTokensPerStep)
+            error(blame({"run.grad_accum", "data.batch_size", "data.seq_len"}),
+                  "expected at most 2^40 tokens per optimizer step (data.batch_size x "
+                  "data.seq_len x run.grad_accum), got " +
+                      std::to_string(c.data.batch_size) + " x " + std::to_string(c.data.seq_len) +
+                      " x " + std::to_string(c.run.grad_accum) + " = " + std::to_string(tokens) +
+                      " tokens per optimizer step (a trillion tokens is years of steps, and the "
+                      "report's counts over every rank must fit 64 bits); lower run.grad_accum");
+    }
+
     // LoRA's rank against the model, optim.freeze's names against its parameter table, and
     // int8 storage against what is frozen: the table's own checks, blamed on the key they name.
     void check_trainable(const RunConfig& c) const {
@@ -1429,6 +1557,7 @@ struct Resolver {
                            "; lower data.seq_len or raise model.max_seq_len");
         }
         check_sizes(c);
+        check_step_counts(c);
         if (c.optim.schedule.kind == LRSchedule::Kind::cosine && c.optim.schedule.decay_steps < 1)
             error(blame({"optim.decay_steps", "optim.schedule"}),
                   "expected optim.decay_steps >= 1 with schedule cosine, got " +
@@ -1456,8 +1585,6 @@ struct Resolver {
                   "link is scaled to the last warm-up step's compute: add a warm-up step");
         if (c.data.source == DataSource::synthetic) return;
 
-        const char* what = c.data.source == DataSource::tokens ? "an llm.c token file (.bin)"
-                                                               : "a UTF-8 text file";
         if (c.data.source == DataSource::text && m.vocab_size < 256)
             error(blame({"model.vocab_size", "data.source", "model.preset"}),
                   "expected model.vocab_size >= 256 for byte-level text, got " +
@@ -1465,40 +1592,54 @@ struct Resolver {
         if (c.data.path.empty())
             error("data.path", std::string("missing; data.source ") +
                                    (c.data.source == DataSource::tokens ? "tokens" : "text") +
-                                   " reads " + what + ": add `path: <file>` to the data section");
-        const std::string& p = c.data.path;
+                                   " reads " + data_file_kind(c) +
+                                   ": add `path: <file>` to the data section");
+        check_data_file(c, "data.path");
+        // The validation file is read like the training file, one batch at a time.
+        if (!c.data.val_path.empty()) check_data_file(c, "data.val_path");
+    }
+
+    static std::string data_file_kind(const RunConfig& c) {
+        return c.data.source == DataSource::tokens ? "an llm.c token file (.bin)"
+                                                   : "a UTF-8 text file";
+    }
+
+    // data.path or data.val_path (`key`): a readable regular file of data.source's kind holding
+    // at least one batch. Its tokens against the vocabulary are read by `validate`
+    // (check_data_source), not here: that reads the whole file.
+    void check_data_file(const RunConfig& c, const std::string& key) const {
+        const std::string what = data_file_kind(c);
+        const std::string& p = key == "data.path" ? c.data.path : c.data.val_path;
         std::error_code ec;
         if (!fs::exists(p, ec) && !ec)  // ec set (e.g. ELOOP): not_a_regular_file says what
-            error("data.path", "expected " + std::string(what) + ", got '" + p +
-                                   "' which does not exist; check the path (relative paths "
-                                   "resolve against the experiment file's directory)");
+            error(key, "expected " + what + ", got '" + p +
+                           "' which does not exist; check the path (relative paths resolve "
+                           "against the experiment file's directory)");
         if (fs::is_directory(p, ec))
-            error("data.path", "expected " + std::string(what) + ", got the directory '" + p +
-                                   "'; name a file inside it");
+            error(key,
+                  "expected " + what + ", got the directory '" + p + "'; name a file inside it");
         if (auto problem = not_a_regular_file(p))  // a FIFO would block the open below forever
-            error("data.path",
-                  "expected " + std::string(what) + ", got '" + p + "' which " + *problem);
+            error(key, "expected " + what + ", got '" + p + "' which " + *problem);
         {
             std::ifstream f(p, std::ios::binary);
             if (!f)
-                error("data.path", "expected a readable file, got '" + p +
-                                       "' which cannot be opened: " + std::strerror(errno) +
-                                       "; check its permissions");
+                error(key, "expected a readable file, got '" + p + "' which cannot be opened: " +
+                               std::strerror(errno) + "; check its permissions");
         }
         size_t count = 0;
         if (c.data.source == DataSource::tokens) {
             try {
                 count = token_file_count(p);
             } catch (const DataError& e) {
-                error("data.path", std::string("expected an llm.c token file, got a bad one: ") +
-                                       e.what() + "; regenerate it with a tokenizer script");
+                error(key, std::string("expected an llm.c token file, got a bad one: ") + e.what() +
+                               "; regenerate it with a tokenizer script");
             }
         } else {
             count = static_cast<size_t>(fs::file_size(p, ec));
         }
         const size_t need = static_cast<size_t>(c.data.batch_size) * c.data.seq_len + 1;
         if (count < need)
-            error(blame({"data.path", "data.batch_size", "data.seq_len"}),
+            error(blame({key, "data.batch_size", "data.seq_len"}),
                   "expected a data file holding at least one batch (batch_size " +
                       std::to_string(c.data.batch_size) + " x seq_len " +
                       std::to_string(c.data.seq_len) + " + 1 = " + std::to_string(need) +
@@ -1524,6 +1665,19 @@ std::map<std::string, std::string> diff(const RunConfig& base, const RunConfig& 
     return out;
 }
 
+// The `train:` keys' pair of ignored_under: the validation batches are never read without
+// a validation loss.
+void check_train_section(const ParsedFile& pf) {
+    const auto batches = pf.experiment_where.find("train.eval_batches");
+    if (batches == pf.experiment_where.end() || pf.train.eval_every != 0) return;
+    const auto every = pf.experiment_where.find("train.eval_every");
+    fail(batches->second, "train.eval_batches", "",
+         "has no effect with train.eval_every: 0" +
+             (every == pf.experiment_where.end() ? std::string() : " (at " + every->second + ")") +
+             " (no validation loss), so it would be silently ignored; set train.eval_every "
+             ">= 1, or remove train.eval_batches");
+}
+
 }  // namespace
 
 const RunConfig& ExperimentSpec::variant(const std::string& name) const {
@@ -1547,6 +1701,7 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
     spec.out_dir = pf.out_dir;
     spec.train = pf.train;
 
+    check_train_section(pf);
     spec.base = Resolver{pf, pf.settings, ""}.resolve();
     spec.base.variant = "base";
     const RunConfig& base = spec.base;
@@ -1587,6 +1742,13 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
         }
     }
     return spec;
+}
+
+void set_knob(RunConfig& config, const std::string& key, const std::string& text,
+              const std::string& where) {
+    const KeyDef* def = find_knob(key);
+    if (!def) throw std::logic_error("set_knob: '" + key + "' is not a key of the key table");
+    def->set(config, parse_value(*def, load_value_text(text, where, key), where, ""));
 }
 
 std::vector<std::pair<std::string, std::string>> flatten(const RunConfig& config) {

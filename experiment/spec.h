@@ -50,6 +50,14 @@ struct ExperimentSpec {
 ExperimentSpec load_experiment(const std::string& path,
                                const std::vector<std::string>& overrides = {});
 
+// Parses `text` as the value of the knob `key` (a dotted key of the experiment file, such as
+// "optim.lr"), checks it exactly as the file's key is checked (its type, its range, what the
+// field it is stored in can hold) and stores it in `config`. The one parser behind the file,
+// --set and the commands' flags (`step --lr` is optim.lr). Throws SpecError naming `where` (the
+// flag as typed) and the key; `key` must be a knob (a programming error otherwise).
+void set_knob(RunConfig& config, const std::string& key, const std::string& text,
+              const std::string& where);
+
 // The effective config as a flat list of (dotted key, value) in a stable order, for reports.
 std::vector<std::pair<std::string, std::string>> flatten(const RunConfig& config);
 

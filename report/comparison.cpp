@@ -394,12 +394,39 @@ Comparison build_comparison(const Results& results) {
     return c;
 }
 
+namespace {
+
+// A results.json read back may have been edited: a step time <= 0 or a negative loss is no
+// measurement (the trainer writes neither) and would make a speedup of 0x or infinity, so
+// compare refuses it, naming the file, the variant and the step.
+void check_measurements(const VariantResult& v, const std::string& label) {
+    const std::string who = label + ": variant '" + v.name + "': ";
+    const auto bad_time = [](double ms) { return !std::isfinite(ms) || ms <= 0; };
+    for (const StepRow& s : v.steps) {
+        const std::string step = "step " + std::to_string(s.step);
+        if (bad_time(s.wall_ms))
+            throw ReportError(who + step + ": wall_ms " + f("%g", s.wall_ms) +
+                              ": expected a step time > 0 ms; the file was not written by a run "
+                              "(or was edited): measure again");
+        if (std::isfinite(s.loss) && s.loss < 0)
+            throw ReportError(who + step + ": loss " + f("%g", s.loss) +
+                              ": expected a cross-entropy loss >= 0; the file was not written by "
+                              "a run (or was edited): measure again");
+    }
+    if (v.stats.step_ms.n > 0 && bad_time(v.stats.step_ms.median))
+        throw ReportError(who + "stats.step_ms.median " + f("%g", v.stats.step_ms.median) +
+                          ": expected a step time > 0 ms; measure again");
+}
+
+}  // namespace
+
 Comparison compare_results(const Results& a, const std::string& a_label, const Results& b,
                            const std::string& b_label, const std::string& a_variant,
                            const std::string& b_variant) {
     Comparison c;
     const std::string want_a = a_variant.empty() ? a.experiment.baseline : a_variant;
     const VariantResult& va = find_variant(a, want_a, a_label);
+    check_measurements(va, a_label);
     ComparisonRow base = row_from(va);
     if (!base.has_stats)
         throw ReportError(a_label + ": the baseline variant '" + want_a +
@@ -411,6 +438,7 @@ Comparison compare_results(const Results& a, const std::string& a_label, const R
     c.rows.push_back(base);
     for (const VariantResult& vb : b.variants) {
         if (!b_variant.empty() && vb.name != b_variant) continue;
+        check_measurements(vb, b_label);
         ComparisonRow r = row_from(vb);
         r.variant = "B:" + vb.name;
         describe_config_difference(r, va, vb);

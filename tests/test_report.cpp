@@ -520,6 +520,40 @@ TEST(Compare, TwoResultsFilesGiveTheSameTable) {
     fs::remove_all(dir);
 }
 
+// Issue #25 item 14: compare took zero or negative step times and losses from an edited
+// results.json and called them "keep: 0.00x faster". They are refused, naming file, variant, step.
+TEST(Compare, RefusesStepTimesAndLossesNoRunCanMeasure) {
+    const HandMadeExperiment a = make_experiment();
+    const Results good = a.results();
+    auto error_of = [&](const Results& b) -> std::string {
+        try {
+            compare_results(good, "A.json", b, "B.json");
+        } catch (const ReportError& e) {
+            return e.what();
+        }
+        return "";
+    };
+    ASSERT_EQ(error_of(good), "");
+    for (const double ms : {0.0, -5.0}) {
+        Results b = good;
+        b.variants[0].steps.back().wall_ms = ms;
+        const std::string e = error_of(b);
+        EXPECT_NE(e.find("B.json: variant '" + b.variants[0].name + "'"), std::string::npos) << e;
+        EXPECT_NE(e.find("wall_ms"), std::string::npos) << e;
+        EXPECT_NE(e.find("expected a step time > 0"), std::string::npos) << e;
+    }
+    Results b = good;
+    b.variants[0].steps.back().loss = -1;
+    EXPECT_NE(error_of(b).find("expected a cross-entropy loss >= 0"), std::string::npos);
+    b = good;
+    b.variants[0].stats.step_ms.median = 0;
+    EXPECT_NE(error_of(b).find("stats.step_ms"), std::string::npos);
+    // The baseline side (A) is checked too.
+    Results bad_a = good;
+    bad_a.variants[0].steps.back().wall_ms = -1;
+    EXPECT_THROW(compare_results(bad_a, "A.json", good, "B.json"), ReportError);
+}
+
 TEST(LoadResults, BadFilesGiveClearErrors) {
     const fs::path dir = temp_dir("bad");
     auto expect_error = [](const std::string& path, const std::string& needle) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/data.h"
 #include "experiment/spec.h"
 #include "experiment/spec_text.h"
 #include "model/gpt.h"
@@ -410,9 +411,146 @@ TEST_F(SpecDefects, ValidateAndRunExitTwoOnTheseErrors) {
         EXPECT_EQ(p.rc, 2) << p.out;
         EXPECT_CONTAINS(p.out, at(1, 7) + ": a double-quoted string opens here");
     }
+    // Item 14: `--set k=v FILE` is one override and the file, with options after the file too
+    // ("file is required" before: --set took the file as a second override).
+    const std::string file = write("x.yaml", "name: x\n");
+    for (const std::string& args :
+         {" validate --set run.bogus=1 " + file, " run --set run.bogus=1 " + file + " --quiet",
+          " train --set run.bogus=1 " + file + " --steps 1"}) {
+        const Proc p = run_cmd(std::string(MT_BINARY) + args);
+        EXPECT_EQ(p.rc, 2) << args << p.out;
+        EXPECT_CONTAINS(p.out, "unknown key 'run.bogus'");
+    }
     const std::string lr = write("lr.yaml", "optim: { lr: 1e-50 }\n");
     const Proc p = run_cmd(std::string(MT_BINARY) + " validate " + lr);
     EXPECT_EQ(p.rc, 2) << p.out;
+}
+
+// ---- issue #25: nothing silently wrong ------------------------------------------------------
+
+// Item 6: the runner counts warm-up and measured steps in one int; a sum past 2^31-1 ran no
+// step at all and exited 0.
+TEST_F(SpecDefects, WarmupPlusMeasureStepsPastInt32IsRefused) {
+    const std::string msg = error_of("run: { warmup_steps: 2147483000, measure_steps: 1000 }\n");
+    EXPECT_CONTAINS(msg, "run.warmup_steps + run.measure_steps <= 2147483647");
+    EXPECT_CONTAINS(msg, "2147483000 + 1000 = 2147484000");
+    EXPECT_EQ(error_of("run: { warmup_steps: 2147483000, measure_steps: 647 }\n"), "");
+}
+
+// Item 6, the same class: the samples of one optimizer step (B x T x grad_accum, times the
+// ranks in the report) are counted in 64 bits; a bound keeps them far from overflowing.
+TEST_F(SpecDefects, TokensPerOptimizerStepAreBounded) {
+    const std::string msg =
+        error_of("data: { batch_size: 65536, seq_len: 32 }\nrun: { grad_accum: 2147483647 }\n");
+    EXPECT_CONTAINS(msg, "key 'run.grad_accum'");
+    EXPECT_CONTAINS(msg, "tokens per optimizer step");
+}
+
+// Item 8: data.val_path is checked as data.path is, when the file is loaded, not when `train`
+// starts (after creating its run directory).
+TEST_F(SpecDefects, ValPathIsCheckedLikeDataPath) {
+    write_token_file((dir_ / "train.bin").string(), std::vector<uint16_t>(1000, 7));
+    const std::string head =
+        "data: { source: tokens, path: train.bin, batch_size: 2, seq_len: 8, val_path: ";
+    // Too short for one batch (2 x 8 + 1 = 17 tokens).
+    write_token_file((dir_ / "short.bin").string(), std::vector<uint16_t>(10, 7));
+    std::string msg = error_of(head + "short.bin }\n");
+    EXPECT_CONTAINS(msg, "key 'data.val_path'");
+    EXPECT_CONTAINS(msg, "with 10 tokens");
+    // Empty, and truncated (the header promises more tokens than the file holds).
+    write("empty.bin", "");
+    msg = error_of(head + "empty.bin }\n");
+    EXPECT_CONTAINS(msg, "key 'data.val_path'");
+    EXPECT_CONTAINS(msg, "empty.bin");
+    write_token_file((dir_ / "cut.bin").string(), std::vector<uint16_t>(100, 7));
+    fs::resize_file(dir_ / "cut.bin", fs::file_size(dir_ / "cut.bin") - 50);
+    msg = error_of(head + "cut.bin }\n");
+    EXPECT_CONTAINS(msg, "key 'data.val_path'");
+    EXPECT_CONTAINS(msg, "cut.bin");
+    // A directory.
+    fs::create_directories(dir_ / "sub");
+    EXPECT_CONTAINS(error_of(head + "sub }\n"), "key 'data.val_path'");
+    // A good one loads.
+    write_token_file((dir_ / "val.bin").string(), std::vector<uint16_t>(100, 7));
+    EXPECT_EQ(error_of(head + "val.bin }\n"), "");
+}
+
+// Item 11: the simulated link's duration overflowed its clock (1e-30 Gbit/s: no delay at all
+// while the report said a link was simulated) or hung (1e-12). The key is bounded.
+TEST_F(SpecDefects, SimulatedLinkBandwidthIsBounded) {
+    for (const char* gbps : {"1e-30", "1e-12", "0.0001", "1e7"}) {
+        const std::string msg =
+            error_of(std::string("dist: { simulate_link_gbps: ") + gbps + " }\n");
+        EXPECT_CONTAINS(msg, "key 'dist.simulate_link_gbps'");
+        EXPECT_CONTAINS(msg, "0 or a number in [0.01, 1e+06]");
+    }
+    for (const char* gbps : {"0", "0.01", "10", "1e6"})
+        EXPECT_EQ(error_of(std::string("dist: { simulate_link_gbps: ") + gbps + " }\n"), "");
+}
+
+// Item 5: a key that another key's value makes meaningless was silently ignored (data.path
+// without a file source trained on synthetic data; LoRA's alpha without rank trained the whole
+// model). Each pair is an error naming both keys.
+TEST_F(SpecDefects, KeysWithNoEffectUnderAnotherKeyAreRefused) {
+    write_token_file((dir_ / "my.bin").string(), std::vector<uint16_t>(1000, 7));
+    std::string msg = error_of("data: { path: my.bin }\n");
+    EXPECT_CONTAINS(msg,
+                    "key 'data.path': has no effect with data.source: synthetic (the default)");
+    EXPECT_CONTAINS(msg, "set data.source: tokens");
+    msg = error_of("model: { lora: { alpha: 16, targets: [attn.c_attn] } }\n");
+    EXPECT_CONTAINS(msg, "key 'model.lora'");
+    EXPECT_CONTAINS(msg, "no rank");
+    EXPECT_CONTAINS(msg, "every parameter would train");
+    EXPECT_CONTAINS(error_of("model: { lora: { rank: 0, targets: [attn.c_attn] } }\n"), "rank 0");
+    const std::pair<const char*, const char*> pairs[] = {
+        {"data: { source: tokens, path: my.bin, synthetic: uniform }\n", "data.synthetic"},
+        {"data: { workers: 0, prefetch: 4 }\n", "data.prefetch"},
+        {"optim: { warmup_steps: 10 }\n", "optim.warmup_steps"},
+        {"optim: { schedule: constant, decay_steps: 10 }\n", "optim.decay_steps"},
+        {"optim: { min_lr_ratio: 0.1 }\n", "optim.min_lr_ratio"},
+        {"profile: { trace: false, trace_steps: 5 }\n", "profile.trace_steps"},
+    };
+    for (const auto& [text, key] : pairs)
+        EXPECT_CONTAINS(error_of(text), std::string("key '") + key + "': has no effect with");
+    EXPECT_CONTAINS(error_of("train: { eval_every: 0, eval_batches: 8 }\n"),
+                    "key 'train.eval_batches': has no effect with train.eval_every: 0");
+    EXPECT_EQ(error_of("train: { eval_every: 5, eval_batches: 8 }\n"), "");
+    // Meaningful under the other key's value: accepted.
+    EXPECT_EQ(error_of("data: { source: tokens, path: my.bin }\n"), "");
+    EXPECT_EQ(error_of("optim: { schedule: cosine, warmup_steps: 10, decay_steps: 100 }\n"), "");
+    EXPECT_EQ(error_of("model: { lora: { rank: 4, alpha: 8 } }\n"), "");
+    // A base detail for the variants that switch the mode on, or off: accepted.
+    EXPECT_EQ(error_of("data: { workers: 0, prefetch: 4 }\n"
+                       "variants:\n  - name: a\n  - name: b\n    set: { data.workers: 2 }\n"),
+              "");
+    EXPECT_EQ(
+        error_of("data: { source: tokens, path: my.bin }\n"
+                 "variants:\n  - name: a\n  - name: b\n    set: { data.source: synthetic }\n"),
+        "");
+}
+
+// Item 14: `n_layer: +2` (YAML allows the '+') was reported as out of range.
+TEST_F(SpecDefects, AnIntegerWithAPlusSignIsItsValue) {
+    const std::string path = write("exp.yaml", "model: { n_layer: +2 }\nrun: { seed: +7 }\n");
+    const ExperimentSpec spec = load_experiment(path);
+    EXPECT_EQ(spec.base.model.n_layer, 2);
+    EXPECT_EQ(spec.base.run.seed, 7u);
+    EXPECT_CONTAINS(error_of("model: { n_layer: +-2 }\n"), "expected an integer");
+}
+
+// Item 14: `--set model=tiny` suggested "did you mean 'name'?".
+TEST_F(SpecDefects, SetOfASectionSuggestsTheKeyThatTakesTheValue) {
+    const std::string msg = error_of("name: x\n", {"model=tiny"});
+    EXPECT_CONTAINS(msg, "--set model=tiny: 'model' is a section, not a key");
+    EXPECT_CONTAINS(msg, "did you mean 'model.preset=tiny'?");
+    EXPECT_CONTAINS(error_of("name: x\n", {"optim=3"}), "such as optim.lr=...");
+}
+
+// Item 14: a NUL in a key cut the message at a valid-looking key ('model.n_la').
+TEST_F(SpecDefects, ANulInAKeyIsShownEscaped) {
+    const std::string msg = error_of("model: { \"n_la\\0yer\": 2 }\n");
+    EXPECT_CONTAINS(msg, "unknown key 'model.n_la\\x00yer'");
+    EXPECT_EQ(msg.find('\0'), std::string::npos);
 }
 
 }  // namespace

@@ -259,5 +259,48 @@ TEST(StepCli, AnUnknownOptimImplIsRejectedNotMappedToFused) {
     EXPECT_CONTAINS(out, "fused");  // the choices are listed
 }
 
+// Issue #25 item 10: the AdamW flags are read by the experiment file's key table (set_knob), so
+// a value the float field cannot hold is refused, not stored as inf (every parameter NaN) or 0
+// (clipping silently off), and each flag takes exactly what its key takes.
+TEST(StepCli, FlagsAreCheckedLikeTheirExperimentKeys) {
+    TempDir dir("mt_step");
+    const std::string w = data("tiny_weights.safetensors"), b = data("tiny_batch.safetensors");
+    std::string out = expect_rejected(dir, w, b, "--lr 1e39").output;
+    EXPECT_CONTAINS(out, "--lr 1e39: key 'optim.lr'");
+    EXPECT_CONTAINS(out, "larger would become inf");
+    out = expect_rejected(dir, w, b, "--grad-clip 1e-50").output;
+    EXPECT_CONTAINS(out, "--grad-clip 1e-50: key 'optim.grad_clip'");
+    EXPECT_CONTAINS(out, "smaller would round to 0");
+    out = expect_rejected(dir, w, b, "--weight-decay 1e300").output;
+    EXPECT_CONTAINS(out, "key 'optim.weight_decay'");
+    out = expect_rejected(dir, w, b, "--eps 1e-60").output;
+    EXPECT_CONTAINS(out, "key 'optim.eps'");
+    out = expect_rejected(dir, w, b, "--beta2 0.99999999999").output;
+    EXPECT_CONTAINS(out, "key 'optim.betas'");
+    EXPECT_CONTAINS(out, "rounds to 1");
+    // optim.lr's own range, as docs/commands.md states it (the file's key says > 0 too).
+    out = expect_rejected(dir, w, b, "--lr 0").output;
+    EXPECT_CONTAINS(out, "--lr 0: key 'optim.lr': expected a number > 0");
+    out = expect_rejected(dir, w, b, "--lr abc").output;
+    EXPECT_CONTAINS(out, "key 'optim.lr': expected a number");
+}
+
+// Issue #25 item 13: 1024 threads under an address-space limit made libgomp print "Thread
+// creation failed" and exit(1) with nothing else said. The backend tries the threads first and
+// fails with the count that could start and what to change.
+TEST(StepCli, ThreadsThatCannotStartAreAClearError) {
+    TempDir dir("mt_step");
+    const std::string out = dir.file("o.safetensors");
+    const CliResult r =
+        run_shell("ulimit -v 2000000; '" + std::string(MT_BINARY) + "' step --weights " +
+                  q(data("tiny_weights.safetensors")) + " --batch " +
+                  q(data("tiny_batch.safetensors")) + " --out " + q(out) + " --threads 1024");
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, "cannot run 1024 CPU threads (run.threads, --threads) here: only ");
+    EXPECT_CONTAINS(r.output, "lower run.threads");
+    EXPECT_EQ(r.output.find("libgomp"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out));
+}
+
 }  // namespace
 }  // namespace mt

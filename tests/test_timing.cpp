@@ -345,12 +345,46 @@ TEST(Peaks, ReprobeKeepsTheBestFigureEverMeasured) {
         std::ifstream in(file);
         j = nlohmann::json::parse(in);
     }
-    const double high = first.flops_per_s * 1000.0;  // no real probe reaches this
+    const double high = first.flops_per_s * 3.0;  // a quiet machine's best, say
     j["devices"][backend->device_name()]["flops_per_s"] = high;
     { std::ofstream(file) << j.dump(); }
     const MachinePeaks again = measure_peaks(*backend, /*force=*/true);
     EXPECT_DOUBLE_EQ(again.flops_per_s, high);
     EXPECT_DOUBLE_EQ(*peak_flops(backend->device_name(), Precision::fp32), high);
+    std::filesystem::remove_all(dir);
+}
+
+// Issue #25 item 14: a cache holding 1e300 FLOP/s was kept forever (every MFU ~0). An
+// implausible figure is ignored, and a cached one orders of magnitude above a fresh probe is
+// replaced by it.
+TEST(Peaks, ImplausibleOrFarBetterCachedPeaksAreReplacedByAProbe) {
+    const auto dir = std::filesystem::temp_directory_path() /
+                     ("mt_test_peaks_implausible_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    ::setenv("MICROTRAIN_CACHE_DIR", dir.c_str(), 1);
+    BackendOptions o;
+    o.num_threads = 1;
+    auto backend = create_backend(BackendKind::cpu, o);
+    measure_peaks(*backend);  // writes the cache
+    const auto file = dir / "cpu_peaks.json";
+    auto set_cached = [&](double flops) {
+        nlohmann::json j;
+        {
+            std::ifstream in(file);
+            j = nlohmann::json::parse(in);
+        }
+        j["devices"][backend->device_name()]["flops_per_s"] = flops;
+        std::ofstream(file) << j.dump();
+    };
+    set_cached(1e300);
+    EXPECT_FALSE(peak_flops(backend->device_name(), Precision::fp32).has_value());
+    const MachinePeaks a = measure_peaks(*backend);
+    EXPECT_FALSE(a.from_cache);
+    EXPECT_LT(a.flops_per_s, 1e16);
+    set_cached(a.flops_per_s * 1000.0);
+    const MachinePeaks b = measure_peaks(*backend, /*force=*/true);
+    EXPECT_LT(b.flops_per_s, a.flops_per_s * 100.0);
+    EXPECT_LT(*peak_flops(backend->device_name(), Precision::fp32), a.flops_per_s * 100.0);
     std::filesystem::remove_all(dir);
 }
 

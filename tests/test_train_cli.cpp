@@ -207,6 +207,35 @@ TEST(TrainCli, ValPathFileIsTheValidationSplit) {
     EXPECT_TRUE(rows[5][2].empty());
 }
 
+// Issue #25 item 8: a validation file the loader cannot read (a token >= vocab_size) failed
+// after the run directory and train.csv existed, naming no key. It is an input error (exit 2)
+// naming data.val_path and the file, before anything is created.
+TEST(TrainCli, ABadValPathFailsBeforeTheRunDirectoryNamingTheKey) {
+    TempDir d;
+    write_token_file(d.file("train.bin"), std::vector<uint16_t>(2000, 7));
+    std::vector<uint16_t> val(200, 7);
+    val[3] = 600;  // the tiny preset's vocabulary is smaller
+    write_token_file(d.file("val.bin"), val);
+    write_text(d.file("exp.yaml"),
+               "name: v\nbackend: cpu\nmodel: { preset: tiny }\n"
+               "data: { source: tokens, path: train.bin, val_path: val.bin, batch_size: 2, "
+               "seq_len: 16 }\nrun: { threads: 1 }\ntrain: { steps: 2 }\n");
+    const std::string out = d.file("run");
+    const CliResult r = run_microtrain("train " + q(d.file("exp.yaml")) + " --out-dir " + q(out));
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, "data.val_path: '" + d.file("val.bin") + "': token 600");
+    EXPECT_FALSE(fs::exists(out)) << "nothing is created for a run that cannot start";
+}
+
+// Issue #25 item 10, the same class: the smoke test's --lr is read by optim.lr's parser, so a
+// value its 32-bit float would turn into 0 is refused naming the flag and the key.
+TEST(TrainCli, OneBatchLrIsCheckedLikeItsKey) {
+    const CliResult r = run_microtrain("train --one-batch --steps 1 --threads 1 --lr 1e-50");
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, "--lr 1e-50: key 'optim.lr'");
+    EXPECT_CONTAINS(r.output, "smaller would round to 0");
+}
+
 TEST(TrainCli, ResumedRunIsBitwiseIdenticalToUninterruptedRun) {
     TempDir d;
     const std::string yaml = tiny_yaml(d, kSmallTrain);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,30 @@ TEST_F(ValidateDataTest, DirectoryAsDataPathIsRejected) {
     const CliResult r = validate(experiment("text", dir_.string()));
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_NE(r.output.find("got the directory"), std::string::npos) << r.output;
+}
+
+// Issue #25 item 8: data.val_path is read like data.path, so a token >= vocab_size in the
+// validation file fails `validate` (naming the key), not `train` after creating its directory.
+TEST_F(ValidateDataTest, TokenAtOrAboveVocabSizeInValPathFailsValidate) {
+    const std::string tokens = (dir_ / "ok.bin").string(), val = (dir_ / "val.bin").string();
+    write_token_file(tokens, std::vector<uint16_t>(100, 7));
+    std::vector<uint16_t> t(100, 7);
+    t[3] = 600;  // >= vocab_size 512
+    write_token_file(val, t);
+    const std::string path = experiment("tokens", tokens);
+    std::string text;
+    {
+        std::ifstream in(path);
+        text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const std::string at = "batch_size: 2";
+    text.insert(text.find(at), "val_path: '" + val + "', ");
+    std::ofstream(path) << text;
+    const CliResult r = validate(path);
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_NE(r.output.find("data.val_path"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("token 600 at token offset 3"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(val), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -8,13 +8,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
@@ -23,6 +27,37 @@
 
 namespace mt {
 namespace {
+
+// Whether `threads` threads can run at once in this process, tried before OpenMP is asked for
+// them: libgomp cannot report a failed team start (it prints "Thread creation failed" and calls
+// exit(1), leaving no report), and a team of 1024 fails under an address-space limit
+// (`ulimit -v`: each thread reserves a stack) or a process limit (`ulimit -u`). threads - 1 new
+// threads (the caller is the first) with the default stack, as libgomp starts them, wait until
+// all exist, then end. "" when they started, else what failed.
+std::string thread_start_error(int threads) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool release = false;
+    std::vector<std::thread> team;
+    std::string error;
+    try {
+        for (int i = 1; i < threads; ++i)
+            team.emplace_back([&] {
+                std::unique_lock<std::mutex> lock(mu);
+                cv.wait(lock, [&] { return release; });
+            });
+    } catch (const std::system_error& e) {
+        error = "only " + std::to_string(team.size() + 1) + " of " + std::to_string(threads) +
+                " threads could be started (" + e.code().message() + ")";
+    }
+    {
+        const std::lock_guard<std::mutex> lock(mu);
+        release = true;
+    }
+    cv.notify_all();
+    for (std::thread& t : team) t.join();
+    return error;
+}
 
 constexpr size_t kAlignment = 256;
 
@@ -149,7 +184,17 @@ class CpuBackend final : public Backend {
         if (const std::string e = thread_count_error("num_threads", o.num_threads); !e.empty())
             throw BackendError(e + "; this machine has " + std::to_string(omp_get_num_procs()) +
                                " cores");
-        if (o.num_threads > 0) omp_set_num_threads(o.num_threads);
+        if (o.num_threads > 0) {
+            if (const std::string e = thread_start_error(o.num_threads); !e.empty())
+                throw BackendError("cannot run " + std::to_string(o.num_threads) +
+                                   " CPU threads (run.threads, --threads) here: " + e +
+                                   "; the address-space limit (ulimit -v) or the process limit "
+                                   "(ulimit -u) allows fewer; lower run.threads (this machine "
+                                   "has " +
+                                   std::to_string(omp_get_num_procs()) +
+                                   " cores; 0 = one per core)");
+            omp_set_num_threads(o.num_threads);
+        }
         threads_ = omp_get_max_threads();
         // The GEMM implementation is part of the name: it decides the step time and the
         // measured sgemm peak, which engine/profile.cpp caches per device name.
