@@ -14,6 +14,7 @@
 #include "cli/training_run.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +40,8 @@
 #include "experiment/dist_config_check.h"
 #include "experiment/spec.h"
 #include "io/atomic_file.h"
+#include "io/directory_lock.h"
+#include "io/regular_file.h"
 #include "report/noise.h"
 #include "report/recording.h"
 
@@ -65,6 +68,9 @@ constexpr const char* kGlobalBatchKey = "microtrain.global_batch";
 // the header without them (kCsvHeaderWithoutNoise): a resume keeps that file's column set.
 constexpr const char* kCsvHeader = "step,loss,val_loss,lr,grad_norm,ms,other_cpu_ms,steal_ms";
 constexpr const char* kCsvHeaderWithoutNoise = "step,loss,val_loss,lr,grad_norm,ms";
+// The largest train.csv read back on --resume: about 100 bytes a step, so tens of millions of
+// steps; a larger file is not one of ours.
+constexpr size_t kMaxCsvBytes = size_t{4} << 30;
 // The busiest stretch the end-of-run noise line names: at least this many consecutive steps and
 // this much step time (2 s: 200 ticks of each CPU at USER_HZ 100, so one tick more or less is 1%).
 constexpr int kNoiseWindowSteps = 16;
@@ -122,12 +128,29 @@ std::string checkpoint_name(int step) {
     return buf;
 }
 
-// The checkpoints in `dir`, newest (highest step) first. Only exact "step-NNNNNNNN.safetensors"
-// names count: an atomic write's temporary ("...safetensors.tmp.XXXXXX") never does.
+// The checkpoints in `dir`, newest (highest step) first; none when `dir` does not exist. Only
+// exact "step-NNNNNNNN.safetensors" names count: an atomic write's temporary
+// ("...safetensors.tmp.XXXXXX") never does. A `dir` that exists but cannot be listed (a regular
+// file in its place, no permission) is an error: read as "no checkpoints", a resume would start
+// again from step 0 and cut train.csv.
 std::vector<std::pair<int, fs::path>> list_checkpoints(const fs::path& dir) {
     std::vector<std::pair<int, fs::path>> out;
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) {
+        if (errno == ENOENT) return out;
+        input_error(dir.string() + ": cannot read the checkpoints directory: " +
+                    std::strerror(errno) + "; check its permissions");
+    }
+    if (!S_ISDIR(st.st_mode))
+        input_error(dir.string() + ": is " + file_kind(st.st_mode) +
+                    ", expected the run's checkpoints directory; move it away, or start a new "
+                    "--out-dir");
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
+    fs::directory_iterator it(dir, ec);
+    if (ec)
+        input_error(dir.string() + ": cannot list the checkpoints: " + ec.message() +
+                    "; check its permissions");
+    for (const auto& e : it) {
         const std::string n = e.path().filename().string();
         int step = 0;
         char tail = 0;
@@ -195,15 +218,26 @@ std::string csv_row(int step, const StepRecord& r, const std::optional<double>& 
     return std::string(buf) + "\n";
 }
 
+// The whole train.csv `path`. A FIFO, a device or a directory in its place is an error naming
+// it (opened, a FIFO would block the run forever).
+std::string read_csv_text(const fs::path& path) {
+    try {
+        return read_regular_file(path.string(), kMaxCsvBytes);
+    } catch (const FileKindError& e) {
+        input_error(std::string(e.what()) +
+                    "; expected the run's train.csv (start a new --out-dir)");
+    }
+}
+
 // Cuts `path` back to its header and first `rows` rows (the steps the resumed checkpoint
 // covers), atomically: rows after it belong to steps that will be run again. Returns whether the
 // file has the noise columns (false: an older run's header, kept as it is).
 bool truncate_csv(const fs::path& path, int rows) {
-    std::ifstream in(path);
-    if (!in)
+    if (!fs::exists(fs::symlink_status(path)))
         input_error(path.string() +
                     ": cannot open: the run directory has checkpoints but no "
                     "train.csv; it cannot be resumed (start a new --out-dir)");
+    std::istringstream in(read_csv_text(path));
     std::string line, kept;
     if (!std::getline(in, line) || (line != kCsvHeader && line != kCsvHeaderWithoutNoise))
         input_error(path.string() + ": expected the header '" + kCsvHeader + "', got '" + line +
@@ -226,7 +260,8 @@ bool truncate_csv(const fs::path& path, int rows) {
 
 // Data rows of an existing train.csv (0 when there is none).
 int csv_rows(const fs::path& path) {
-    std::ifstream in(path);
+    if (!fs::exists(fs::symlink_status(path))) return 0;
+    std::istringstream in(read_csv_text(path));
     std::string line;
     int n = -1;  // the header is not a row
     while (std::getline(in, line)) ++n;
@@ -237,9 +272,17 @@ int csv_rows(const fs::path& path) {
 class CsvAppender {
   public:
     explicit CsvAppender(const fs::path& path) : path_(path.string()) {
-        f_ = std::fopen(path_.c_str(), "a");
-        if (!f_)
+        int fd = -1;
+        try {
+            fd = open_regular_for_append(path_);  // never a FIFO, a device or a symbolic link
+        } catch (const FileKindError& e) {
+            input_error(e.what());
+        }
+        f_ = ::fdopen(fd, "a");
+        if (!f_) {
+            ::close(fd);
             throw TrainError(1, path_ + ": cannot open for appending: " + std::strerror(errno));
+        }
     }
     ~CsvAppender() {
         if (f_) std::fclose(f_);
@@ -509,6 +552,7 @@ class Trainer {
     int loop();
     void check_same_config();
     void prepare_directory();
+    void lock_directory();
     void share_resume_point(int error_code);
     void build_session();
     double evaluate();
@@ -534,6 +578,7 @@ class Trainer {
     ValidationSet val_;
     DeviceBuffer d_inputs_, d_targets_;  // for the validation batches
     std::unique_ptr<CsvAppender> csv_;
+    std::unique_ptr<DirectoryLock> lock_;  // rank 0's: held from prepare_directory to the end
     std::chrono::steady_clock::time_point t0_;
     int steps_here_ = 0;              // steps this process ran (for tokens/s and the ETA)
     double tokens_here_ = 0;          // tokens those steps trained (global batch)
@@ -583,6 +628,7 @@ void Trainer::prepare_directory() {
         if (!fs::is_directory(dir_, ec))
             input_error("--resume " + dir_.string() +
                         ": not a directory; give the --out-dir of an earlier `microtrain train`");
+        lock_directory();  // before anything is read or removed: another writer's temporaries
         remove_stale_temporaries(ckdir_);
         remove_stale_temporaries(dir_);
         resume_ = find_resume_point(dir_, config_);
@@ -600,17 +646,32 @@ void Trainer::prepare_directory() {
         fs::create_directories(ckdir_, ec);
         return;
     }
+    fs::create_directories(dir_, ec);
+    if (ec) throw TrainError(1, dir_.string() + ": cannot create the directory: " + ec.message());
+    // Locked before the check: of two runs started together on one directory, the second is
+    // refused here instead of finding it empty too.
+    lock_directory();
     if (!list_checkpoints(ckdir_).empty() || csv_rows(csv_path_) > 0)
         input_error(dir_.string() +
                     ": already holds a training run (train.csv rows or checkpoints/); continue "
                     "it with --resume " +
                     dir_.string() + ", or choose another --out-dir");
     // The header first, then checkpoints/: a directory with either is a started run.
-    fs::create_directories(dir_, ec);
-    if (ec) throw TrainError(1, dir_.string() + ": cannot create the directory: " + ec.message());
     write_file_atomic(csv_path_.string(), std::string(kCsvHeader) + "\n");
     fs::create_directories(ckdir_, ec);
     if (ec) throw TrainError(1, ckdir_.string() + ": cannot create the directory: " + ec.message());
+}
+
+// One process writes a run directory (io/directory_lock.h): a second `train` on it, fresh or
+// --resume, exits 2 naming the holder's PID.
+void Trainer::lock_directory() {
+    try {
+        lock_ = std::make_unique<DirectoryLock>(dir_.string());
+    } catch (const DirectoryLockedError& e) {
+        input_error(e.what());
+    } catch (const FileKindError& e) {
+        input_error(e.what());
+    }
 }
 
 // Every rank must train the same config from the same directory: the resolved config, the

@@ -53,7 +53,7 @@ ReadableFile::ReadableFile(const std::string& path) {
     // forever; with it the open returns and fstat refuses the FIFO. No effect on a regular file.
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd_ < 0) {
-        error_ = open_failure(errno);
+        error_ = std::string("cannot open: ") + std::strerror(errno);
         return;
     }
     struct stat st {};

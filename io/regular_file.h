@@ -37,7 +37,8 @@ std::string file_kind(mode_t mode);
 std::optional<std::string> not_a_regular_file(const std::string& path);
 
 // A regular file open for reading, closed on destruction. The constructor never blocks and never
-// throws: error() says why the path cannot be read (without the path; empty when it can).
+// throws: error() says why the path cannot be read, without the path: "cannot open: <OS error>",
+// "is a FIFO (named pipe), not a regular file", ...; empty when it can.
 class ReadableFile {
   public:
     explicit ReadableFile(const std::string& path);

@@ -162,7 +162,7 @@ TEST(ReadableFile, ReadsARegularFileAndRefusesOneOverTheLimit) {
     write_file_atomic(d.file("a"), "hello");
     EXPECT_EQ(read_regular_file(d.file("a"), 5), "hello");
     EXPECT_THROW(read_regular_file(d.file("a"), 4), FileKindError);
-    EXPECT_EQ(ReadableFile(d.file("missing")).error(), "does not exist");
+    EXPECT_EQ(ReadableFile(d.file("missing")).error(), "cannot open: No such file or directory");
 }
 
 TEST(CompareCli, AFifoAsResultsIsRefusedWithoutBlocking) {
