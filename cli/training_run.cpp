@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -51,12 +53,15 @@ namespace {
 namespace fs = std::filesystem;
 
 // __metadata__ keys of a training checkpoint, beside checkpoint.h's config keys and "step".
+// Every key of ours starts with kOwnPrefix; the checksum covers them all (format 2; format 1's
+// covered the tensors only, so an edited data_position resumed on other batches unnoticed).
+constexpr const char* kOwnPrefix = "microtrain.";
 constexpr const char* kFormatKey = "microtrain.train_format";
-constexpr const char* kFormatVersion = "1";
+constexpr const char* kFormatVersion = "2";
 constexpr const char* kConfigPrefix = "microtrain.config.";  // + dotted key: the resolved config
 constexpr const char* kPositionKey = "microtrain.data_position";  // train batches consumed
 constexpr const char* kCsvRowsKey = "microtrain.csv_rows";        // train.csv rows it covers
-constexpr const char* kChecksumKey = "microtrain.checksum";       // FNV-1a of every tensor
+constexpr const char* kChecksumKey = "microtrain.checksum";       // FNV-1a: tensors + microtrain.*
 constexpr const char* kSeedKey = "microtrain.seed";
 constexpr const char* kRngKey = "microtrain.rng";
 // Data parallel: the ranks that wrote it and the global batch (ranks x data.batch_size), which
@@ -176,16 +181,27 @@ uint64_t fnv1a(uint64_t h, std::span<const std::byte> bytes) {
     return h;
 }
 
-// The checksum of named tensors, in name order (independent of the file's data order): it
-// catches a checkpoint whose bytes were damaged after it was written (the rename makes a torn
-// write impossible, not a bad disk or a careless edit).
+// The checksum of named tensors and of our metadata (every kOwnPrefix key but the checksum's
+// own), each in name order (independent of the file's order): it catches a checkpoint whose
+// bytes were damaged after it was written (the rename makes a torn write impossible, not a bad
+// disk or a careless edit), tensor or metadata alike. Each name and value is hashed with its
+// terminating NUL, so no two different sequences hash the same bytes.
 using NamedBytes = std::map<std::string, std::span<const std::byte>>;
-std::string checksum_text(const NamedBytes& tensors) {
+std::string checksum_text(const NamedBytes& tensors,
+                          const std::map<std::string, std::string>& metadata) {
     uint64_t h = 0xCBF29CE484222325ull;
+    auto add = [&h](const std::string& text) {
+        h = fnv1a(h, std::as_bytes(std::span(text.data(), text.size() + 1)));
+    };
     for (const auto& [name, bytes] : tensors) {
-        h = fnv1a(h, std::as_bytes(std::span(name.data(), name.size() + 1)));
+        add(name);
         h = fnv1a(h, bytes);
     }
+    for (const auto& [key, value] : metadata)
+        if (key.rfind(kOwnPrefix, 0) == 0 && key != kChecksumKey) {
+            add(key);
+            add(value);
+        }
     char buf[32];
     std::snprintf(buf, sizeof buf, "%016" PRIx64, h);
     return buf;
@@ -195,7 +211,7 @@ std::string file_checksum(const SafeTensorsFile& f) {
     std::map<std::string, std::vector<std::byte>> owned;  // read from the file (no mapping)
     NamedBytes t;
     for (const auto& e : f.tensors()) t[e.name] = owned[e.name] = f.read_raw(e);
-    return checksum_text(t);
+    return checksum_text(t, f.metadata());
 }
 
 // ---- train.csv ------------------------------------------------------------------------------
@@ -365,49 +381,19 @@ void warn_skipping(const fs::path& path, const std::string& why) {
                  path.string().c_str(), why.c_str());
 }
 
-uint64_t metadata_u64(const SafeTensorsFile& f, const char* key) {
-    const std::string* v = f.metadata_value(key);
-    if (!v || v->empty() || v->find_first_not_of("0123456789") != std::string::npos)
-        throw SafeTensorsError(std::string("__metadata__ \"") + key +
-                               "\" is missing or not a non-negative integer");
-    return std::stoull(*v);
-}
-
 // Checks one candidate: a whole, undamaged microtrain training checkpoint of this config.
 // Returns nullopt (after a warning) for one to skip; a config mismatch is an error, not a skip:
 // an older checkpoint of the same directory would not match either.
 std::optional<ResumePoint> check_candidate(const fs::path& path,
                                            const std::map<std::string, std::string>& config) {
     try {
-        const SafeTensorsFile f = SafeTensorsFile::open(path.string());
-        const std::string* format = f.metadata_value(kFormatKey);
-        if (!format || *format != kFormatVersion) {
-            warn_skipping(path, std::string("not a microtrain train checkpoint of format ") +
-                                    kFormatVersion + " (__metadata__ \"" + kFormatKey + "\" is " +
-                                    (format ? "'" + *format + "'" : "absent") + ")");
-            return std::nullopt;
-        }
-        const std::string* sum = f.metadata_value(kChecksumKey);
-        if (!sum || *sum != file_checksum(f)) {
-            warn_skipping(path,
-                          "its tensors do not match the checksum it was written with (the "
-                          "file was damaged after it was written)");
-            return std::nullopt;
-        }
-        std::map<std::string, std::string> saved;
-        const std::string prefix = kConfigPrefix;
-        for (const auto& [k, v] : f.metadata())
-            if (k.rfind(prefix, 0) == 0) saved[k.substr(prefix.size())] = v;
-        if (const std::string d = config_differences(saved, config); !d.empty())
+        const TrainCheckpointState state =
+            read_train_checkpoint(SafeTensorsFile::open(path.string()));
+        if (const std::string d = config_differences(state.config, config); !d.empty())
             input_error(path.string() + ": was written by a different config: " + d +
                         ". Only train.steps (--steps) may change on --resume; resume with the "
                         "original file, --variant and --set flags, or start a new --out-dir");
-        ResumePoint r{path, static_cast<int>(metadata_u64(f, "step")),
-                      metadata_u64(f, kPositionKey), 0};
-        if (f.metadata_value(kGlobalBatchKey)) r.global_batch = metadata_u64(f, kGlobalBatchKey);
-        if (metadata_u64(f, kCsvRowsKey) != static_cast<uint64_t>(r.step))
-            throw SafeTensorsError("its train.csv row count differs from its step");
-        return r;
+        return ResumePoint{path, state.step, state.data_position, state.global_batch};
     } catch (const SafeTensorsError& e) {
         warn_skipping(path, e.what());
         return std::nullopt;
@@ -804,7 +790,7 @@ void Trainer::checkpoint(int step) {
     extra[kRngKey] =
         "none to carry: weights initialised once by run.seed; batch i is a pure function of "
         "(run.seed, i); no dropout";
-    extra[kChecksumKey] = checksum_text(tensors);
+    extra[kChecksumKey] = checksum_text(tensors, extra);
     if (opt.sharded()) {
         // save_checkpoint writes an optimizer's moments in the one-process layout: a staging
         // one holds the gathered moments (a brief peak of two full moment buffers on rank 0),
@@ -995,6 +981,51 @@ int fail(int code, const char* what, bool agreed = false) {
 }
 
 }  // namespace
+
+namespace {
+
+// The metadata value `key` as a whole decimal number in [0, max]: a SafeTensorsError naming the
+// key, the value and the range otherwise (a 20-digit value included, which std::stoull would
+// have thrown as a bare "stoull").
+uint64_t metadata_number(const SafeTensorsFile& f, const char* key, uint64_t max) {
+    const std::string* v = f.metadata_value(key);
+    if (!v) throw SafeTensorsError(std::string("__metadata__ \"") + key + "\" is missing");
+    uint64_t n = 0;
+    const char* end = v->data() + v->size();
+    const auto [stop, ec] = std::from_chars(v->data(), end, n);
+    if (v->empty() || ec != std::errc() || stop != end || n > max)
+        throw SafeTensorsError(std::string("__metadata__ \"") + key + "\" is \"" +
+                               v->substr(0, 40) + (v->size() > 40 ? "..." : "") +
+                               "\", expected an integer in [0, " + std::to_string(max) + "]");
+    return n;
+}
+
+}  // namespace
+
+TrainCheckpointState read_train_checkpoint(const SafeTensorsFile& f) {
+    const std::string* format = f.metadata_value(kFormatKey);
+    if (!format || *format != kFormatVersion)
+        throw SafeTensorsError(std::string("not a microtrain train checkpoint of format ") +
+                               kFormatVersion + " (__metadata__ \"" + kFormatKey + "\" is " +
+                               (format ? "'" + format->substr(0, 40) + "'" : "absent") + ")");
+    const std::string* sum = f.metadata_value(kChecksumKey);
+    if (!sum || *sum != file_checksum(f))
+        throw SafeTensorsError(
+            "its tensors or its microtrain.* metadata do not match the checksum it was written "
+            "with (the file was damaged or edited after it was written)");
+    TrainCheckpointState s;
+    const uint64_t int_max = static_cast<uint64_t>(std::numeric_limits<int>::max());
+    s.step = static_cast<int>(metadata_number(f, "step", int_max));
+    s.data_position = metadata_number(f, kPositionKey, std::numeric_limits<uint64_t>::max());
+    if (f.metadata_value(kGlobalBatchKey))
+        s.global_batch = metadata_number(f, kGlobalBatchKey, int_max);
+    if (metadata_number(f, kCsvRowsKey, int_max) != static_cast<uint64_t>(s.step))
+        throw SafeTensorsError("its train.csv row count differs from its step");
+    const std::string prefix = kConfigPrefix;
+    for (const auto& [k, v] : f.metadata())
+        if (k.rfind(prefix, 0) == 0) s.config[k.substr(prefix.size())] = v;
+    return s;
+}
 
 int run_training(const TrainRunOptions& options) {
     try {

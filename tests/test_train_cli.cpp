@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <sstream>
@@ -390,7 +392,8 @@ TEST(TrainCli, DamagedNewestCheckpointFailsItsChecksumAndFallsBack) {
     }
     const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
     ASSERT_EQ(r.rc, 0) << r.output;
-    EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6) + ": its tensors do not match");
+    EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6) +
+                                  ": its tensors or its microtrain.* metadata do not match");
     EXPECT_CONTAINS(r.output, "resumed from " + ckpt(out, 3));
     expect_same_tensors(ckpt(d.file("ref"), 12), ckpt(out, 12));
 }
@@ -604,6 +607,49 @@ TEST(TrainCli, TrainCsvThatIsAFifoIsRefusedWithoutBlocking) {
         run_shell("timeout 20 " + q(MT_BINARY) + " train " + q(yaml) + " --out-dir " + q(out));
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_CONTAINS(r.output, "train.csv: is a FIFO (named pipe), not a regular file");
+}
+
+// Rewrites one __metadata__ value of a safetensors file, as a careless edit would (the header
+// may change length: the tensors' offsets are relative to the data region, so it stays valid).
+void edit_metadata(const std::string& path, const std::string& key, const std::string& value) {
+    const std::string bytes = slurp(path);
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+    header["__metadata__"][key] = value;
+    const std::string text = header.dump();
+    const uint64_t m = text.size();
+    std::string out(reinterpret_cast<const char*>(&m), 8);
+    out += text + bytes.substr(8 + n);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << out;
+}
+
+// data_position 6 -> 8 in the newest checkpoint would resume on other batches, silently: the
+// checksum covers the metadata, so the file is skipped and the previous one resumes, and the
+// result is the uninterrupted run's.
+TEST(TrainCli, EditedDataPositionFailsTheChecksumAndFallsBack) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    two_checkpoints(d, yaml, out);
+    edit_metadata(ckpt(out, 6), "microtrain.data_position", "8");
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6) +
+                                  ": its tensors or its microtrain.* metadata do not match");
+    EXPECT_CONTAINS(r.output, "resumed from " + ckpt(out, 3));
+    EXPECT_EQ(result_columns(d.file("ref") + "/train.csv"), result_columns(out + "/train.csv"));
+}
+
+// A 20-digit value printed "microtrain train: stoull" and exited 1.
+TEST(TrainCli, AnOutOfRangeMetadataNumberFallsBackToThePreviousCheckpoint) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    two_checkpoints(d, yaml, out);
+    edit_metadata(ckpt(out, 6), "microtrain.data_position", "123456789012345678901");
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6));
+    EXPECT_CONTAINS(r.output, "resumed from " + ckpt(out, 3));
 }
 
 }  // namespace
