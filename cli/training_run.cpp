@@ -1008,11 +1008,6 @@ TrainCheckpointState read_train_checkpoint(const SafeTensorsFile& f) {
         throw SafeTensorsError(std::string("not a microtrain train checkpoint of format ") +
                                kFormatVersion + " (__metadata__ \"" + kFormatKey + "\" is " +
                                (format ? "'" + format->substr(0, 40) + "'" : "absent") + ")");
-    const std::string* sum = f.metadata_value(kChecksumKey);
-    if (!sum || *sum != file_checksum(f))
-        throw SafeTensorsError(
-            "its tensors or its microtrain.* metadata do not match the checksum it was written "
-            "with (the file was damaged or edited after it was written)");
     TrainCheckpointState s;
     const uint64_t int_max = static_cast<uint64_t>(std::numeric_limits<int>::max());
     s.step = static_cast<int>(metadata_number(f, "step", int_max));
@@ -1021,6 +1016,12 @@ TrainCheckpointState read_train_checkpoint(const SafeTensorsFile& f) {
         s.global_batch = metadata_number(f, kGlobalBatchKey, int_max);
     if (metadata_number(f, kCsvRowsKey, int_max) != static_cast<uint64_t>(s.step))
         throw SafeTensorsError("its train.csv row count differs from its step");
+    // Last, as it reads every tensor: a file whose numbers do not even parse is skipped sooner.
+    const std::string* sum = f.metadata_value(kChecksumKey);
+    if (!sum || *sum != file_checksum(f))
+        throw SafeTensorsError(
+            "its tensors or its microtrain.* metadata do not match the checksum it was written "
+            "with (the file was damaged or edited after it was written)");
     const std::string prefix = kConfigPrefix;
     for (const auto& [k, v] : f.metadata())
         if (k.rfind(prefix, 0) == 0) s.config[k.substr(prefix.size())] = v;

@@ -52,9 +52,9 @@ struct TrainCheckpointState {
     std::map<std::string, std::string> config;  // microtrain.config.* without the prefix
 };
 
-// Reads and checks the metadata of a training checkpoint: the format version, the checksum (over
-// the tensors and every microtrain.* metadata value, so an edited data_position is a damaged
-// file, not a resume on other batches), then each number parsed whole within its range. Throws
+// Reads and checks the metadata of a training checkpoint: the format version, each number parsed
+// whole within its range, then the checksum (over the tensors and every microtrain.* metadata
+// value, so an edited data_position is a damaged file, not a resume on other batches). Throws
 // SafeTensorsError naming the key and what was expected (`train --resume` then skips the file
 // with a warning and tries the previous checkpoint).
 TrainCheckpointState read_train_checkpoint(const SafeTensorsFile& f);

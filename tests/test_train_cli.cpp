@@ -648,7 +648,9 @@ TEST(TrainCli, AnOutOfRangeMetadataNumberFallsBackToThePreviousCheckpoint) {
     edit_metadata(ckpt(out, 6), "microtrain.data_position", "123456789012345678901");
     const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
     ASSERT_EQ(r.rc, 0) << r.output;
-    EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6));
+    EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6) +
+                                  ": __metadata__ \"microtrain.data_position\" is "
+                                  "\"123456789012345678901\", expected an integer in [0, ");
     EXPECT_CONTAINS(r.output, "resumed from " + ckpt(out, 3));
 }
 
