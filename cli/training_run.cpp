@@ -1040,6 +1040,8 @@ int run_training(const TrainRunOptions& options) {
         return fail(2, e.what());
     } catch (const ResourceError& e) {  // does not fit / too many threads: fixable by the user
         return fail(2, e.what());
+    } catch (const FileKindError& e) {  // a FIFO, device or symlink where a file goes: the user's
+        return fail(2, e.what());
     } catch (const std::exception& e) {
         return fail(1, e.what());
     }

@@ -96,7 +96,7 @@ constexpr const char* kPartialInPlaceText =
     "A results.json here is whole (each file is written atomically).\n";
 
 void overwrite_marker_in_place(const std::string& marker) {
-    const int fd = ::open(marker.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+    const int fd = ::open(marker.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return;  // nothing more can be done: the error the run prints names the cause
     const std::string text = kPartialInPlaceText;
     if (::pwrite(fd, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size()) &&

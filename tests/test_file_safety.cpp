@@ -13,8 +13,10 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <optional>
 #include <string>
 
+#include "engine/profile.h"
 #include "io/atomic_file.h"
 #include "io/regular_file.h"
 #include "report/results.h"
@@ -182,6 +184,19 @@ TEST(CompareCli, AFifoAsResultsIsRefusedWithoutBlocking) {
     CliResult r = run_microtrain("compare " + q(fifo) + " " + q(fifo));
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_CONTAINS(r.output, "is a FIFO (named pipe), not a regular file");
+}
+
+// A FIFO as the peak cache blocked `run` in its open (deaf to SIGTERM); it is ignored with a
+// warning, like a damaged cache, and the peaks are measured again.
+TEST(PeakCache, AFifoAsTheCacheIsIgnoredWithoutBlocking) {
+    TempDir d("mt_files");
+    ::setenv("MICROTRAIN_CACHE_DIR", d.path().c_str(), 1);
+    const std::string fifo = make_fifo(d, "cpu_peaks.json");
+    std::optional<double> peak = 1.0;
+    ASSERT_TRUE(finishes_without_blocking(
+        [&] { peak = peak_flops("CPU: a test device", Precision::fp32); }, fifo));
+    EXPECT_FALSE(peak.has_value());
+    ::unsetenv("MICROTRAIN_CACHE_DIR");
 }
 
 }  // namespace

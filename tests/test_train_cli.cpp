@@ -597,6 +597,22 @@ TEST(TrainCli, CheckpointsThatIsNotADirectoryIsAnErrorNotARestart) {
     EXPECT_EQ(slurp(out + "/train.csv"), csv);
 }
 
+// A symbolic link planted as train.csv would have the resume replace the file it points to
+// (outside the run directory): refused, and the file stays as it was.
+TEST(TrainCli, ATrainCsvThatIsASymlinkIsNeverWrittenThrough) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    ASSERT_EQ(run_microtrain("train " + q(yaml) + " --out-dir " + q(out) + " --steps 6").rc, 0);
+    fs::rename(out + "/train.csv", d.file("elsewhere.csv"));
+    const std::string csv = slurp(d.file("elsewhere.csv"));
+    fs::create_symlink(d.file("elsewhere.csv"), out + "/train.csv");
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, out + "/train.csv: cannot write: it is a symbolic link");
+    EXPECT_EQ(slurp(d.file("elsewhere.csv")), csv);
+    EXPECT_TRUE(fs::is_symlink(out + "/train.csv"));
+}
+
 TEST(TrainCli, TrainCsvThatIsAFifoIsRefusedWithoutBlocking) {
     TempDir d;
     const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
