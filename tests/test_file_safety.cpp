@@ -18,6 +18,7 @@
 
 #include "engine/profile.h"
 #include "io/atomic_file.h"
+#include "io/directory_lock.h"
 #include "io/regular_file.h"
 #include "report/results.h"
 #include "tests/test_util.h"
@@ -146,6 +147,39 @@ TEST(StepCli, OutThatIsADeviceIsRefusedAndLeftInPlace) {
     struct stat st {};
     ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
     EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+TEST(ExportCli, MergedAndAdaptersOutputsThatAreNotRegularFilesAreRefused) {
+    TempDir d("mt_files");
+    const std::string fifo = make_fifo(d, "merged.safetensors");
+    write_file_atomic(d.file("target.safetensors"), "original");
+    fs::create_symlink(d.file("target.safetensors"), d.file("adapters.safetensors"));
+    const std::string ckpt = q(test_data("tiny_lora_weights.safetensors"));
+    CliResult r = run_microtrain("export " + ckpt + " --merged " + q(fifo));
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, fifo + ": cannot write: it is a FIFO (named pipe)");
+    r = run_microtrain("export " + ckpt + " --adapters " + q(d.file("adapters.safetensors")));
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, "adapters.safetensors: cannot write: it is a symbolic link");
+    EXPECT_EQ(slurp(d.file("target.safetensors")), "original");
+}
+
+// ---- the run directory lock -------------------------------------------------------------------
+
+TEST(DirectoryLock, ASecondHolderIsRefusedNamingTheFirstsPidUntilItIsReleased) {
+    TempDir d("mt_files");
+    {
+        const DirectoryLock first(d.path().string());
+        try {
+            const DirectoryLock second(d.path().string());
+            FAIL() << "two holders of one directory";
+        } catch (const DirectoryLockedError& e) {
+            EXPECT_CONTAINS(e.what(), d.path().string() +
+                                          ": is in use by another microtrain process (PID " +
+                                          std::to_string(::getpid()) + ")");
+        }
+    }
+    EXPECT_NO_THROW(DirectoryLock again(d.path().string()));
 }
 
 // ---- readers --------------------------------------------------------------------------------
