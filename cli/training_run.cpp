@@ -14,9 +14,11 @@
 #include "cli/training_run.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -25,6 +27,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -39,6 +42,8 @@
 #include "experiment/dist_config_check.h"
 #include "experiment/spec.h"
 #include "io/atomic_file.h"
+#include "io/directory_lock.h"
+#include "io/regular_file.h"
 #include "report/noise.h"
 #include "report/recording.h"
 
@@ -48,12 +53,15 @@ namespace {
 namespace fs = std::filesystem;
 
 // __metadata__ keys of a training checkpoint, beside checkpoint.h's config keys and "step".
+// Every key of ours starts with kOwnPrefix; the checksum covers them all (format 2; format 1's
+// covered the tensors only, so an edited data_position resumed on other batches unnoticed).
+constexpr const char* kOwnPrefix = "microtrain.";
 constexpr const char* kFormatKey = "microtrain.train_format";
-constexpr const char* kFormatVersion = "1";
+constexpr const char* kFormatVersion = "2";
 constexpr const char* kConfigPrefix = "microtrain.config.";  // + dotted key: the resolved config
 constexpr const char* kPositionKey = "microtrain.data_position";  // train batches consumed
 constexpr const char* kCsvRowsKey = "microtrain.csv_rows";        // train.csv rows it covers
-constexpr const char* kChecksumKey = "microtrain.checksum";       // FNV-1a of every tensor
+constexpr const char* kChecksumKey = "microtrain.checksum";       // FNV-1a: tensors + microtrain.*
 constexpr const char* kSeedKey = "microtrain.seed";
 constexpr const char* kRngKey = "microtrain.rng";
 // Data parallel: the ranks that wrote it and the global batch (ranks x data.batch_size), which
@@ -65,6 +73,9 @@ constexpr const char* kGlobalBatchKey = "microtrain.global_batch";
 // the header without them (kCsvHeaderWithoutNoise): a resume keeps that file's column set.
 constexpr const char* kCsvHeader = "step,loss,val_loss,lr,grad_norm,ms,other_cpu_ms,steal_ms";
 constexpr const char* kCsvHeaderWithoutNoise = "step,loss,val_loss,lr,grad_norm,ms";
+// The largest train.csv read back on --resume: about 100 bytes a step, so tens of millions of
+// steps; a larger file is not one of ours.
+constexpr size_t kMaxCsvBytes = size_t{4} << 30;
 // The busiest stretch the end-of-run noise line names: at least this many consecutive steps and
 // this much step time (2 s: 200 ticks of each CPU at USER_HZ 100, so one tick more or less is 1%).
 constexpr int kNoiseWindowSteps = 16;
@@ -122,12 +133,29 @@ std::string checkpoint_name(int step) {
     return buf;
 }
 
-// The checkpoints in `dir`, newest (highest step) first. Only exact "step-NNNNNNNN.safetensors"
-// names count: an atomic write's temporary ("...safetensors.tmp.XXXXXX") never does.
+// The checkpoints in `dir`, newest (highest step) first; none when `dir` does not exist. Only
+// exact "step-NNNNNNNN.safetensors" names count: an atomic write's temporary
+// ("...safetensors.tmp.XXXXXX") never does. A `dir` that exists but cannot be listed (a regular
+// file in its place, no permission) is an error: read as "no checkpoints", a resume would start
+// again from step 0 and cut train.csv.
 std::vector<std::pair<int, fs::path>> list_checkpoints(const fs::path& dir) {
     std::vector<std::pair<int, fs::path>> out;
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) {
+        if (errno == ENOENT) return out;
+        input_error(dir.string() + ": cannot read the checkpoints directory: " +
+                    std::strerror(errno) + "; check its permissions");
+    }
+    if (!S_ISDIR(st.st_mode))
+        input_error(dir.string() + ": is " + file_kind(st.st_mode) +
+                    ", expected the run's checkpoints directory; move it away, or start a new "
+                    "--out-dir");
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
+    fs::directory_iterator it(dir, ec);
+    if (ec)
+        input_error(dir.string() + ": cannot list the checkpoints: " + ec.message() +
+                    "; check its permissions");
+    for (const auto& e : it) {
         const std::string n = e.path().filename().string();
         int step = 0;
         char tail = 0;
@@ -153,16 +181,27 @@ uint64_t fnv1a(uint64_t h, std::span<const std::byte> bytes) {
     return h;
 }
 
-// The checksum of named tensors, in name order (independent of the file's data order): it
-// catches a checkpoint whose bytes were damaged after it was written (the rename makes a torn
-// write impossible, not a bad disk or a careless edit).
+// The checksum of named tensors and of our metadata (every kOwnPrefix key but the checksum's
+// own), each in name order (independent of the file's order): it catches a checkpoint whose
+// bytes were damaged after it was written (the rename makes a torn write impossible, not a bad
+// disk or a careless edit), tensor or metadata alike. Each name and value is hashed with its
+// terminating NUL, so no two different sequences hash the same bytes.
 using NamedBytes = std::map<std::string, std::span<const std::byte>>;
-std::string checksum_text(const NamedBytes& tensors) {
+std::string checksum_text(const NamedBytes& tensors,
+                          const std::map<std::string, std::string>& metadata) {
     uint64_t h = 0xCBF29CE484222325ull;
+    auto add = [&h](const std::string& text) {
+        h = fnv1a(h, std::as_bytes(std::span(text.data(), text.size() + 1)));
+    };
     for (const auto& [name, bytes] : tensors) {
-        h = fnv1a(h, std::as_bytes(std::span(name.data(), name.size() + 1)));
+        add(name);
         h = fnv1a(h, bytes);
     }
+    for (const auto& [key, value] : metadata)
+        if (key.rfind(kOwnPrefix, 0) == 0 && key != kChecksumKey) {
+            add(key);
+            add(value);
+        }
     char buf[32];
     std::snprintf(buf, sizeof buf, "%016" PRIx64, h);
     return buf;
@@ -172,7 +211,7 @@ std::string file_checksum(const SafeTensorsFile& f) {
     std::map<std::string, std::vector<std::byte>> owned;  // read from the file (no mapping)
     NamedBytes t;
     for (const auto& e : f.tensors()) t[e.name] = owned[e.name] = f.read_raw(e);
-    return checksum_text(t);
+    return checksum_text(t, f.metadata());
 }
 
 // ---- train.csv ------------------------------------------------------------------------------
@@ -195,15 +234,26 @@ std::string csv_row(int step, const StepRecord& r, const std::optional<double>& 
     return std::string(buf) + "\n";
 }
 
+// The whole train.csv `path`. A FIFO, a device or a directory in its place is an error naming
+// it (opened, a FIFO would block the run forever).
+std::string read_csv_text(const fs::path& path) {
+    try {
+        return read_regular_file(path.string(), kMaxCsvBytes);
+    } catch (const FileKindError& e) {
+        input_error(std::string(e.what()) +
+                    "; expected the run's train.csv (start a new --out-dir)");
+    }
+}
+
 // Cuts `path` back to its header and first `rows` rows (the steps the resumed checkpoint
 // covers), atomically: rows after it belong to steps that will be run again. Returns whether the
 // file has the noise columns (false: an older run's header, kept as it is).
 bool truncate_csv(const fs::path& path, int rows) {
-    std::ifstream in(path);
-    if (!in)
+    if (!fs::exists(fs::symlink_status(path)))
         input_error(path.string() +
                     ": cannot open: the run directory has checkpoints but no "
                     "train.csv; it cannot be resumed (start a new --out-dir)");
+    std::istringstream in(read_csv_text(path));
     std::string line, kept;
     if (!std::getline(in, line) || (line != kCsvHeader && line != kCsvHeaderWithoutNoise))
         input_error(path.string() + ": expected the header '" + kCsvHeader + "', got '" + line +
@@ -226,7 +276,8 @@ bool truncate_csv(const fs::path& path, int rows) {
 
 // Data rows of an existing train.csv (0 when there is none).
 int csv_rows(const fs::path& path) {
-    std::ifstream in(path);
+    if (!fs::exists(fs::symlink_status(path))) return 0;
+    std::istringstream in(read_csv_text(path));
     std::string line;
     int n = -1;  // the header is not a row
     while (std::getline(in, line)) ++n;
@@ -237,9 +288,17 @@ int csv_rows(const fs::path& path) {
 class CsvAppender {
   public:
     explicit CsvAppender(const fs::path& path) : path_(path.string()) {
-        f_ = std::fopen(path_.c_str(), "a");
-        if (!f_)
+        int fd = -1;
+        try {
+            fd = open_regular_for_append(path_);  // never a FIFO, a device or a symbolic link
+        } catch (const FileKindError& e) {
+            input_error(e.what());
+        }
+        f_ = ::fdopen(fd, "a");
+        if (!f_) {
+            ::close(fd);
             throw TrainError(1, path_ + ": cannot open for appending: " + std::strerror(errno));
+        }
     }
     ~CsvAppender() {
         if (f_) std::fclose(f_);
@@ -322,49 +381,19 @@ void warn_skipping(const fs::path& path, const std::string& why) {
                  path.string().c_str(), why.c_str());
 }
 
-uint64_t metadata_u64(const SafeTensorsFile& f, const char* key) {
-    const std::string* v = f.metadata_value(key);
-    if (!v || v->empty() || v->find_first_not_of("0123456789") != std::string::npos)
-        throw SafeTensorsError(std::string("__metadata__ \"") + key +
-                               "\" is missing or not a non-negative integer");
-    return std::stoull(*v);
-}
-
 // Checks one candidate: a whole, undamaged microtrain training checkpoint of this config.
 // Returns nullopt (after a warning) for one to skip; a config mismatch is an error, not a skip:
 // an older checkpoint of the same directory would not match either.
 std::optional<ResumePoint> check_candidate(const fs::path& path,
                                            const std::map<std::string, std::string>& config) {
     try {
-        const SafeTensorsFile f = SafeTensorsFile::open(path.string());
-        const std::string* format = f.metadata_value(kFormatKey);
-        if (!format || *format != kFormatVersion) {
-            warn_skipping(path, std::string("not a microtrain train checkpoint of format ") +
-                                    kFormatVersion + " (__metadata__ \"" + kFormatKey + "\" is " +
-                                    (format ? "'" + *format + "'" : "absent") + ")");
-            return std::nullopt;
-        }
-        const std::string* sum = f.metadata_value(kChecksumKey);
-        if (!sum || *sum != file_checksum(f)) {
-            warn_skipping(path,
-                          "its tensors do not match the checksum it was written with (the "
-                          "file was damaged after it was written)");
-            return std::nullopt;
-        }
-        std::map<std::string, std::string> saved;
-        const std::string prefix = kConfigPrefix;
-        for (const auto& [k, v] : f.metadata())
-            if (k.rfind(prefix, 0) == 0) saved[k.substr(prefix.size())] = v;
-        if (const std::string d = config_differences(saved, config); !d.empty())
+        const TrainCheckpointState state =
+            read_train_checkpoint(SafeTensorsFile::open(path.string()));
+        if (const std::string d = config_differences(state.config, config); !d.empty())
             input_error(path.string() + ": was written by a different config: " + d +
                         ". Only train.steps (--steps) may change on --resume; resume with the "
                         "original file, --variant and --set flags, or start a new --out-dir");
-        ResumePoint r{path, static_cast<int>(metadata_u64(f, "step")),
-                      metadata_u64(f, kPositionKey), 0};
-        if (f.metadata_value(kGlobalBatchKey)) r.global_batch = metadata_u64(f, kGlobalBatchKey);
-        if (metadata_u64(f, kCsvRowsKey) != static_cast<uint64_t>(r.step))
-            throw SafeTensorsError("its train.csv row count differs from its step");
-        return r;
+        return ResumePoint{path, state.step, state.data_position, state.global_batch};
     } catch (const SafeTensorsError& e) {
         warn_skipping(path, e.what());
         return std::nullopt;
@@ -509,6 +538,7 @@ class Trainer {
     int loop();
     void check_same_config();
     void prepare_directory();
+    void lock_directory();
     void share_resume_point(int error_code);
     void build_session();
     double evaluate();
@@ -534,6 +564,7 @@ class Trainer {
     ValidationSet val_;
     DeviceBuffer d_inputs_, d_targets_;  // for the validation batches
     std::unique_ptr<CsvAppender> csv_;
+    std::unique_ptr<DirectoryLock> lock_;  // rank 0's: held from prepare_directory to the end
     std::chrono::steady_clock::time_point t0_;
     int steps_here_ = 0;              // steps this process ran (for tokens/s and the ETA)
     double tokens_here_ = 0;          // tokens those steps trained (global batch)
@@ -591,6 +622,7 @@ void Trainer::prepare_directory() {
         if (!fs::is_directory(dir_, ec))
             input_error("--resume " + dir_.string() +
                         ": not a directory; give the --out-dir of an earlier `microtrain train`");
+        lock_directory();  // before anything is read or removed: another writer's temporaries
         remove_stale_temporaries(ckdir_);
         remove_stale_temporaries(dir_);
         resume_ = find_resume_point(dir_, config_);
@@ -608,17 +640,32 @@ void Trainer::prepare_directory() {
         fs::create_directories(ckdir_, ec);
         return;
     }
+    fs::create_directories(dir_, ec);
+    if (ec) throw TrainError(1, dir_.string() + ": cannot create the directory: " + ec.message());
+    // Locked before the check: of two runs started together on one directory, the second is
+    // refused here instead of finding it empty too.
+    lock_directory();
     if (!list_checkpoints(ckdir_).empty() || csv_rows(csv_path_) > 0)
         input_error(dir_.string() +
                     ": already holds a training run (train.csv rows or checkpoints/); continue "
                     "it with --resume " +
                     dir_.string() + ", or choose another --out-dir");
     // The header first, then checkpoints/: a directory with either is a started run.
-    fs::create_directories(dir_, ec);
-    if (ec) throw TrainError(1, dir_.string() + ": cannot create the directory: " + ec.message());
     write_file_atomic(csv_path_.string(), std::string(kCsvHeader) + "\n");
     fs::create_directories(ckdir_, ec);
     if (ec) throw TrainError(1, ckdir_.string() + ": cannot create the directory: " + ec.message());
+}
+
+// One process writes a run directory (io/directory_lock.h): a second `train` on it, fresh or
+// --resume, exits 2 naming the holder's PID.
+void Trainer::lock_directory() {
+    try {
+        lock_ = std::make_unique<DirectoryLock>(dir_.string());
+    } catch (const DirectoryLockedError& e) {
+        input_error(e.what());
+    } catch (const FileKindError& e) {
+        input_error(e.what());
+    }
 }
 
 // Every rank must train the same config from the same directory: the resolved config, the
@@ -751,7 +798,7 @@ void Trainer::checkpoint(int step) {
     extra[kRngKey] =
         "none to carry: weights initialised once by run.seed; batch i is a pure function of "
         "(run.seed, i); no dropout";
-    extra[kChecksumKey] = checksum_text(tensors);
+    extra[kChecksumKey] = checksum_text(tensors, extra);
     if (opt.sharded()) {
         // save_checkpoint writes an optimizer's moments in the one-process layout: a staging
         // one holds the gathered moments (a brief peak of two full moment buffers on rank 0),
@@ -944,6 +991,52 @@ int fail(int code, const char* what, bool agreed = false) {
 
 }  // namespace
 
+namespace {
+
+// The metadata value `key` as a whole decimal number in [0, max]: a SafeTensorsError naming the
+// key, the value and the range otherwise (a 20-digit value included, which std::stoull would
+// have thrown as a bare "stoull").
+uint64_t metadata_number(const SafeTensorsFile& f, const char* key, uint64_t max) {
+    const std::string* v = f.metadata_value(key);
+    if (!v) throw SafeTensorsError(std::string("__metadata__ \"") + key + "\" is missing");
+    uint64_t n = 0;
+    const char* end = v->data() + v->size();
+    const auto [stop, ec] = std::from_chars(v->data(), end, n);
+    if (v->empty() || ec != std::errc() || stop != end || n > max)
+        throw SafeTensorsError(std::string("__metadata__ \"") + key + "\" is \"" +
+                               v->substr(0, 40) + (v->size() > 40 ? "..." : "") +
+                               "\", expected an integer in [0, " + std::to_string(max) + "]");
+    return n;
+}
+
+}  // namespace
+
+TrainCheckpointState read_train_checkpoint(const SafeTensorsFile& f) {
+    const std::string* format = f.metadata_value(kFormatKey);
+    if (!format || *format != kFormatVersion)
+        throw SafeTensorsError(std::string("not a microtrain train checkpoint of format ") +
+                               kFormatVersion + " (__metadata__ \"" + kFormatKey + "\" is " +
+                               (format ? "'" + format->substr(0, 40) + "'" : "absent") + ")");
+    TrainCheckpointState s;
+    const uint64_t int_max = static_cast<uint64_t>(std::numeric_limits<int>::max());
+    s.step = static_cast<int>(metadata_number(f, "step", int_max));
+    s.data_position = metadata_number(f, kPositionKey, std::numeric_limits<uint64_t>::max());
+    if (f.metadata_value(kGlobalBatchKey))
+        s.global_batch = metadata_number(f, kGlobalBatchKey, int_max);
+    if (metadata_number(f, kCsvRowsKey, int_max) != static_cast<uint64_t>(s.step))
+        throw SafeTensorsError("its train.csv row count differs from its step");
+    // Last, as it reads every tensor: a file whose numbers do not even parse is skipped sooner.
+    const std::string* sum = f.metadata_value(kChecksumKey);
+    if (!sum || *sum != file_checksum(f))
+        throw SafeTensorsError(
+            "its tensors or its microtrain.* metadata do not match the checksum it was written "
+            "with (the file was damaged or edited after it was written)");
+    const std::string prefix = kConfigPrefix;
+    for (const auto& [k, v] : f.metadata())
+        if (k.rfind(prefix, 0) == 0) s.config[k.substr(prefix.size())] = v;
+    return s;
+}
+
 int run_training(const TrainRunOptions& options) {
     try {
         Trainer t(options);
@@ -955,6 +1048,8 @@ int run_training(const TrainRunOptions& options) {
     } catch (const DataError& e) {
         return fail(2, e.what());
     } catch (const ResourceError& e) {  // does not fit / too many threads: fixable by the user
+        return fail(2, e.what());
+    } catch (const FileKindError& e) {  // a FIFO, device or symlink where a file goes: the user's
         return fail(2, e.what());
     } catch (const std::exception& e) {
         return fail(1, e.what());

@@ -19,11 +19,15 @@
 // data_position counts global batches (docs/commands.md, "Data parallel").
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace mt {
+
+class SafeTensorsFile;
 
 struct TrainRunOptions {
     std::string file;                    // the experiment file
@@ -39,5 +43,20 @@ struct TrainRunOptions {
 // be resumed); 128+n when stopped by signal n (SIGINT, SIGTERM, SIGHUP) after checkpointing.
 // Errors are printed to stderr, prefixed "microtrain train: ".
 int run_training(const TrainRunOptions& options);
+
+// Where a training checkpoint says its run stands (the __metadata__ a resume reads).
+struct TrainCheckpointState {
+    int step = 0;
+    uint64_t data_position = 0;                 // train batches consumed (global batches)
+    uint64_t global_batch = 0;                  // rows per batch of the writer; 0: absent
+    std::map<std::string, std::string> config;  // microtrain.config.* without the prefix
+};
+
+// Reads and checks the metadata of a training checkpoint: the format version, each number parsed
+// whole within its range, then the checksum (over the tensors and every microtrain.* metadata
+// value, so an edited data_position is a damaged file, not a resume on other batches). Throws
+// SafeTensorsError naming the key and what was expected (`train --resume` then skips the file
+// with a warning and tries the previous checkpoint).
+TrainCheckpointState read_train_checkpoint(const SafeTensorsFile& f);
 
 }  // namespace mt

@@ -12,6 +12,7 @@
 
 #include "engine/profile.h"
 #include "io/atomic_file.h"
+#include "io/regular_file.h"
 
 namespace mt {
 namespace {
@@ -23,10 +24,12 @@ std::string cache_path() {
 }
 
 nlohmann::json read_cache() {
-    std::ifstream in(cache_path());
-    if (!in) return nlohmann::json::object();
+    std::error_code ec;
+    if (!std::filesystem::exists(cache_path(), ec)) return nlohmann::json::object();
     try {
-        nlohmann::json j = nlohmann::json::parse(in);
+        // A FIFO or a device there is refused (FileKindError), not opened: it would block.
+        nlohmann::json j =
+            nlohmann::json::parse(read_regular_file(cache_path(), kMaxCacheFileBytes));
         return j.is_object() ? j : nlohmann::json::object();
     } catch (const std::exception&) {
         return nlohmann::json::object();  // a damaged cache is measured over, never trusted

@@ -62,6 +62,7 @@
 #include <thread>
 
 #include "io/atomic_file.h"
+#include "io/regular_file.h"
 
 namespace mt {
 
@@ -777,23 +778,6 @@ std::string DataLoader::describe() const {
         os << ", cache " << impl_->windows << " samples ("
            << static_cast<double>(impl_->cache->bytes()) / (1024.0 * 1024.0) << " MiB)";
     return os.str();
-}
-
-std::optional<std::string> not_a_regular_file(const std::string& path) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-        const int err = errno;
-        if (err == ENOENT) return "does not exist";
-        if (err == ELOOP) return "cannot be opened: too many levels of symbolic links (a loop)";
-        return std::string("cannot be opened: ") + std::strerror(err);
-    }
-    if (S_ISREG(st.st_mode)) return std::nullopt;
-    if (S_ISDIR(st.st_mode)) return "is a directory, not a regular file";
-    if (S_ISFIFO(st.st_mode)) return "is a FIFO (named pipe), not a regular file";
-    if (S_ISSOCK(st.st_mode)) return "is a socket, not a regular file";
-    if (S_ISCHR(st.st_mode)) return "is a character device, not a regular file";
-    if (S_ISBLK(st.st_mode)) return "is a block device, not a regular file";
-    return "is not a regular file";
 }
 
 void check_data_source(const DataConfig& config, int vocab_size) {

@@ -67,12 +67,6 @@ std::vector<uint16_t> read_token_file(const std::string& path);
 // Throws DataError like read_token_file.
 size_t token_file_count(const std::string& path);
 
-// Why `path` cannot be a data file, or nullopt when it is a regular file (symlinks followed):
-// "does not exist", "is a FIFO (named pipe), not a regular file" (which would block a reader
-// forever), "is a directory, ...", "cannot be opened: too many levels of symbolic links (a
-// loop)", ...
-std::optional<std::string> not_a_regular_file(const std::string& path);
-
 // Checks the data source of `config` as the loader will read it, without keeping it: the file of
 // a tokens / text source is a regular file (not a FIFO, device or directory, which would block or
 // mislead), readable, well-formed (token header; UTF-8), every token < vocab_size, and long

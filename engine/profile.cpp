@@ -18,6 +18,7 @@
 
 #include "engine/peak_flops.h"
 #include "io/atomic_file.h"
+#include "io/regular_file.h"
 #include "kernels/ops.h"
 
 namespace mt {
@@ -64,16 +65,21 @@ void warn_bad_cache(const std::string& why) {
 }
 
 nlohmann::json read_cache() {
-    std::ifstream in(cache_file());
-    if (!in) return nlohmann::json::object();
+    std::error_code ec;
+    if (!std::filesystem::exists(cache_file(), ec)) return nlohmann::json::object();
     try {
-        nlohmann::json j = nlohmann::json::parse(in);
+        // A FIFO or a device there is refused, not opened (it would block the run, or never end).
+        nlohmann::json j =
+            nlohmann::json::parse(read_regular_file(cache_file(), kMaxCacheFileBytes));
         const bool this_probe = j.is_object() && j.contains("probe_version") &&
                                 j["probe_version"].is_number_integer() &&
                                 j["probe_version"].get<int>() == kProbeVersion;
         if (!this_probe || !j.contains("devices") || !j["devices"].is_object())
             return nlohmann::json::object();  // another probe version's cache: re-measured
         return j;
+    } catch (const FileKindError& e) {
+        warn_bad_cache(e.what());
+        return nlohmann::json::object();
     } catch (const std::exception& e) {
         warn_bad_cache(std::string("not valid JSON (") + e.what() + ")");
         return nlohmann::json::object();

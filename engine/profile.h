@@ -59,6 +59,9 @@ std::string peak_flops_source(const std::string& device_name, Precision precisio
 
 // Directory of the probe cache (see above); created on demand by measure_peaks.
 std::string peaks_cache_dir();
+// The largest cache file read (each holds a few hundred bytes per device or link); a larger one,
+// or one that is not a regular file, is ignored and measured over.
+inline constexpr size_t kMaxCacheFileBytes = size_t{16} << 20;
 
 // Returns the peaks of `backend`'s device: from the cache when present (CPU), else measured
 // now (a fraction of a second on CPU) and, on CPU, written to the cache. `force` re-measures

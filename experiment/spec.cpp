@@ -29,6 +29,7 @@
 
 #include "engine/data.h"
 #include "experiment/spec_text.h"
+#include "io/regular_file.h"
 #include "kernels/text.h"
 
 namespace mt {

@@ -15,19 +15,11 @@
 #include <vector>
 
 #include "experiment/spec.h"
+#include "io/regular_file.h"
 
 namespace mt {
 
 namespace {
-
-std::string file_kind(mode_t m) {
-    if (S_ISDIR(m)) return "a directory";
-    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
-    if (S_ISCHR(m)) return "a character device";
-    if (S_ISBLK(m)) return "a block device";
-    if (S_ISSOCK(m)) return "a socket";
-    return "not a regular file";
-}
 
 std::string open_error_text(int err) {
     switch (err) {

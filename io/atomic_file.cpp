@@ -10,6 +10,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "io/regular_file.h"
+
 namespace mt {
 namespace {
 
@@ -64,6 +66,7 @@ void write_all(int fd, std::span<const std::byte> bytes, const std::string& targ
 
 void write_file_atomic(const std::string& path,
                        std::span<const std::span<const std::byte>> pieces) {
+    check_replaceable(path);  // the rename would replace a FIFO, a device or a symlink
     TempFile tmp(path);
     for (const auto& piece : pieces) write_all(tmp.fd(), piece, path);
     if (fsync(tmp.fd()) != 0) fail(path, "fsync");

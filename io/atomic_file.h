@@ -13,7 +13,10 @@ namespace mt {
 
 // Writes the byte ranges `pieces`, in order, to `path`: a temporary file beside it (mkstemp),
 // fsync, rename over the target, fsync of the directory. The temporary is removed on failure.
-// Throws std::runtime_error "<path>: cannot write: <step>: <OS error>".
+// The target must be absent or a regular file: a FIFO, a device, a directory or a symbolic link
+// there is refused before anything is written (check_replaceable, io/regular_file.h).
+// Throws std::runtime_error "<path>: cannot write: <step>: <OS error>" (FileKindError for a
+// refused target).
 void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> pieces);
 void write_file_atomic(const std::string& path, std::string_view content);
 

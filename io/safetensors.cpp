@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
+#include "io/regular_file.h"
 
 namespace mt {
 
@@ -386,15 +387,8 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 // ---- SafeTensorsFile ------------------------------------------------------------------------
 
 // The open file: its descriptor (closed on destruction) and its size when it was opened.
-struct SafeTensorsFile::File {
-    int fd = -1;
-    size_t size = 0;
-    File() = default;
-    File(const File&) = delete;
-    File& operator=(const File&) = delete;
-    ~File() {
-        if (fd >= 0) ::close(fd);
-    }
+struct SafeTensorsFile::File : ReadableFile {
+    using ReadableFile::ReadableFile;
 };
 
 SafeTensorsFile::SafeTensorsFile(SafeTensorsFile&&) noexcept = default;
@@ -404,24 +398,16 @@ SafeTensorsFile::~SafeTensorsFile() = default;
 SafeTensorsFile SafeTensorsFile::open(const std::string& path) {
     SafeTensorsFile f;
     f.path_ = path;
-    f.file_ = std::make_unique<File>();
-
-    // 1. Open the file and take its size; the descriptor stays open for the tensor reads.
-    // O_NONBLOCK: a FIFO named as a safetensors file must not wait for a writer (it is then
-    // rejected as not a regular file); it changes nothing for a regular file.
-    f.file_->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (f.file_->fd < 0) fail(path, "cannot open: " + std::string(std::strerror(errno)));
-    struct stat st {};
-    if (fstat(f.file_->fd, &st) != 0)
-        fail(path, "cannot stat: " + std::string(std::strerror(errno)));
-    if (!S_ISREG(st.st_mode)) fail(path, "not a regular file: expected a safetensors file");
-    f.file_->size = static_cast<size_t>(st.st_size);
+    // 1. Open the file and take its size; the descriptor stays open for the tensor reads. A FIFO
+    // or a device is refused without blocking (io/regular_file.h).
+    f.file_ = std::make_unique<File>(path);
+    if (!f.file_->ok()) fail(path, f.file_->error() + ": expected a safetensors file");
 
     // 2. The header length and the JSON header.
     FileLayout layout;
-    layout.file_size = f.file_->size;
-    layout.header_size = read_header_length(path, f.file_->fd, layout.file_size);
-    const nlohmann::json header = parse_header_json(path, f.file_->fd, layout.header_size);
+    layout.file_size = f.file_->size();
+    layout.header_size = read_header_length(path, f.file_->fd(), layout.file_size);
+    const nlohmann::json header = parse_header_json(path, f.file_->fd(), layout.header_size);
     layout.data_size = layout.file_size - 8 - layout.header_size;
     f.data_offset_ = 8 + layout.header_size;
     f.data_size_ = layout.data_size;
@@ -445,7 +431,7 @@ void SafeTensorsFile::read_bytes(const TensorEntry& t, void* dst) const {
         fail(path_, "tensor '" + t.name + "' [" + std::to_string(t.begin) + ", " +
                         std::to_string(t.end) + ") is not a tensor of this file (data region " +
                         std::to_string(data_size_) + " bytes)");
-    read_exact(path_, file_->fd, data_offset_ + t.begin, dst, t.end - t.begin,
+    read_exact(path_, file_->fd(), data_offset_ + t.begin, dst, t.end - t.begin,
                "tensor '" + t.name + "'");
 }
 

@@ -13,12 +13,17 @@
 #include <fstream>
 #include <thread>
 
+#include "io/regular_file.h"
 #include "kernels/openmp_wait.h"
 
 namespace mt {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
+
+// The largest results.json read back (compare, the report's re-render): a run of many variants
+// with per-step series is a few MB; a file of a GiB is not one, and is refused before it is read.
+constexpr size_t kMaxResultsFileBytes = size_t{1} << 30;
 
 SeriesSummary SeriesSummary::of(const SeriesStats& s) {
     SeriesSummary o;
@@ -506,13 +511,17 @@ Environment capture_environment(const std::string& experiment_source_path) {
 }
 
 json read_json_file(const std::string& path) {
-    std::ifstream in(path);
-    if (!in)
-        throw ReportError("cannot read '" + path + "': " + std::strerror(errno) +
+    std::string text;
+    try {
+        // A FIFO or a device is refused before it is opened for reading (it would block).
+        text = read_regular_file(path, kMaxResultsFileBytes);
+    } catch (const FileKindError& e) {
+        throw ReportError(std::string("cannot read ") + e.what() +
                           " (expected a results.json written by `microtrain run`)");
+    }
     json j;
     try {
-        j = json::parse(in);
+        j = json::parse(text);
     } catch (const std::exception& e) {
         throw ReportError("'" + path + "' is not valid JSON: " + e.what());
     }

@@ -1,6 +1,7 @@
 // The run folder (see run_folder.h).
 #include "report/run_folder.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -85,6 +86,25 @@ std::string partial_text(const std::vector<std::string>& written,
     return t;
 }
 
+// What the marker says when even a PARTIAL marker could not be written (a full disk). It is
+// shorter than in_progress_text() so it overwrites that file in place, in blocks the file
+// already has: no new block is needed, so a full disk cannot keep the folder saying "still going"
+// about a run that has ended.
+constexpr const char* kPartialInPlaceText =
+    "microtrain run: this run folder is PARTIAL: its report files could not all be written\n"
+    "(the disk was full, or another write error: the run printed which files are missing).\n"
+    "A results.json here is whole (each file is written atomically).\n";
+
+void overwrite_marker_in_place(const std::string& marker) {
+    const int fd = ::open(marker.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return;  // nothing more can be done: the error the run prints names the cause
+    const std::string text = kPartialInPlaceText;
+    if (::pwrite(fd, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size()) &&
+        ::ftruncate(fd, static_cast<off_t>(text.size())) == 0)
+        ::fsync(fd);
+    ::close(fd);
+}
+
 }  // namespace
 
 std::string create_run_folder(const std::string& name, const std::string& out_dir) {
@@ -142,7 +162,9 @@ void write_run_files(const Results& results, const std::string& dir) {
     try {
         write_file_atomic(marker, partial_text(written, missing));
     } catch (const std::exception&) {
-        // The in-progress marker written at the start stays: the folder is still marked.
+        // No room for a new file: the in-progress marker written at the start would stay,
+        // saying the run is still going. Overwritten in place, it says PARTIAL.
+        overwrite_marker_in_place(marker);
     }
     remove_temporaries(dir);
     std::string what;

@@ -806,8 +806,9 @@ TEST(SafeTensors, AFifoIsRejectedWithoutWaitingForAWriter) {
     TempDir dir;
     const std::string p = dir.file("fifo.safetensors");
     ASSERT_EQ(mkfifo(p.c_str(), 0600), 0) << std::strerror(errno);
-    EXPECT_CONTAINS(error_of([&] { SafeTensorsFile::open(p); }),
-                    p + ": not a regular file: expected a safetensors file");
+    EXPECT_CONTAINS(
+        error_of([&] { SafeTensorsFile::open(p); }),
+        p + ": is a FIFO (named pipe), not a regular file: expected a safetensors file");
     EXPECT_CONTAINS(error_of([&] { SafeTensorsFile::open(dir.path().string()); }),
                     "not a regular file");
 }

@@ -60,4 +60,12 @@ TEST(FuzzRegressions, ExperimentInputsAreLoadedOrRejectedWithSpecError) {
     replay("experiment", mt::fuzz::experiment, 4);
 }
 
+TEST(FuzzRegressions, TrainCheckpointInputsAreReadOrRejectedWithSafeTensorsError) {
+    replay("train_checkpoint", mt::fuzz::train_checkpoint, 2);
+}
+
+TEST(FuzzRegressions, ResultsInputsAreComparedOrRejectedWithReportError) {
+    replay("results", mt::fuzz::results, 2);
+}
+
 }  // namespace

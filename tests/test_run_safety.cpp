@@ -353,6 +353,25 @@ TEST_F(RunSafetyTest, ADiskFullingUpDuringTheReportLeavesAFolderMarkedPartial) {
     }
 }
 
+// A disk so full that not even the PARTIAL marker can be written: the in-progress marker said
+// "still going" of a run that had ended; it is overwritten in place (no new block needed).
+TEST_F(RunSafetyTest, ADiskTooFullForThePartialMarkerStillMarksTheFolderPartial) {
+    const fs::path full = mount_tmpfs("full", 64 * 1024);
+    if (full.empty()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+    const std::string dir = create_run_folder("x", full.string());
+    {
+        std::ofstream fill(full / "filler", std::ios::binary);
+        const std::string byte(1, 'x');
+        while (fill.write(byte.data(), 1) && fill.flush()) {
+        }
+    }
+    EXPECT_THROW(write_run_files(Results{}, dir), RunFolderError);
+    const std::string marker = slurp(fs::path(dir) / kPartialMarker);
+    EXPECT_CONTAINS(marker, "PARTIAL");
+    EXPECT_EQ(marker.find("still going"), std::string::npos) << marker;
+    EXPECT_TRUE(temporaries_under(full).empty());
+}
+
 // ---- signals ----------------------------------------------------------------------------------
 
 class StopSignalTest : public RunSafetyTest, public ::testing::WithParamInterface<int> {};

@@ -11,8 +11,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <sstream>
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "engine/data.h"
+#include "io/directory_lock.h"
 #include "io/safetensors.h"
 #include "tests/test_util.h"
 
@@ -417,7 +421,8 @@ TEST(TrainCli, DamagedNewestCheckpointFailsItsChecksumAndFallsBack) {
     }
     const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
     ASSERT_EQ(r.rc, 0) << r.output;
-    EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6) + ": its tensors do not match");
+    EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6) +
+                                  ": its tensors or its microtrain.* metadata do not match");
     EXPECT_CONTAINS(r.output, "resumed from " + ckpt(out, 3));
     expect_same_tensors(ckpt(d.file("ref"), 12), ckpt(out, 12));
 }
@@ -547,6 +552,151 @@ TEST(TrainData, StartingAtBatchKGivesTheBatchesASkippingLoaderGives) {
         }
         EXPECT_EQ(from7.position(), 150u);
     }
+}
+
+// ---- one writer per run directory, and a directory that cannot be misread (issue #25) ---------
+
+std::string slurp(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Another process holds the directory (here: this test process, as a second `train` would): a
+// fresh run on it exits 2 naming the holder's PID and writes nothing.
+TEST(TrainCli, ASecondTrainOnALockedDirectoryExitsTwoNamingTheHolder) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    fs::create_directories(out);
+    {
+        const DirectoryLock held(out);
+        const CliResult r = run_microtrain("train " + q(yaml) + " --out-dir " + q(out));
+        EXPECT_EQ(r.rc, 2) << r.output;
+        EXPECT_CONTAINS(r.output, "is in use by another microtrain process (PID " +
+                                      std::to_string(::getpid()) + ")");
+        EXPECT_FALSE(fs::exists(out + "/train.csv"));
+    }
+    // Released (as on any exit of the holder): the directory is usable again.
+    ASSERT_EQ(run_microtrain("train " + q(yaml) + " --out-dir " + q(out) + " --steps 3").rc, 0);
+}
+
+TEST(TrainCli, ASecondResumeOnALockedDirectoryLeavesItUntouched) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    ASSERT_EQ(run_microtrain("train " + q(yaml) + " --out-dir " + q(out) + " --steps 6").rc, 0);
+    const std::string csv = slurp(out + "/train.csv");
+    const DirectoryLock held(out);
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, "(PID " + std::to_string(::getpid()) + ")");
+    EXPECT_EQ(slurp(out + "/train.csv"), csv);
+    EXPECT_EQ(checkpoint_names(out),
+              (std::vector<std::string>{"step-00000003.safetensors", "step-00000006.safetensors"}));
+}
+
+// Two runs started together on one directory: exactly one trains it, and train.csv holds each
+// step once.
+TEST(TrainCli, TwoTrainsStartedTogetherNeverShareTheDirectory) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    const std::string cmd = "train " + q(yaml) + " --out-dir " + q(out);
+    auto second = std::async(std::launch::async, [&] { return run_microtrain(cmd); });
+    const CliResult a = run_microtrain(cmd);
+    const CliResult b = second.get();
+    EXPECT_EQ(std::min(a.rc, b.rc), 0) << a.output << b.output;
+    EXPECT_EQ(std::max(a.rc, b.rc), 2) << a.output << b.output;
+    const auto rows = read_csv(out + "/train.csv");
+    ASSERT_EQ(rows.size(), 13u);
+    for (size_t i = 1; i < rows.size(); ++i) EXPECT_EQ(rows[i][0], std::to_string(i));
+}
+
+// checkpoints/ replaced by a regular file: read as "no checkpoint yet", --resume would start at
+// step 0 and cut train.csv to its header.
+TEST(TrainCli, CheckpointsThatIsNotADirectoryIsAnErrorNotARestart) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    ASSERT_EQ(run_microtrain("train " + q(yaml) + " --out-dir " + q(out) + " --steps 6").rc, 0);
+    const std::string csv = slurp(out + "/train.csv");
+    fs::remove_all(out + "/checkpoints");
+    write_text(out + "/checkpoints", "not a directory\n");
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, out +
+                                  "/checkpoints: is a regular file, expected the run's "
+                                  "checkpoints directory");
+    EXPECT_EQ(slurp(out + "/train.csv"), csv);
+}
+
+// A symbolic link planted as train.csv would have the resume replace the file it points to
+// (outside the run directory): refused, and the file stays as it was.
+TEST(TrainCli, ATrainCsvThatIsASymlinkIsNeverWrittenThrough) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    ASSERT_EQ(run_microtrain("train " + q(yaml) + " --out-dir " + q(out) + " --steps 6").rc, 0);
+    fs::rename(out + "/train.csv", d.file("elsewhere.csv"));
+    const std::string csv = slurp(d.file("elsewhere.csv"));
+    fs::create_symlink(d.file("elsewhere.csv"), out + "/train.csv");
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, out + "/train.csv: cannot write: it is a symbolic link");
+    EXPECT_EQ(slurp(d.file("elsewhere.csv")), csv);
+    EXPECT_TRUE(fs::is_symlink(out + "/train.csv"));
+}
+
+TEST(TrainCli, TrainCsvThatIsAFifoIsRefusedWithoutBlocking) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    fs::create_directories(out);
+    ASSERT_EQ(::mkfifo((out + "/train.csv").c_str(), 0644), 0);
+    // timeout: a blocked open would otherwise hang the test.
+    const CliResult r =
+        run_shell("timeout 20 " + q(MT_BINARY) + " train " + q(yaml) + " --out-dir " + q(out));
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_CONTAINS(r.output, "train.csv: is a FIFO (named pipe), not a regular file");
+}
+
+// Rewrites one __metadata__ value of a safetensors file, as a careless edit would (the header
+// may change length: the tensors' offsets are relative to the data region, so it stays valid).
+void edit_metadata(const std::string& path, const std::string& key, const std::string& value) {
+    const std::string bytes = slurp(path);
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+    header["__metadata__"][key] = value;
+    const std::string text = header.dump();
+    const uint64_t m = text.size();
+    std::string out(reinterpret_cast<const char*>(&m), 8);
+    out += text + bytes.substr(8 + n);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << out;
+}
+
+// data_position 6 -> 8 in the newest checkpoint would resume on other batches, silently: the
+// checksum covers the metadata, so the file is skipped and the previous one resumes, and the
+// result is the uninterrupted run's.
+TEST(TrainCli, EditedDataPositionFailsTheChecksumAndFallsBack) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    two_checkpoints(d, yaml, out);
+    edit_metadata(ckpt(out, 6), "microtrain.data_position", "8");
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6) +
+                                  ": its tensors or its microtrain.* metadata do not match");
+    EXPECT_CONTAINS(r.output, "resumed from " + ckpt(out, 3));
+    EXPECT_EQ(result_columns(d.file("ref") + "/train.csv"), result_columns(out + "/train.csv"));
+}
+
+// A 20-digit value printed "microtrain train: stoull" and exited 1.
+TEST(TrainCli, AnOutOfRangeMetadataNumberFallsBackToThePreviousCheckpoint) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    two_checkpoints(d, yaml, out);
+    edit_metadata(ckpt(out, 6), "microtrain.data_position", "123456789012345678901");
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6) +
+                                  ": __metadata__ \"microtrain.data_position\" is "
+                                  "\"123456789012345678901\", expected an integer in [0, ");
+    EXPECT_CONTAINS(r.output, "resumed from " + ckpt(out, 3));
 }
 
 }  // namespace

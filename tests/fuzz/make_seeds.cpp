@@ -15,6 +15,8 @@
 #include "io/safetensors.h"
 #include "kernels/backend.h"
 #include "optim/adamw.h"
+#include "report/results.h"
+#include "tests/hand_made_run.h"
 
 namespace fs = std::filesystem;
 using namespace mt;
@@ -126,6 +128,54 @@ void experiment_seeds(const fs::path& dir, const fs::path& configs) {
            "{ baseline: base }\n";
 }
 
+// The __metadata__ of a training checkpoint (cli/training_run.h) around one small tensor: whole
+// but with a checksum that does not match (so the fuzzer's mutations reach every number), and
+// with a number out of range.
+void train_checkpoint_seeds(const fs::path& dir) {
+    auto write = [&](const std::string& name, const std::string& position) {
+        SafeTensorsWriter w;
+        w.add_f32("w", {2}, std::vector<float>{1.0f, 2.0f});
+        w.set_metadata("microtrain.train_format", "2");
+        w.set_metadata("step", "6");
+        w.set_metadata("microtrain.data_position", position);
+        w.set_metadata("microtrain.csv_rows", "6");
+        w.set_metadata("microtrain.global_batch", "2");
+        w.set_metadata("microtrain.config.optim.lr", "0.001");
+        w.set_metadata("microtrain.checksum", "0123456789abcdef");
+        w.write((dir / name).string());
+    };
+    write("metadata.safetensors", "6");
+    write("position_out_of_range.safetensors", "123456789012345678901");
+}
+
+// A results.json of two measured variants, as `microtrain run` writes it.
+void results_seeds(const fs::path& dir) {
+    auto run = [](const std::string& name, double wall) {
+        HandMadeRun r;
+        r.config.variant = name;
+        r.config.run.warmup_steps = 1;
+        r.config.run.measure_steps = 5;
+        r.backend = "cpu";
+        r.device_name = "CPU: seed";
+        for (int i = 0; i < 6; ++i) {
+            StepRecord s;
+            s.step = i;
+            s.warmup = i == 0;
+            s.times.wall_ms = wall + 0.01 * i;
+            s.loss = 5.0 - 0.01 * i;
+            r.steps.push_back(s);
+        }
+        return r;
+    };
+    HandMadeExperiment ex;
+    ex.name = "seed";
+    ex.baseline = "baseline";
+    ex.runs = {run("baseline", 10), run("fast", 5)};
+    ex.runs[1].config.changed = {{"optim.impl", "fused"}};
+    std::ofstream(dir / "results.json") << results_to_json(ex.results()).dump(2) << "\n";
+    std::ofstream(dir / "not_results.json") << "{\"schema_version\": 1, \"variants\": []}\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -134,12 +184,15 @@ int main(int argc, char** argv) {
         return 2;
     }
     const fs::path root = argv[1];
-    for (const char* t : {"safetensors", "batch", "tokens", "experiment"})
+    for (const char* t :
+         {"safetensors", "batch", "tokens", "experiment", "train_checkpoint", "results"})
         fs::create_directories(root / t);
     safetensors_seeds(root / "safetensors");
     batch_seeds(root / "batch");
     token_seeds(root / "tokens");
     experiment_seeds(root / "experiment", argc == 3 ? argv[2] : "configs");
+    train_checkpoint_seeds(root / "train_checkpoint");
+    results_seeds(root / "results");
     std::printf("seeds written under %s\n", root.c_str());
     return 0;
 }

@@ -16,11 +16,14 @@
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
+#include "cli/training_run.h"
 #include "engine/data.h"
 #include "experiment/spec.h"
 #include "io/safetensors.h"
 #include "kernels/backend.h"
 #include "optim/adamw.h"
+#include "report/comparison.h"
+#include "report/results.h"
 
 namespace mt::fuzz {
 
@@ -122,6 +125,27 @@ inline void experiment(const std::string& path) {
         for (const auto& v : spec.variants) (void)flatten(v);
         (void)load_experiment(path, {"model.n_layer=1"});
     } catch (const SpecError&) {
+    }
+}
+
+// ---- the metadata of a training checkpoint, as `train --resume` reads it ----------------------
+
+inline void train_checkpoint(const std::string& path) {
+    try {
+        const TrainCheckpointState s = read_train_checkpoint(SafeTensorsFile::open(path));
+        if (s.step < 0) throw std::logic_error(path + ": a negative step was accepted");
+    } catch (const SafeTensorsError&) {
+    }
+}
+
+// ---- results.json, as `compare` reads it ------------------------------------------------------
+
+// The file read, then compared with itself and rendered as `compare` prints it.
+inline void results(const std::string& path) {
+    try {
+        const Results r = read_results(path);
+        (void)render_comparison_md(compare_results(r, path, r, path, "", ""));
+    } catch (const ReportError&) {
     }
 }
 
