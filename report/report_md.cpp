@@ -363,7 +363,7 @@ void write_rank_table(std::ostringstream& o, const DataParallelRecord& d) {
       << d.slowest_rank << ".\n";
 }
 
-void write_comm_verdict(std::ostringstream& o, const VariantResult& v) {
+void write_comm_verdict(std::ostringstream& o, const VariantResult& v, const Results& res) {
     const DataParallelRecord& d = *v.data_parallel;
     const bool bottleneck = comm_is_bottleneck(v);
     o << "\n**Is communication the bottleneck?** " << (bottleneck ? "Yes" : "No")
@@ -373,7 +373,7 @@ void write_comm_verdict(std::ostringstream& o, const VariantResult& v) {
       << " (threshold: communication is the bottleneck when it is the largest phase or more than "
       << pct(kCommBottleneckShare) << " of the step).\n\n";
     if (bottleneck)
-        for (const std::string& s : comm_suggestions(v)) o << "- next: " << s << "\n";
+        for (const std::string& s : comm_suggestions(v, res)) o << "- next: " << s << "\n";
     if (d.ranks.size() > 1 && d.rank_spread_pct > kRankSpreadWarn)
         o << "- straggler / load imbalance: rank " << d.slowest_rank << " is the slowest, "
           << f("%.2f", d.rank_spread_ms) << " ms (" << pct(d.rank_spread_pct)
@@ -421,14 +421,16 @@ void write_communication(std::ostringstream& o, const Results& res) {
           << " ms" << (r0 ? ", link busy " + f("%.2f", r0->comm_busy_ms) + " ms" : std::string())
           << "\n";
         write_rank_table(o, d);
-        write_comm_verdict(o, v);
+        write_comm_verdict(o, v, res);
     }
 }
 
 void write_bottlenecks(std::ostringstream& o, const Results& res, const VariantResult* ref,
                        const std::string& baseline) {
     o << "\n## Bottleneck and next steps\n";
-    for (const VariantResult& v : res.variants) {
+    const std::vector<std::vector<std::string>> next = run_suggestions(res);
+    for (size_t i = 0; i < res.variants.size(); ++i) {
+        const VariantResult& v = res.variants[i];
         o << "\n### " << v.name << "\n\n";
         if (!v.measured()) {
             o << to_string(v.status) << ": "
@@ -444,7 +446,7 @@ void write_bottlenecks(std::ostringstream& o, const Results& res, const VariantR
         o << host_syncs_text(v);
         if (v.name != baseline && ref && ref->name == baseline) o << phase_moves_text(v, *ref);
         if (v.name != baseline && ref && ref->name == baseline) o << host_sync_growth_text(v, *ref);
-        for (const std::string& sug : suggestions_for(v)) o << "- next: " << sug << "\n";
+        for (const std::string& sug : next[i]) o << "- next: " << sug << "\n";
     }
 }
 

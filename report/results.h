@@ -103,9 +103,10 @@ struct StepStatistics {
     SeriesSummary host_syncs, host_wait_ms;
     SeriesSummary other_cpu_ms;  // CPU time other processes took per measured step (StepRow)
     SeriesSummary steal_ms;      // of it, the hypervisor's steal time per measured step
-    double samples_per_s = 0, tokens_per_s = 0;  // global batch / median step (all ranks)
-    double jitter = 0;                           // step_ms IQR / median
-    bool jitter_warning = false;                 // jitter > kJitterWarnThreshold
+    // The measured steps' samples and tokens (all ranks) over their total time (mean step).
+    double samples_per_s = 0, tokens_per_s = 0;
+    double jitter = 0;            // step_ms IQR / median
+    bool jitter_warning = false;  // jitter > kJitterWarnThreshold
 };
 
 struct FlopsRecord {
