@@ -351,6 +351,8 @@ struct ComparisonRow {
     // every batch has its own length), named by the jitter notes as the cause; "" when none.
     std::string jitter_cause;
     double samples_per_s = 0, tokens_per_s = 0;
+    // The work of one step: every rank's tokens (under data.seq_len_jitter, the measured mean).
+    double tokens_per_step = 0;
     std::optional<double> mfu;
     double tracked_peak = 0;  // bytes
     double device_peak = 0;   // bytes (cudaMemGetInfo used, or RSS)
