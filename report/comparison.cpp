@@ -535,9 +535,8 @@ std::string render_comparison_md(const Comparison& c) {
         } else if (r.delta_time_ms) {
             o << signed_f("%.2f", *r.delta_time_ms) << " (" << f("%.2f", *r.speedup) << "x) | "
               << cell(r.time_call_text) << " | "
-              << (std::fabs(*r.delta_memory_bytes) < 0.05 * kMiB
-                      ? std::string("0")
-                      : signed_f("%.1f", to_mib(*r.delta_memory_bytes)))
+              << (*r.delta_memory_bytes == 0 ? std::string("0")
+                                             : mib_or_bytes(*r.delta_memory_bytes, true))
               << " | "
               << (r.loss_within_tolerance ? (*r.loss_within_tolerance ? "yes" : "no") : "n/a")
               << " | ";

@@ -280,7 +280,8 @@ void write_memory_estimate_table(std::ostringstream& o, const Results& res) {
             const double e = static_cast<double>(m.estimate[c]);
             const double t = static_cast<double>(m.tracked_peak[c]);
             o << "| " << v.name << " | " << to_string(static_cast<MemoryCategory>(c)) << " | "
-              << mib(e) << " | " << mib(t) << " | " << signed_f("%.1f", to_mib(t - e)) << " |\n";
+              << mib_or_bytes(e) << " | " << mib_or_bytes(t) << " | "
+              << mib_or_bytes(t - e, /*sign=*/true) << " |\n";
         }
         const double e = static_cast<double>(m.estimate_total);
         const double t = static_cast<double>(m.tracked_peak_total);

@@ -135,6 +135,20 @@ HandMadeExperiment make_experiment() {
     return ex;
 }
 
+// The lines of report.md's section that starts with `heading`, up to the next "## ".
+std::string md_section(const std::string& md, const std::string& heading) {
+    const size_t a = md.find(heading);
+    if (a == std::string::npos) return "";
+    const size_t b = md.find("\n## ", a + heading.size());
+    return md.substr(a, b == std::string::npos ? std::string::npos : b - a);
+}
+
+size_t occurrences(const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+    return n;
+}
+
 const ComparisonRow& row(const Comparison& c, const std::string& name) {
     for (const auto& r : c.rows)
         if (r.variant == name) return r;
@@ -391,6 +405,22 @@ TEST(Comparison, AKnobThatChangesTheModelNamesTheLossAsThePrice) {
     EXPECT_EQ(row(res.comparison, "baseline").verdict.find("different model"), std::string::npos);
 }
 
+// A sample cache adds 14,094 tracked bytes: the table shows them, not "0.0" MiB and a Δ of 0.
+TEST(ReportMd, ASmallMemoryChangeIsShownInBytesNotRoundedToZero) {
+    HandMadeExperiment ex;
+    ex.name = "cache";
+    ex.baseline = "baseline";
+    ex.runs.push_back(make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20));
+    HandMadeRun cache = make_run("cache", {10, 10.1, 9.9, 10, 10.05}, 5.0, (100 << 20) + 14094,
+                                 {{"data.cache", "true"}});
+    cache.memory.tracked_peak[static_cast<int>(MemoryCategory::data)] = 14094;
+    ex.runs.push_back(cache);
+    const std::string md = render_report_md(ex.results());
+    EXPECT_NE(md.find("| cache | data | 0.0 | 14094 B | +14094 B |"), std::string::npos) << md;
+    const std::string table = md_section(md, "## Comparison");
+    EXPECT_NE(table.find(" | -14094 B | "), std::string::npos) << table;
+}
+
 TEST(ReportMd, HasTheTableDeltasWithSignsAndTheAnswers) {
     const std::string md = render_report_md(make_experiment().results());
     for (const char* s :
@@ -638,20 +668,6 @@ TEST(SuggestionRules, AnOpNearItsRooflineNeedsFewerFlopsLowerPrecisionOrFusion) 
     EXPECT_EQ(t.find("next rung"), std::string::npos) << t;
     const std::string mem = top_op_text(top_op("layernorm_forward", "", Bound::memory, 80));
     EXPECT_NE(mem.find("only fewer bytes help: fusion"), std::string::npos) << mem;
-}
-
-// The lines of report.md's section that starts with `heading`, up to the next "## ".
-std::string md_section(const std::string& md, const std::string& heading) {
-    const size_t a = md.find(heading);
-    if (a == std::string::npos) return "";
-    const size_t b = md.find("\n## ", a + heading.size());
-    return md.substr(a, b == std::string::npos ? std::string::npos : b - a);
-}
-
-size_t occurrences(const std::string& text, const std::string& what) {
-    size_t n = 0;
-    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-    return n;
 }
 
 // A knob to try that does not depend on the variant is printed once, under the first variant it
