@@ -176,7 +176,7 @@ Suggestion top_op_suggestion(const VariantResult& v, const KernelRecord& k) {
     const bool cuda = v.backend == "cuda";
     const std::string op = "top op: " + k.name + (k.impl.empty() ? "" : " (" + k.impl + ")") +
                            ", " + f("%.1f%%", k.pct_of_step) + " of the step, at " +
-                           f("%.0f%%", k.pct_of_roofline) + " of its " + to_string(k.bound) +
+                           f("%.1f%%", k.pct_of_roofline) + " of its " + to_string(k.bound) +
                            " roofline";
     const auto next = next_rung_for(v, k);
     const std::string rung =
@@ -193,9 +193,9 @@ Suggestion top_op_suggestion(const VariantResult& v, const KernelRecord& k) {
     };
     if (frac < kFarBelowRoofline)
         return with_rung(op +
-                         ": this implementation is inefficient, latency-limited (loop "
-                         "order, cache misses, launches), not by the machine's arithmetic "
-                         "or bandwidth: " +
+                         ": this implementation is inefficient: latency (loop order, cache "
+                         "misses, launches) limits it, not the machine's arithmetic or "
+                         "bandwidth; " +
                          rung + ".");
     const std::string precision = cuda ? "lower precision (`run.precision: tf32` or `bf16`)"
                                        : "lower precision (a GPU: the CPU backend is fp32-only)";
