@@ -364,7 +364,9 @@ void write_rank_table(std::ostringstream& o, const DataParallelRecord& d) {
       << d.slowest_rank << ".\n";
 }
 
-void write_comm_verdict(std::ostringstream& o, const VariantResult& v, const Results& res) {
+// `next`: the variant's suggestions (run_comm_suggestions), printed when comm is the bottleneck.
+void write_comm_verdict(std::ostringstream& o, const VariantResult& v,
+                        const std::vector<std::string>& next) {
     const DataParallelRecord& d = *v.data_parallel;
     const bool bottleneck = comm_is_bottleneck(v);
     o << "\n**Is communication the bottleneck?** " << (bottleneck ? "Yes" : "No")
@@ -374,7 +376,7 @@ void write_comm_verdict(std::ostringstream& o, const VariantResult& v, const Res
       << " (threshold: communication is the bottleneck when it is the largest phase or more than "
       << pct(kCommBottleneckShare) << " of the step).\n\n";
     if (bottleneck)
-        for (const std::string& s : comm_suggestions(v, res)) o << "- next: " << s << "\n";
+        for (const std::string& s : next) o << "- next: " << s << "\n";
     if (d.ranks.size() > 1 && d.rank_spread_pct > kRankSpreadWarn)
         o << "- straggler / load imbalance: rank " << d.slowest_rank << " is the slowest, "
           << f("%.2f", d.rank_spread_ms) << " ms (" << pct(d.rank_spread_pct)
@@ -394,7 +396,9 @@ void write_communication(std::ostringstream& o, const Results& res) {
     o << "\n## Communication (data parallel)\n\nThe comm phase is the time a step *waits* for "
          "communication (exposed); communication hidden under backward (overlapped) is measured "
          "beside the phases. Per step, rank 0's medians unless stated.\n";
-    for (const VariantResult& v : res.variants) {
+    const std::vector<std::vector<std::string>> next = run_comm_suggestions(res);
+    for (size_t i = 0; i < res.variants.size(); ++i) {
+        const VariantResult& v = res.variants[i];
         if (!v.data_parallel || !v.measured()) continue;
         const DataParallelRecord& d = *v.data_parallel;
         o << "\n### " << v.name << "\n\n";
@@ -422,7 +426,7 @@ void write_communication(std::ostringstream& o, const Results& res) {
           << " ms" << (r0 ? ", link busy " + f("%.2f", r0->comm_busy_ms) + " ms" : std::string())
           << "\n";
         write_rank_table(o, d);
-        write_comm_verdict(o, v, res);
+        write_comm_verdict(o, v, next[i]);
     }
 }
 

@@ -122,12 +122,12 @@ std::vector<Suggestion> comm_suggestion_list(const VariantResult& v) {
     const DataParallelRecord& d = *v.data_parallel;
     std::vector<Suggestion> out;
     if (!d.overlap)
-        out.push_back(proposing_value(
-            "overlap",
-            "set `dist.overlap: true`: each bucket's reduction then starts as soon as "
-            "backward has produced it and runs under the rest of backward (overlap is "
-            "off: the step waits for every byte).",
-            "dist.overlap", "true"));
+        out.push_back(
+            proposing("overlap",
+                      "set `dist.overlap: true`: each bucket's reduction then starts as soon as "
+                      "backward has produced it and runs under the rest of backward (overlap is "
+                      "off: the step waits for every byte).",
+                      "dist.overlap", [](const std::string& x) { return x == "true"; }));
     else if (d.comm_overlapped_ms < d.comm_exposed_ms)
         out.push_back(bucket_suggestion(d));
     const int accum = v.batch.grad_accum;
@@ -137,13 +137,14 @@ std::vector<Suggestion> comm_suggestion_list(const VariantResult& v) {
                       "): one reduction per optimizer step is amortised over more "
                       "samples.",
                   "run.grad_accum", [accum](const std::string& x) { return number(x) > accum; }));
-    out.push_back(note("zero", d.zero == 0
-                                   ? "`dist.zero: 1` (ZeRO-1) only when memory is the issue: it "
+    out.push_back(note("zero",
+                       d.zero == 0 ? "`dist.zero: 1` (ZeRO-1) only when memory is the issue: it "
                                      "shards the optimizer state across the ranks but does not "
                                      "reduce the traffic."
                                    : "ZeRO-1 is on: it saves optimizer memory, not traffic (it "
                                      "adds a parameter all-gather after the optimizer); "
-                                     "`dist.zero: 0` if memory allows."));
+                                     "`dist.zero: 0` if memory allows.",
+                       /*generic=*/true));
     return out;
 }
 
@@ -527,14 +528,19 @@ std::vector<std::string> suggestions_for(const VariantResult& v) {
     return out;
 }
 
-std::vector<std::vector<std::string>> run_suggestions(const Results& run) {
+namespace {
+
+// `make`'s suggestions for every variant of `run`, checked against what the run measured, the
+// generic ones only under the first variant they apply to.
+std::vector<std::vector<std::string>> checked_once(
+    const Results& run, const std::function<std::vector<Suggestion>(const VariantResult&)>& make) {
     const std::vector<SlowerKnob> slower = slower_knobs(run);
     std::map<std::string, std::string> printed_under;  // generic text -> the variant it is under
     std::vector<std::vector<std::string>> out;
     for (const VariantResult& v : run.variants) {
         std::vector<std::string>& lines = out.emplace_back();
         std::set<std::string> earlier;  // the variants whose lines this one shares
-        for (const Suggestion& s : suggestions_of(v)) {
+        for (const Suggestion& s : make(v)) {
             if (refuted(s, slower)) continue;
             if (s.generic) {
                 const auto [it, first] = printed_under.emplace(s.text, v.name);
@@ -551,12 +557,16 @@ std::vector<std::vector<std::string>> run_suggestions(const Results& run) {
     return out;
 }
 
-std::vector<std::string> comm_suggestions(const VariantResult& v, const Results& run) {
-    const std::vector<SlowerKnob> slower = slower_knobs(run);
-    std::vector<std::string> out;
-    for (const Suggestion& s : comm_suggestion_list(v))
-        if (!refuted(s, slower)) out.push_back(s.text);
-    return out;
+}  // namespace
+
+std::vector<std::vector<std::string>> run_suggestions(const Results& run) {
+    return checked_once(run, suggestions_of);
+}
+
+std::vector<std::vector<std::string>> run_comm_suggestions(const Results& run) {
+    return checked_once(run, [](const VariantResult& v) {
+        return comm_is_bottleneck(v) ? comm_suggestion_list(v) : std::vector<Suggestion>{};
+    });
 }
 
 }  // namespace mt

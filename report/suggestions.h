@@ -84,7 +84,8 @@ std::vector<Suggestion> comm_suggestion_list(const VariantResult& v);
 // The suggestions the report prints under each of run.variants (same order): each checked against
 // what the run measured, the generic ones only under the first variant they apply to.
 std::vector<std::vector<std::string>> run_suggestions(const Results& run);
-// comm_suggestion_list(v) checked against what `run` measured (v is one of its variants).
-std::vector<std::string> comm_suggestions(const VariantResult& v, const Results& run);
+// The same for the Communication section: comm_suggestion_list of each variant whose
+// communication is the bottleneck (none for the others).
+std::vector<std::vector<std::string>> run_comm_suggestions(const Results& run);
 
 }  // namespace mt

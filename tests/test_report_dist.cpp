@@ -344,6 +344,28 @@ TEST(ReportDistMarkdown,
         << comm;
 }
 
+// Two data-parallel variants bottlenecked on communication: the ZeRO line, which names nothing
+// measured, is printed once; the second variant points to the first.
+TEST(ReportDistMarkdown, TheZeroLineIsPrintedOncePerReport) {
+    HandMadeExperiment ex = make_experiment(kCommHeavy, /*overlap=*/false);
+    HandMadeRun three = ex.runs[1];
+    three.config.variant = "three";
+    ex.runs.push_back(three);
+    const std::string comm =
+        section(render_report_md(ex.results()), "## Communication (data parallel)");
+    size_t n = 0;
+    for (size_t p = comm.find("`dist.zero: 1` (ZeRO-1)"); p != std::string::npos;
+         p = comm.find("`dist.zero: 1` (ZeRO-1)", p + 1))
+        ++n;
+    EXPECT_EQ(n, 1u) << comm;
+    EXPECT_NE(comm.find("the knobs suggested under *two* above apply here too"), std::string::npos)
+        << comm;
+    // The overlap line states this variant's own setting: it stays under each.
+    EXPECT_NE(comm.substr(comm.find("### three")).find("set `dist.overlap: true`"),
+              std::string::npos)
+        << comm;
+}
+
 TEST(ReportDistMarkdown, CommAtTwoPercentIsNotTheBottleneck) {
     const std::string md =
         render_report_md(make_experiment(kCommLight, true, /*rank_slowdown=*/0.01).results());
