@@ -57,7 +57,8 @@ std::string top_kernels_text(const VariantResult& v, size_t n) {
     for (size_t i = 0; i < v.kernels.size() && i < n; ++i) {
         const KernelRecord& k = v.kernels[i];
         if (!s.empty()) s += ", ";
-        s += k.name + " " + f("%.1f%%", k.pct_of_step) + " (" + to_string(k.bound) + "-bound)";
+        s += k.name + " " + f("%.1f%%", k.pct_of_step) + " (" + limit_of(k) + ", " +
+             f("%.1f%%", k.pct_of_roofline) + " of its roofline)";
     }
     return s;
 }

@@ -508,6 +508,11 @@ bool refuted(const Suggestion& s, const std::vector<SlowerKnob>& slower) {
 
 }  // namespace
 
+std::string limit_of(const KernelRecord& k) {
+    if (k.pct_of_roofline / 100.0 < kFarBelowRoofline) return "latency-limited";
+    return std::string(to_string(k.bound)) + "-bound";
+}
+
 std::vector<Suggestion> suggestions_of(const VariantResult& v) {
     std::vector<Suggestion> out;
     if (!v.measured()) return out;

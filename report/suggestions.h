@@ -74,6 +74,11 @@ inline constexpr double kNearRoofline = 0.60;
 // not the number of collectives, is what the step waits for.
 inline constexpr double kLatencyShareForLargerBuckets = 0.10;
 
+// What limits a profiled op, from its intensity and its measured fraction of its roofline:
+// "latency-limited" below kFarBelowRoofline (whatever its intensity says), else "compute-bound"
+// or "memory-bound" (the intensity against the ridge).
+std::string limit_of(const KernelRecord& k);
+
 // Every rule's suggestions for one variant, unchecked (in rule order; empty when unmeasured).
 std::vector<Suggestion> suggestions_of(const VariantResult& variant);
 // Their texts.

@@ -659,6 +659,21 @@ TEST(SuggestionRules, AnOpFarBelowItsRooflineIsInefficientAndGetsTheNextRung) {
     EXPECT_EQ(blas.find("next rung"), std::string::npos) << blas;
 }
 
+// The "top ops" line says what limits each op from its measured roofline fraction: the naive
+// GEMM at 1 % is latency-limited, not "compute-bound" as its intensity alone would say.
+TEST(SuggestionRules, TheTopOpsLineNamesAnOpFarBelowItsRooflineLatencyLimited) {
+    EXPECT_EQ(limit_of(top_op("matmul_backward", "naive", Bound::compute, 1)), "latency-limited");
+    EXPECT_EQ(limit_of(top_op("matmul_backward", "blas", Bound::compute, 70)), "compute-bound");
+    EXPECT_EQ(limit_of(top_op("layernorm_forward", "", Bound::memory, 40)), "memory-bound");
+    HandMadeExperiment ex = make_experiment();
+    Results res = ex.results();
+    res.variants[0].kernels = {top_op("matmul_backward", "naive", Bound::compute, 1)};
+    const std::string next = md_section(render_report_md(res), "## Bottleneck and next steps");
+    EXPECT_NE(next.find("- top ops: matmul_backward 40.0% (latency-limited, 1.0% of its roofline)"),
+              std::string::npos)
+        << next;
+}
+
 // The int8 GEMM at 98 % of its roofline: only less or cheaper work helps, never a better GEMM.
 TEST(SuggestionRules, AnOpNearItsRooflineNeedsFewerFlopsLowerPrecisionOrFusion) {
     const std::string t = top_op_text(top_op("matmul_forward", "packed", Bound::compute, 98));
