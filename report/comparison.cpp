@@ -44,6 +44,7 @@ ComparisonRow row_from(const VariantResult& v) {
         r.jitter_cause = "data.seq_len_jitter=" + j;
     r.samples_per_s = v.stats.samples_per_s;
     r.tokens_per_s = v.stats.tokens_per_s;
+    r.tokens_per_step = static_cast<double>(v.batch.tokens_per_step);
     r.mfu = v.flops.mfu;
     r.tracked_peak = static_cast<double>(v.memory.tracked_peak_total);
     r.device_peak = static_cast<double>(v.memory.device.peak_used_bytes);
@@ -190,17 +191,56 @@ bool judge_unmeasurable(ComparisonRow& r, const ComparisonRow& b, bool baseline_
     return true;
 }
 
+// Whether r's step does a different amount of work than b's (data.batch_size, run.grad_accum,
+// data.seq_len, data.seq_len_jitter, the ranks): its steps are then not comparable one for one,
+// and only the time per token is.
+bool work_differs(const ComparisonRow& r, const ComparisonRow& b) {
+    return r.tokens_per_step > 0 && b.tokens_per_step > 0 && r.tokens_per_step != b.tokens_per_step;
+}
+
+// Each round's median step time over the tokens of a step: the round's time per token.
+RoundMedians per_token(const RoundMedians& round_ms, double tokens_per_step) {
+    RoundMedians out;
+    for (const auto& [round, ms] : round_ms) out[round] = ms / tokens_per_step;
+    return out;
+}
+
 // The time call of r against b (report/paired_stats.h): paired over the rounds of one run, or
-// unpaired (`compare`: two runs).
+// unpaired (`compare`: two runs). A variant that changes the work per step is called on its
+// throughput: each side's round times per token (a per-variant constant scales every round, so
+// the pairs and the load checks are unchanged), and the call says "per token".
 void call_time(ComparisonRow& r, const ComparisonRow& b, const Comparison& c) {
+    const bool per_work = work_differs(r, b);
+    const RoundMedians base = per_work ? per_token(b.round_ms, b.tokens_per_step) : b.round_ms;
+    const RoundMedians mine = per_work ? per_token(r.round_ms, r.tokens_per_step) : r.round_ms;
     const SpeedupInterval s =
-        c.paired ? paired_speedup_interval(b.round_ms, r.round_ms, &b.round_load, &r.round_load)
-                 : unpaired_speedup_interval(b.round_ms, r.round_ms);
+        c.paired ? paired_speedup_interval(base, mine, &b.round_load, &r.round_load)
+                 : unpaired_speedup_interval(base, mine);
     const TimeCallResult call = make_time_call(s, c.min_effect);
     r.time_call = call.call;
     r.speedup_ci95 = call.ci95;
-    r.time_call_text = call.text;
+    r.time_call_text = (per_work ? "per token " : "") + call.text;
     r.more_rounds = call.more_rounds;
+}
+
+// The knobs that change the model a variant trains (fewer trainable parameters, int8 storage):
+// its speed or memory gain is bought with a different model, whose loss difference is the price.
+constexpr const char* kModelChangingKnobs[] = {"model.lora", "optim.freeze",
+                                               "model.quantize_frozen"};
+
+// Appends to a measured row's verdict that it trains a different model, when it does.
+void name_the_price(ComparisonRow& r, std::optional<double> tol) {
+    std::string knobs;
+    for (const char* k : kModelChangingKnobs)
+        if (r.changed.find(std::string(k) + "=") != std::string::npos)
+            knobs += (knobs.empty() ? "" : ", ") + std::string(k);
+    if (knobs.empty()) return;
+    r.verdict += "; it trains a different model (" + knobs +
+                 "): the loss difference is the price of its gain" +
+                 (r.loss_within_tolerance.value_or(false) ? " (" + loss_deltas_text(r, tol) + ")"
+                                                          : std::string()) +
+                 ", and from random weights (a lab's start) the loss says little about a "
+                 "fine-tune's quality";
 }
 
 // Deltas against the baseline: time (median, and the call), memory (tracked peak), noise, loss.
@@ -269,6 +309,7 @@ void judge(ComparisonRow& r, const ComparisonRow& b, const Comparison& c, bool b
     if (judge_unmeasurable(r, b, baseline_present)) return;
     measure_against(r, b, c);
     judge_measured(r, b, c.loss_tolerance_nats);
+    name_the_price(r, c.loss_tolerance_nats);
 }
 
 // The notes on step-time spread. A variant whose own config varies its shapes
@@ -522,9 +563,8 @@ std::string render_comparison_md(const Comparison& c) {
         } else if (r.delta_time_ms) {
             o << signed_f("%.2f", *r.delta_time_ms) << " (" << f("%.2f", *r.speedup) << "x) | "
               << cell(r.time_call_text) << " | "
-              << (std::fabs(*r.delta_memory_bytes) < 0.05 * kMiB
-                      ? std::string("0")
-                      : signed_f("%.1f", to_mib(*r.delta_memory_bytes)))
+              << (*r.delta_memory_bytes == 0 ? std::string("0")
+                                             : mib_or_bytes(*r.delta_memory_bytes, true))
               << " | "
               << (r.loss_within_tolerance ? (*r.loss_within_tolerance ? "yes" : "no") : "n/a")
               << " | ";

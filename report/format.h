@@ -2,6 +2,7 @@
 // table): printf-style values, MiB, signed deltas and percentages.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -24,6 +25,14 @@ inline std::string fixed(double x, int decimals) {
 // Bytes as MiB (2^20) with one decimal.
 inline std::string mib(double bytes) {
     return f("%.1f", to_mib(bytes));
+}
+// Bytes as MiB with one decimal, or as exact bytes ("14094 B") when they are not zero but would
+// print as 0.0 MiB: a small allocation (a sample cache's 14 KB) is shown, not rounded away.
+// `sign`: a leading '+' for x >= 0 (deltas).
+inline std::string mib_or_bytes(double bytes, bool sign = false) {
+    const char* spec = sign ? "%+.0f B" : "%.0f B";
+    if (bytes != 0 && std::fabs(to_mib(bytes)) < 0.05) return f(spec, bytes);
+    return f(sign ? "%+.1f" : "%.1f", to_mib(bytes));
 }
 // Like f, with a leading '+' for x >= 0 (deltas). A small negative that rounds to zero prints as
 // "+0.0", not "-0.0": a sign is only shown where the digits can carry it.

@@ -192,15 +192,18 @@ void derive_statistics(VariantResult& v) {
 
     v.flops.achieved_per_s = 0;
     v.flops.mfu.reset();
-    if (measured > 0 && v.stats.step_ms.median > 0) {
-        const double step_s = v.stats.step_ms.median / 1000.0;
+    // Throughput is the work of the measured steps over their total time (their mean step): a
+    // median step over a mean batch would pair a short step with an average batch when the
+    // batches vary (data.seq_len_jitter) and overstate it.
+    if (measured > 0 && v.stats.step_ms.mean > 0) {
+        const double step_s = v.stats.step_ms.mean / 1000.0;
         const double samples = static_cast<double>(b.samples_per_step);
         v.stats.samples_per_s = samples / step_s;
         v.stats.tokens_per_s = samples * b.seq_len / step_s;
         v.flops.achieved_per_s = v.flops.per_step / step_s;
         if (jitter) {
             // Jittered batches are shorter than data.seq_len: count the tokens and FLOPs the
-            // measured steps really trained (their mean per step) over the median step.
+            // measured steps really trained.
             v.stats.tokens_per_s = work.tokens_per_step / step_s;
             v.flops.achieved_per_s = work.model_flops_per_step / step_s;
         }

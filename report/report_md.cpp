@@ -60,7 +60,8 @@ std::string top_kernels_text(const VariantResult& v, size_t n) {
     for (size_t i = 0; i < v.kernels.size() && i < n; ++i) {
         const KernelRecord& k = v.kernels[i];
         if (!s.empty()) s += ", ";
-        s += k.name + " " + f("%.1f%%", k.pct_of_step) + " (" + to_string(k.bound) + "-bound)";
+        s += k.name + " " + f("%.1f%%", k.pct_of_step) + " (" + limit_of(k) + ", " +
+             f("%.1f%%", k.pct_of_roofline) + " of its roofline)";
     }
     return s;
 }
@@ -305,8 +306,8 @@ void write_memory_estimate_table(std::ostringstream& o, const Results& res) {
             const double e = static_cast<double>(m.estimate[c]);
             const double t = static_cast<double>(m.tracked_peak[c]);
             o << "| " << (c == 0 ? names : "") << " | " << to_string(static_cast<MemoryCategory>(c))
-              << " | " << mib(e) << " | " << mib(t) << " | " << signed_f("%.1f", to_mib(t - e))
-              << " |\n";
+              << " | " << mib_or_bytes(e) << " | " << mib_or_bytes(t) << " | "
+              << mib_or_bytes(t - e, /*sign=*/true) << " |\n";
         }
         const double e = static_cast<double>(m.estimate_total);
         const double t = static_cast<double>(m.tracked_peak_total);
@@ -397,7 +398,9 @@ void write_rank_table(std::ostringstream& o, const DataParallelRecord& d) {
       << d.slowest_rank << ".\n";
 }
 
-void write_comm_verdict(std::ostringstream& o, const VariantResult& v) {
+// `next`: the variant's suggestions (run_comm_suggestions), printed when comm is the bottleneck.
+void write_comm_verdict(std::ostringstream& o, const VariantResult& v,
+                        const std::vector<std::string>& next) {
     const DataParallelRecord& d = *v.data_parallel;
     const bool bottleneck = comm_is_bottleneck(v);
     o << "\n**Is communication the bottleneck?** " << (bottleneck ? "Yes" : "No")
@@ -407,7 +410,7 @@ void write_comm_verdict(std::ostringstream& o, const VariantResult& v) {
       << " (threshold: communication is the bottleneck when it is the largest phase or more than "
       << pct(kCommBottleneckShare) << " of the step).\n\n";
     if (bottleneck)
-        for (const std::string& s : comm_suggestions(v)) o << "- next: " << s << "\n";
+        for (const std::string& s : next) o << "- next: " << s << "\n";
     if (d.ranks.size() > 1 && d.rank_spread_pct > kRankSpreadWarn)
         o << "- straggler / load imbalance: rank " << d.slowest_rank << " is the slowest, "
           << f("%.2f", d.rank_spread_ms) << " ms (" << pct(d.rank_spread_pct)
@@ -427,7 +430,9 @@ void write_communication(std::ostringstream& o, const Results& res) {
     o << "\n## Communication (data parallel)\n\nThe comm phase is the time a step *waits* for "
          "communication (exposed); communication hidden under backward (overlapped) is measured "
          "beside the phases. Per step, rank 0's medians unless stated.\n";
-    for (const VariantResult& v : res.variants) {
+    const std::vector<std::vector<std::string>> next = run_comm_suggestions(res);
+    for (size_t i = 0; i < res.variants.size(); ++i) {
+        const VariantResult& v = res.variants[i];
         if (!v.data_parallel || !v.measured()) continue;
         const DataParallelRecord& d = *v.data_parallel;
         o << "\n### " << v.name << "\n\n";
@@ -455,14 +460,16 @@ void write_communication(std::ostringstream& o, const Results& res) {
           << " ms" << (r0 ? ", link busy " + f("%.2f", r0->comm_busy_ms) + " ms" : std::string())
           << "\n";
         write_rank_table(o, d);
-        write_comm_verdict(o, v);
+        write_comm_verdict(o, v, next[i]);
     }
 }
 
 void write_bottlenecks(std::ostringstream& o, const Results& res, const VariantResult* ref,
                        const std::string& baseline) {
     o << "\n## Bottleneck and next steps\n";
-    for (const VariantResult& v : res.variants) {
+    const std::vector<std::vector<std::string>> next = run_suggestions(res);
+    for (size_t i = 0; i < res.variants.size(); ++i) {
+        const VariantResult& v = res.variants[i];
         o << "\n### " << v.name << "\n\n";
         if (!v.measured()) {
             o << to_string(v.status) << ": "
@@ -478,7 +485,7 @@ void write_bottlenecks(std::ostringstream& o, const Results& res, const VariantR
         o << host_syncs_text(v);
         if (v.name != baseline && ref && ref->name == baseline) o << phase_moves_text(v, *ref);
         if (v.name != baseline && ref && ref->name == baseline) o << host_sync_growth_text(v, *ref);
-        for (const std::string& sug : suggestions_for(v)) o << "- next: " << sug << "\n";
+        for (const std::string& sug : next[i]) o << "- next: " << sug << "\n";
     }
 }
 

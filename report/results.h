@@ -103,9 +103,10 @@ struct StepStatistics {
     SeriesSummary host_syncs, host_wait_ms;
     SeriesSummary other_cpu_ms;  // CPU time other processes took per measured step (StepRow)
     SeriesSummary steal_ms;      // of it, the hypervisor's steal time per measured step
-    double samples_per_s = 0, tokens_per_s = 0;  // global batch / median step (all ranks)
-    double jitter = 0;                           // step_ms IQR / median
-    bool jitter_warning = false;                 // jitter > kJitterWarnThreshold
+    // The measured steps' samples and tokens (all ranks) over their total time (mean step).
+    double samples_per_s = 0, tokens_per_s = 0;
+    double jitter = 0;            // step_ms IQR / median
+    bool jitter_warning = false;  // jitter > kJitterWarnThreshold
 };
 
 struct FlopsRecord {
@@ -356,6 +357,8 @@ struct ComparisonRow {
     // every batch has its own length), named by the jitter notes as the cause; "" when none.
     std::string jitter_cause;
     double samples_per_s = 0, tokens_per_s = 0;
+    // The work of one step: every rank's tokens (under data.seq_len_jitter, the measured mean).
+    double tokens_per_step = 0;
     std::optional<double> mfu;
     double tracked_peak = 0;  // bytes
     double device_peak = 0;   // bytes (cudaMemGetInfo used, or RSS)

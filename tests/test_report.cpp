@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "io/atomic_file.h"
@@ -133,6 +135,20 @@ HandMadeExperiment make_experiment() {
     return ex;
 }
 
+// The lines of report.md's section that starts with `heading`, up to the next "## ".
+std::string md_section(const std::string& md, const std::string& heading) {
+    const size_t a = md.find(heading);
+    if (a == std::string::npos) return "";
+    const size_t b = md.find("\n## ", a + heading.size());
+    return md.substr(a, b == std::string::npos ? std::string::npos : b - a);
+}
+
+size_t occurrences(const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+    return n;
+}
+
 const ComparisonRow& row(const Comparison& c, const std::string& name) {
     for (const auto& r : c.rows)
         if (r.variant == name) return r;
@@ -164,10 +180,11 @@ TEST(ResultsJson, HoldsSchemaEnvironmentAndEveryVariant) {
         EXPECT_TRUE(b["stats"]["phases_ms"].contains(p)) << p;
     EXPECT_NEAR(b["stats"]["phases_ms"]["other"]["mean"].get<double>(),
                 0.02 * b["stats"]["step_ms"]["mean"].get<double>(), 1e-9);
-    // samples/s = B * grad_accum / median step s; tokens/s = that * T.
-    EXPECT_NEAR(b["stats"]["samples_per_s"].get<double>(), 4 / 0.010, 1e-6);
-    EXPECT_NEAR(b["stats"]["tokens_per_s"].get<double>(), 4 * 64 / 0.010, 1e-6);
-    EXPECT_NEAR(b["flops"]["mfu"].get<double>(), (1e9 / 0.010) / 100e9, 1e-12);
+    // samples/s = B * grad_accum / mean step s (the samples over the total measured time, 50.05
+    // ms for 5 steps); tokens/s = that * T.
+    EXPECT_NEAR(b["stats"]["samples_per_s"].get<double>(), 4 / 0.01001, 1e-6);
+    EXPECT_NEAR(b["stats"]["tokens_per_s"].get<double>(), 4 * 64 / 0.01001, 1e-6);
+    EXPECT_NEAR(b["flops"]["mfu"].get<double>(), (1e9 / 0.01001) / 100e9, 1e-12);
     EXPECT_EQ(b["memory"]["tracked_peak_total"], 100 << 20);
     EXPECT_EQ(b["memory"]["peak_phase"], "forward");
     EXPECT_TRUE(b["config"].contains("optim.impl"));
@@ -351,6 +368,59 @@ TEST(Comparison, OneRoundGivesNoIntervalAndNoVerdictOnTime) {
     EXPECT_TRUE(results_to_json(res)["comparison"]["variants"][1]["speedup_ci95"].is_null());
 }
 
+// run.grad_accum: 4 does four times the work per step: its steps are 35 % longer, its tokens
+// 2.96x faster. The call is made on the time per token, and says so.
+TEST(Comparison, AKnobThatChangesTheWorkPerStepIsCalledOnItsTimePerToken) {
+    HandMadeExperiment ex;
+    ex.name = "accum";
+    ex.baseline = "baseline";
+    ex.runs.push_back(make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20));
+    HandMadeRun accum = make_run("accum-4", {13.5, 13.6, 13.4, 13.5, 13.55}, 5.0, 100 << 20,
+                                 {{"run.grad_accum", "4"}});
+    accum.config.run.grad_accum = 4;
+    ex.runs.push_back(accum);
+    const Results res = ex.results();
+    const ComparisonRow& r = row(res.comparison, "accum-4");
+    EXPECT_LT(*r.speedup, 1);  // per step it is slower
+    EXPECT_EQ(r.time_call, TimeCall::faster);
+    EXPECT_EQ(r.decision, Decision::keep);
+    EXPECT_EQ(r.verdict.rfind("keep: per token 2.96x faster [", 0), 0u) << r.verdict;
+}
+
+// LoRA trains a different model: whatever its time, the verdict names the loss as the price.
+TEST(Comparison, AKnobThatChangesTheModelNamesTheLossAsThePrice) {
+    HandMadeExperiment ex;
+    ex.name = "lora";
+    ex.baseline = "baseline";
+    ex.runs.push_back(make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20));
+    ex.runs.push_back(make_run("lora", {5, 5.05, 4.95, 5, 5.02}, 5.0, 100 << 20,
+                               {{"model.lora", "{rank: 8, alpha: 16}"}}));
+    const Results res = ex.results();
+    const ComparisonRow& r = row(res.comparison, "lora");
+    EXPECT_EQ(r.decision, Decision::keep);
+    EXPECT_NE(r.verdict.find("; it trains a different model (model.lora): the loss difference is "
+                             "the price of its gain (mean loss "),
+              std::string::npos)
+        << r.verdict;
+    EXPECT_EQ(row(res.comparison, "baseline").verdict.find("different model"), std::string::npos);
+}
+
+// A sample cache adds 14,094 tracked bytes: the table shows them, not "0.0" MiB and a Δ of 0.
+TEST(ReportMd, ASmallMemoryChangeIsShownInBytesNotRoundedToZero) {
+    HandMadeExperiment ex;
+    ex.name = "cache";
+    ex.baseline = "baseline";
+    ex.runs.push_back(make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20));
+    HandMadeRun cache = make_run("cache", {10, 10.1, 9.9, 10, 10.05}, 5.0, (100 << 20) + 14094,
+                                 {{"data.cache", "true"}});
+    cache.memory.tracked_peak[static_cast<int>(MemoryCategory::data)] = 14094;
+    ex.runs.push_back(cache);
+    const std::string md = render_report_md(ex.results());
+    EXPECT_NE(md.find("| cache | data | 0.0 | 14094 B | +14094 B |"), std::string::npos) << md;
+    const std::string table = md_section(md, "## Comparison");
+    EXPECT_NE(table.find(" | -14094 B | "), std::string::npos) << table;
+}
+
 TEST(ReportMd, HasTheTableDeltasWithSignsAndTheAnswers) {
     const std::string md = render_report_md(make_experiment().results());
     for (const char* s :
@@ -438,6 +508,233 @@ TEST(Suggestions, NameTheOffloadKnobsTheirCost) {
     EXPECT_NE(all.find("with `optim.offload: true`: AdamW runs on the host"), std::string::npos)
         << all;
     EXPECT_NE(all.find("`run.offload: none` if memory allows"), std::string::npos) << all;
+}
+
+// ---- the suggestion rules (report/suggestions.h) ----------------------------------------------
+
+// The rules that fire for one hand-made variant: `edit` shapes its measurements, `after` its
+// record (the per-op table the profiler would have filled).
+std::set<std::string> rules_fired(const std::function<void(HandMadeRun&)>& edit,
+                                  const std::function<void(VariantResult&)>& after = {}) {
+    HandMadeExperiment ex;
+    ex.name = "s";
+    ex.baseline = "b";
+    HandMadeRun r = make_run("b", {10, 10, 10}, 5.0, 1 << 20);
+    edit(r);
+    ex.runs.push_back(r);
+    VariantResult v = ex.results().variants[0];
+    if (after) after(v);
+    std::set<std::string> out;
+    for (const Suggestion& s : suggestions_of(v)) out.insert(s.rule);
+    return out;
+}
+
+// Every measured step's phases as these fractions of its wall time.
+void set_shares(HandMadeRun& r, std::map<Phase, double> shares) {
+    for (StepRecord& s : r.steps) {
+        for (Phase p : kAllPhases) s.times[p] = 0;
+        for (const auto& [p, share] : shares) s.times[p] = share * s.times.wall_ms;
+    }
+}
+
+KernelRecord top_op(const char* name, const char* impl, Bound bound, double pct_of_roofline) {
+    KernelRecord k;
+    k.name = name;
+    k.impl = impl;
+    k.calls = 4;
+    k.pct_of_step = 40;
+    k.bound = bound;
+    k.pct_of_roofline = pct_of_roofline;
+    return k;
+}
+
+// One case per rule: the measurements that make it fire. make_run's own variant (compute 75 %
+// of the step, layernorm separate) fires only `compute` and `compute-knobs`.
+TEST(SuggestionRules, EachRuleFiresOnTheMeasurementsItReads) {
+    struct Case {
+        const char* rule;
+        std::function<void(HandMadeRun&)> edit;
+        std::function<void(VariantResult&)> after;
+    };
+    const std::vector<Case> cases = {
+        {"data",
+         [](HandMadeRun& r) {
+             set_shares(r, {{Phase::data, 0.6}});
+         },
+         {}},
+        {"data-warm-phase",
+         [](HandMadeRun& r) {
+             // The first measured step prepares the data (a cache's first epoch); the others
+             // copy it.
+             r.config.data.cache = true;
+             StepRecord& first = r.steps[2];
+             first.times.wall_ms = 100;
+             first.times[Phase::data] = 90;
+         },
+         {}},
+        {"h2d",
+         [](HandMadeRun& r) {
+             set_shares(r, {{Phase::h2d, 0.15}, {Phase::forward, 0.8}});
+         },
+         {}},
+        {"compute", [](HandMadeRun&) {}, {}},
+        {"top-op", [](HandMadeRun&) {},
+         [](VariantResult& v) {
+             v.kernels = {top_op("matmul_backward", "naive", Bound::compute, 1)};
+         }},
+        {"compute-knobs", [](HandMadeRun&) {}, {}},
+        {"optimizer",
+         [](HandMadeRun& r) {
+             set_shares(r, {{Phase::optimizer, 0.4}});
+         },
+         {}},
+        {"fine-tune",
+         [](HandMadeRun& r) {
+             set_shares(r, {{Phase::optimizer, 0.4}});
+         },
+         {}},
+        {"host-overhead",
+         [](HandMadeRun& r) {
+             set_shares(r, {{Phase::sync, 0.3}, {Phase::forward, 0.7}});
+         },
+         {}},
+        {"memory-limit",
+         [](HandMadeRun& r) { r.memory.device_used_peak = r.memory.device_total * 9 / 10; },
+         {}},
+        {"trainable-state",
+         [](HandMadeRun& r) {
+             r.memory.tracked_peak[static_cast<int>(MemoryCategory::grads)] = 1 << 20;
+         },
+         {}},
+        {"jitter",
+         [](HandMadeRun& r) {
+             r.steps[3].times.wall_ms = 15;
+             r.steps[4].times.wall_ms = 20;
+         },
+         {}},
+        {"balanced",
+         [](HandMadeRun& r) {
+             set_shares(r, {{Phase::data, 0.18},
+                            {Phase::h2d, 0.09},
+                            {Phase::forward, 0.24},
+                            {Phase::backward, 0.25},
+                            {Phase::optimizer, 0.14},
+                            {Phase::sync, 0.02}});
+         },
+         {}},
+    };
+    const std::set<std::string> plain = rules_fired([](HandMadeRun&) {});
+    EXPECT_EQ(plain, (std::set<std::string>{"compute", "compute-knobs"}));
+    for (const Case& c : cases) EXPECT_EQ(rules_fired(c.edit, c.after).count(c.rule), 1u) << c.rule;
+    // The communication rule and the bucket rule read a data-parallel record: test_report_dist.
+}
+
+std::string top_op_text(const KernelRecord& k, const std::string& backend = "cpu") {
+    HandMadeExperiment ex;
+    ex.name = "s";
+    ex.baseline = "b";
+    HandMadeRun r = make_run("b", {10, 10, 10}, 5.0, 1 << 20);
+    r.backend = backend;
+    ex.runs.push_back(r);
+    VariantResult v = ex.results().variants[0];
+    v.kernels = {k};
+    for (const Suggestion& s : suggestions_of(v))
+        if (s.rule == "top-op") return s.text;
+    return "";
+}
+
+// The naive GEMM at 1 % of its roofline is not "arithmetic-limited": the implementation limits
+// it, and the report names the next rung of the backend's ladder.
+TEST(SuggestionRules, AnOpFarBelowItsRooflineIsInefficientAndGetsTheNextRung) {
+    const std::string t = top_op_text(top_op("matmul_backward", "naive", Bound::compute, 1));
+    EXPECT_NE(t.find("this implementation is inefficient"), std::string::npos) << t;
+    EXPECT_NE(t.find("`kernels.matmul: naive → blocked`"), std::string::npos) << t;
+    EXPECT_NE(t.find("the cpu ladder: naive → blocked → packed → blas"), std::string::npos) << t;
+    EXPECT_EQ(t.find("arithmetic-limited"), std::string::npos) << t;
+    EXPECT_EQ(t.find("fp32-only"), std::string::npos) << t;
+    const std::string cuda =
+        top_op_text(top_op("matmul_forward", "tiled", Bound::compute, 5), "cuda");
+    EXPECT_NE(cuda.find("`kernels.matmul: tiled → cublas`"), std::string::npos) << cuda;
+    // The top rung has no next one.
+    const std::string blas = top_op_text(top_op("matmul_backward", "blas", Bound::compute, 10));
+    EXPECT_EQ(blas.find("next rung"), std::string::npos) << blas;
+}
+
+// The "top ops" line says what limits each op from its measured roofline fraction: the naive
+// GEMM at 1 % is latency-limited, not "compute-bound" as its intensity alone would say.
+TEST(SuggestionRules, TheTopOpsLineNamesAnOpFarBelowItsRooflineLatencyLimited) {
+    EXPECT_EQ(limit_of(top_op("matmul_backward", "naive", Bound::compute, 1)), "latency-limited");
+    EXPECT_EQ(limit_of(top_op("matmul_backward", "blas", Bound::compute, 70)), "compute-bound");
+    EXPECT_EQ(limit_of(top_op("layernorm_forward", "", Bound::memory, 40)), "memory-bound");
+    HandMadeExperiment ex = make_experiment();
+    Results res = ex.results();
+    res.variants[0].kernels = {top_op("matmul_backward", "naive", Bound::compute, 1)};
+    const std::string next = md_section(render_report_md(res), "## Bottleneck and next steps");
+    EXPECT_NE(next.find("- top ops: matmul_backward 40.0% (latency-limited, 1.0% of its roofline)"),
+              std::string::npos)
+        << next;
+}
+
+// The int8 GEMM at 98 % of its roofline: only less or cheaper work helps, never a better GEMM.
+TEST(SuggestionRules, AnOpNearItsRooflineNeedsFewerFlopsLowerPrecisionOrFusion) {
+    const std::string t = top_op_text(top_op("matmul_forward", "packed", Bound::compute, 98));
+    EXPECT_NE(t.find("near its roofline, the hardware limits it: only fewer FLOPs"),
+              std::string::npos)
+        << t;
+    EXPECT_EQ(t.find("next rung"), std::string::npos) << t;
+    const std::string mem = top_op_text(top_op("layernorm_forward", "", Bound::memory, 80));
+    EXPECT_NE(mem.find("only fewer bytes help: fusion"), std::string::npos) << mem;
+}
+
+// A knob to try that does not depend on the variant is printed once, under the first variant it
+// applies to; the others point there.
+TEST(SuggestionRules, AVariantIndependentKnobIsSuggestedOncePerReport) {
+    const std::string next =
+        md_section(render_report_md(make_experiment().results()), "## Bottleneck and next steps");
+    EXPECT_EQ(occurrences(next, "`kernels.layernorm: fused_residual`"), 1u) << next;
+    EXPECT_NE(next.find("the knobs suggested under *baseline* above apply here too"),
+              std::string::npos)
+        << next;
+}
+
+// The run measured `kernels.layernorm: fused_residual` slower than the baseline: no variant is
+// told to try it.
+TEST(SuggestionRules, AKnobTheRunMeasuredSlowerIsNotSuggested) {
+    HandMadeExperiment ex;
+    ex.name = "ln";
+    ex.baseline = "baseline";
+    ex.runs.push_back(make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20));
+    ex.runs.push_back(make_run("ln-fused", {12, 12.1, 11.9, 12, 12.05}, 5.0, 100 << 20,
+                               {{"kernels.layernorm", "fused_residual"}}));
+    const Results res = ex.results();
+    ASSERT_EQ(row(res.comparison, "ln-fused").time_call, TimeCall::slower);
+    const std::string next = md_section(render_report_md(res), "## Bottleneck and next steps");
+    EXPECT_EQ(next.find("`kernels.layernorm: fused_residual`"), std::string::npos) << next;
+    EXPECT_NE(next.find("compute in the model dominates"), std::string::npos) << next;
+}
+
+// ---- throughput ---------------------------------------------------------------------------------
+
+// Under shape jitter, short batches take short steps: tokens/s and MFU are the measured steps'
+// tokens and FLOPs over their total time, not the mean batch over the median step.
+TEST(Throughput, TokensAndFlopsPerSecondAreTotalsOverTheTotalMeasuredTime) {
+    HandMadeExperiment ex;
+    ex.name = "jitter";
+    ex.baseline = "b";
+    HandMadeRun r = make_run("b", {10, 10, 10, 30, 30}, 5.0, 1 << 20);
+    r.config.data.seq_len_jitter = 0.5f;
+    for (StepRecord& s : r.steps) {  // tokens and FLOPs in proportion to the step's time
+        s.tokens = 10 * s.times.wall_ms;
+        s.model_flops = 1e7 * s.times.wall_ms;
+    }
+    ex.runs.push_back(r);
+    const VariantResult v = ex.results().variants[0];
+    // 900 tokens in 90 ms; the mean batch over the median step would say 180 / 10 ms.
+    EXPECT_NEAR(v.stats.tokens_per_s, 10000, 1e-6);
+    EXPECT_NEAR(v.flops.achieved_per_s, 1e10, 1e-3);
+    ASSERT_TRUE(v.flops.mfu.has_value());
+    EXPECT_NEAR(*v.flops.mfu, 0.1, 1e-9);
+    EXPECT_NEAR(v.stats.samples_per_s, 4 * 5 / 0.090, 1e-6);  // 5 steps of 4 samples in 90 ms
 }
 
 TEST(ReportHtml, IsSelfContainedWithCharts) {

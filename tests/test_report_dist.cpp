@@ -279,14 +279,53 @@ TEST(ReportDistMarkdown, CommAtFortyPercentIsTheBottleneckAndOverlapOffIsSuggest
     EXPECT_NE(section(md, "## Comparison").find("| two |"), std::string::npos);
 }
 
-TEST(ReportDistMarkdown, OverlapOnWithLittleHiddenUnderSimulatedLatencySuggestsLargerBuckets) {
-    const std::string md =
-        render_report_md(make_experiment(kCommHeavy, /*overlap=*/true).results());
-    const std::string comm = section(md, "## Communication (data parallel)");
+// 2 buckets x 1 ms of simulated latency is half of the 4 ms exposed: fewer collectives help.
+TEST(ReportDistMarkdown, OverlapOnWithLittleHiddenUnderCostlyLatencySuggestsLargerBuckets) {
+    HandMadeExperiment ex = make_experiment(kCommHeavy, /*overlap=*/true);
+    ex.runs[1].dist->simulated_latency_us = 1000;
+    const std::string comm =
+        section(render_report_md(ex.results()), "## Communication (data parallel)");
     EXPECT_EQ(comm.find("set `dist.overlap: true`"), std::string::npos) << comm;
-    EXPECT_NE(comm.find("a larger `dist.bucket_mb` (now 25 MiB, 2 buckets per step)"),
+    EXPECT_NE(comm.find("a larger `dist.bucket_mb` (now 25 MiB, 2 buckets per step): fewer "
+                        "collectives, each paying the per-collective latency once (1000 µs "
+                        "simulated: 2.00 ms per step)"),
               std::string::npos)
         << comm;
+}
+
+// The lab's single 64 MiB bucket: 3 buckets x 50 µs is 0.15 ms of 4 ms exposed, so latency is
+// not what the step waits for and a larger bucket is never the advice.
+TEST(ReportDistMarkdown, ASixtyFourMiBBucketWithNegligibleLatencyIsNotToldToGrow) {
+    HandMadeExperiment ex = make_experiment(kCommHeavy, /*overlap=*/true);
+    DataParallelRecord& d = *ex.runs[1].dist;
+    d.bucket_mb = 64;
+    d.buckets = 3;
+    d.simulated_latency_us = 50;
+    const std::string comm =
+        section(render_report_md(ex.results()), "## Communication (data parallel)");
+    EXPECT_EQ(comm.find("a larger `dist.bucket_mb`"), std::string::npos) << comm;
+    EXPECT_NE(comm.find("a smaller `dist.bucket_mb` (now 64 MiB, 3 buckets per step)"),
+              std::string::npos)
+        << comm;
+    EXPECT_NE(comm.find("the per-collective latency, 0.15 ms per step, is not what the step "
+                        "waits for"),
+              std::string::npos)
+        << comm;
+}
+
+// The run measured a larger bucket slower than the baseline: the report does not propose it.
+TEST(ReportDistMarkdown, ABucketSizeTheRunMeasuredSlowerIsNotSuggested) {
+    HandMadeExperiment ex = make_experiment(kCommHeavy, /*overlap=*/true);
+    ex.runs[1].dist->simulated_latency_us = 1000;  // a larger bucket would be the advice
+    HandMadeRun big = ex.runs[1];
+    big.config.variant = "bucket-64";
+    big.config.changed = {{"dist.bucket_mb", "64"}};
+    for (StepRecord& s : big.steps) s.times.wall_ms *= 3;  // slower, per token too
+    ex.runs.push_back(big);
+    const Results res = ex.results();
+    const std::string comm = section(render_report_md(res), "## Communication (data parallel)");
+    EXPECT_EQ(comm.find("a larger `dist.bucket_mb`"), std::string::npos) << comm;
+    EXPECT_NE(comm.find("more gradient accumulation"), std::string::npos) << comm;
 }
 
 TEST(ReportDistMarkdown,
@@ -304,6 +343,28 @@ TEST(ReportDistMarkdown,
               std::string::npos)
         << comm;
     EXPECT_NE(comm.find("ZeRO-1 is on: it saves optimizer memory, not traffic"), std::string::npos)
+        << comm;
+}
+
+// Two data-parallel variants bottlenecked on communication: the ZeRO line, which names nothing
+// measured, is printed once; the second variant points to the first.
+TEST(ReportDistMarkdown, TheZeroLineIsPrintedOncePerReport) {
+    HandMadeExperiment ex = make_experiment(kCommHeavy, /*overlap=*/false);
+    HandMadeRun three = ex.runs[1];
+    three.config.variant = "three";
+    ex.runs.push_back(three);
+    const std::string comm =
+        section(render_report_md(ex.results()), "## Communication (data parallel)");
+    size_t n = 0;
+    for (size_t p = comm.find("`dist.zero: 1` (ZeRO-1)"); p != std::string::npos;
+         p = comm.find("`dist.zero: 1` (ZeRO-1)", p + 1))
+        ++n;
+    EXPECT_EQ(n, 1u) << comm;
+    EXPECT_NE(comm.find("the knobs suggested under *two* above apply here too"), std::string::npos)
+        << comm;
+    // The overlap line states this variant's own setting: it stays under each.
+    EXPECT_NE(comm.substr(comm.find("### three")).find("set `dist.overlap: true`"),
+              std::string::npos)
         << comm;
 }
 
