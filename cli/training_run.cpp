@@ -33,6 +33,7 @@
 #include "checkpoint/checkpoint.h"
 #include "distributed/world.h"
 #include "engine/data.h"
+#include "engine/divergence.h"
 #include "engine/signals.h"
 #include "engine/step_loop.h"
 #include "engine/training_session.h"
@@ -513,7 +514,9 @@ class Trainer {
     void build_session();
     double evaluate();
     void checkpoint(int step);
-    void print_progress(int step, const StepRecord& r, const std::optional<double>& val);
+    // `diverged`: the divergence rule flagged this step or an earlier one (marks the line).
+    void print_progress(int step, const StepRecord& r, const std::optional<double>& val,
+                        bool diverged);
     int global_batch() const { return cfg_.data.batch_size * world_.size(); }
 
     TrainRunOptions opts_;
@@ -769,7 +772,8 @@ void Trainer::print_noise() const {
     std::fflush(stdout);
 }
 
-void Trainer::print_progress(int step, const StepRecord& r, const std::optional<double>& val) {
+void Trainer::print_progress(int step, const StepRecord& r, const std::optional<double>& val,
+                             bool diverged) {
     ++steps_here_;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
@@ -778,10 +782,11 @@ void Trainer::print_progress(int step, const StepRecord& r, const std::optional<
     if (val) last_val_ = val;
     char val_text[32] = "-";
     if (last_val_) std::snprintf(val_text, sizeof val_text, "%.4f", *last_val_);
-    std::printf("step %*d/%d  loss %.4f  val %s  %.0f tok/s  %.1f ms/step  ETA %s\n",
+    std::printf("step %*d/%d  loss %.4f  val %s  %.0f tok/s  %.1f ms/step  ETA %s%s\n",
                 static_cast<int>(std::to_string(train_.steps).size()), step, train_.steps, r.loss,
                 val_text, elapsed > 0 ? tokens / elapsed : 0.0, r.times.wall_ms,
-                duration_text(elapsed / steps_here_ * (train_.steps - step)).c_str());
+                duration_text(elapsed / steps_here_ * (train_.steps - step)).c_str(),
+                diverged ? "  DIVERGED" : "");
     std::fflush(stdout);
 }
 
@@ -854,9 +859,17 @@ int Trainer::loop() {
     StopSignals signals;
     t0_ = std::chrono::steady_clock::now();
     StepLoopOptions steps;
+    // Steps numbered from 1, as train.csv and the progress line number them. Every rank sees the
+    // same (all-reduced) loss, so every rank flags the same step.
+    DivergenceWatch divergence(cfg_.model.vocab_size);
     steps.on_step = [&](const TrainingSession::CompletedStep& done) {
         const StepRecord& rec = done.record;
         const int step = rec.step + 1;
+        const std::optional<Divergence> diverged =
+            divergence.observe(step, rec.loss, rec.grad_norm);
+        if (diverged && leader_)
+            std::fprintf(stderr, "microtrain train: warning: %s\n",
+                         divergence_warning(*diverged).c_str());
         std::optional<double> val;
         if (!val_.inputs.empty() && step % train_.eval_every == 0) val = evaluate();
         if (leader_) {
@@ -864,7 +877,7 @@ int Trainer::loop() {
             StepRow row = step_row(rec);
             row.step = step;  // numbered as train.csv numbers it (from 1)
             noise_.add(row);
-            print_progress(step, rec, val);
+            print_progress(step, rec, val, divergence.found().has_value());
         }
     };
     steps.after_step = [&](const StepRecord& rec, int sig) {
@@ -908,6 +921,14 @@ int Trainer::loop() {
                 "  export the adapters: microtrain export %s --merged MERGED.safetensors "
                 "--adapters ADAPTERS.safetensors\n",
                 last.c_str());
+    }
+    if (divergence.found()) {
+        if (leader_)
+            std::fprintf(stderr,
+                         "microtrain train: the run diverged at step %d (%s); its checkpoints "
+                         "hold the diverged model\n",
+                         divergence.found()->step, divergence.found()->reason.c_str());
+        return 1;
     }
     return 0;
 }

@@ -264,6 +264,13 @@ struct JsonFields<DataParallelRecord> {
 };
 
 template <>
+struct JsonFields<Divergence> {
+    using S = Divergence;
+    static inline const auto list =
+        std::tuple{json_field("step", &S::step), json_field("reason", &S::reason)};
+};
+
+template <>
 struct JsonFields<VariantResult> {
     using S = VariantResult;
     static inline const auto list = std::tuple{
@@ -272,6 +279,7 @@ struct JsonFields<VariantResult> {
         json_field("message", &S::message),
         json_field("failed_step", &S::failed_step),
         json_field("failed_phase", &S::failed_phase),
+        json_field("diverged", &S::diverged),
         json_field("backend", &S::backend),
         json_field("device_name", &S::device_name),
         json_field("threads", &S::threads),

@@ -584,9 +584,9 @@ TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
           "knobs_changed",  "model",       "batch",   "warmup_steps", "measure_steps",
           "measured_steps", "setup_ms",    "stats",   "flops",        "roofline",
           "loss",           "memory",      "kernels", "profiled",     "steps",
-          "data_parallel"})
+          "data_parallel",  "diverged"})
         EXPECT_TRUE(v.contains(key)) << key;
-    EXPECT_EQ(v.size(), 26u);  // nothing else: the comparison lives in its own block
+    EXPECT_EQ(v.size(), 27u);  // nothing else: the comparison lives in its own block
     EXPECT_EQ(v["memory"]["phases"].size(), 1u);  // only the phases that ran
     EXPECT_TRUE(v["memory"]["phases"].contains("forward"));
     EXPECT_EQ(v["stats"]["phases_ms"].size(), static_cast<size_t>(kPhaseCount + 1));

@@ -316,6 +316,21 @@ TEST(TrainCli, SigkillAtAnyMomentLeavesAResumableDirectory) {
     }
 }
 
+// A finite loss that blows up (lr 50, no clipping: 5.6 -> 8.7e3 at step 2) is flagged by the
+// divergence rule (engine/divergence.h): a warning naming the step when it happens, the progress
+// lines marked from there on, and exit 1 at the end; the checkpoints are still written.
+TEST(TrainCli, ADivergingRunIsFlaggedAndExits1) {
+    TempDir d;
+    const std::string out = d.file("run");
+    const CliResult r = run_microtrain("train " + q(tiny_yaml(d, kSmallTrain)) + " --out-dir " +
+                                       q(out) + " --set optim.lr=50 --set optim.grad_clip=0");
+    EXPECT_EQ(r.rc, 1) << r.output;
+    EXPECT_CONTAINS(r.output, "warning: diverged at step 2: loss ");
+    EXPECT_CONTAINS(r.output, "DIVERGED");
+    EXPECT_CONTAINS(r.output, "the run diverged at step 2");
+    EXPECT_TRUE(fs::exists(ckpt(out, 12)));
+}
+
 TEST(TrainCli, ResumeWithoutACheckpointIsRejected) {
     TempDir d;
     const std::string yaml = tiny_yaml(d, kSmallTrain);
