@@ -20,6 +20,7 @@
 #include "experiment/runner.h"
 #include "experiment/spec.h"
 #include "report/comparison.h"
+#include "report/recording.h"
 #include "report/run_folder.h"
 
 namespace mt {
@@ -130,6 +131,16 @@ int run_run(const RunArgs& a) {
     ro.fault_rank = a.fault_rank;
     ro.fault_step = a.fault_step;
     ro.handle_sigint = false;  // `signals` above covers the run and the report
+    if (leader)
+        ro.variant_finished = [&dir, total = spec.variants.size()](const Results& so_far) {
+            Results finished = so_far;
+            complete_results(finished);
+            try {
+                write_finished_variants(finished, dir, total);
+            } catch (const std::exception& e) {  // the final write tries again
+                std::fprintf(stderr, "microtrain run: warning: %s\n", e.what());
+            }
+        };
     ExperimentRun ex;
     try {
         ex = run_experiment(spec, ro);

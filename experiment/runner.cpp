@@ -480,7 +480,7 @@ class VariantRun {
         loop.warmup_steps = cfg_.run.warmup_steps;
         loop.before_step = [&](int s) {
             step_ = s;
-            if (!opt_.fault.empty() && s == opt_.fault_step && opt_.world &&
+            if (inject_ && !opt_.fault.empty() && s == opt_.fault_step && opt_.world &&
                 opt_.world->rank() == opt_.fault_rank)
                 inject_fault(opt_.fault);
         };
@@ -905,9 +905,10 @@ ExperimentRun run_experiment(const ExperimentSpec& spec, const RunnerOptions& op
                       spec.min_effect};
     res.started_utc = utc_now_iso();
     // Every variant's record is complete (its statistics derived) once it is added.
-    const std::function<void(VariantResult)> add = [&res](VariantResult v) {
+    const std::function<void(VariantResult)> add = [&res, &options](VariantResult v) {
         derive_statistics(v);
         res.variants.push_back(std::move(v));
+        if (options.variant_finished) options.variant_finished(res);
     };
     // Rounds interleave the variants; they need more than one variant, more than one measured
     // step per variant, and one process (a data-parallel job's ranks run each variant in
