@@ -335,7 +335,8 @@ uint64_t metadata_u64(const SafeTensorsFile& f, const char* key) {
 // Returns nullopt (after a warning) for one to skip; a config mismatch is an error, not a skip:
 // an older checkpoint of the same directory would not match either.
 std::optional<ResumePoint> check_candidate(const fs::path& path,
-                                           const std::map<std::string, std::string>& config) {
+                                           const std::map<std::string, std::string>& config,
+                                           const RunConfig& cfg) {
     try {
         const SafeTensorsFile f = SafeTensorsFile::open(path.string());
         const std::string* format = f.metadata_value(kFormatKey);
@@ -360,6 +361,9 @@ std::optional<ResumePoint> check_candidate(const fs::path& path,
             input_error(path.string() + ": was written by a different config: " + d +
                         ". Only train.steps (--steps) may change on --resume; resume with the "
                         "original file, --variant and --set flags, or start a new --out-dir");
+        // The same config, so a tensor of another shape (a header edited, its bytes and
+        // checksum intact) is damage: skip it as such, before the session is built on it.
+        check_checkpoint_layout(f, cfg.model, cfg.trainable, /*with_optimizer=*/true);
         ResumePoint r{path, static_cast<int>(metadata_u64(f, "step")),
                       metadata_u64(f, kPositionKey), 0};
         if (f.metadata_value(kGlobalBatchKey)) r.global_batch = metadata_u64(f, kGlobalBatchKey);
@@ -374,12 +378,13 @@ std::optional<ResumePoint> check_candidate(const fs::path& path,
 
 // The newest valid checkpoint of `dir`; nullopt when it has none at all.
 std::optional<ResumePoint> find_resume_point(const fs::path& dir,
-                                             const std::map<std::string, std::string>& config) {
+                                             const std::map<std::string, std::string>& config,
+                                             const RunConfig& cfg) {
     const fs::path ckdir = dir / "checkpoints";
     const auto all = list_checkpoints(ckdir);
     if (all.empty()) return std::nullopt;
     for (const auto& [step, path] : all)
-        if (auto r = check_candidate(path, config)) return *r;
+        if (auto r = check_candidate(path, config, cfg)) return *r;
     input_error(ckdir.string() + ": none of its " + std::to_string(all.size()) +
                 " checkpoints is valid (see the warnings above); the run cannot be resumed, start "
                 "a new --out-dir");
@@ -588,7 +593,7 @@ void Trainer::prepare_directory() {
                         ": not a directory; give the --out-dir of an earlier `microtrain train`");
         remove_stale_temporaries(ckdir_);
         remove_stale_temporaries(dir_);
-        resume_ = find_resume_point(dir_, config_);
+        resume_ = find_resume_point(dir_, config_, cfg_);
         if (!resume_ && !fs::exists(csv_path_, ec))
             input_error(dir_.string() + ": nothing to resume: no train.csv and no " +
                         "step-NNNNNNNN.safetensors in " + ckdir_.string() +
