@@ -279,7 +279,8 @@ struct JsonFields<VariantResult> {
         json_field("message", &S::message),
         json_field("failed_step", &S::failed_step),
         json_field("failed_phase", &S::failed_phase),
-        json_field("diverged", &S::diverged),
+        // Added within v10: a file written before it has no key (read as not diverged).
+        json_added_optional("diverged", &S::diverged),
         json_field("backend", &S::backend),
         json_field("device_name", &S::device_name),
         json_field("threads", &S::threads),

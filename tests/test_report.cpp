@@ -713,6 +713,22 @@ TEST(ResultsSchema, SpeedupIntervalIsReadBackCheckedAndTheSame) {
     EXPECT_NE(error_of(bad).find("expected one of"), std::string::npos) << error_of(bad);
 }
 
+// `diverged` (engine/divergence.h) is written as {step, reason} or null and read back; a v10
+// file written before the key existed reads as "not diverged", not as an error.
+TEST(ResultsSchema, DivergedIsReadBackAndAbsentInAnOlderFileMeansNotDiverged) {
+    Results r = make_experiment().results();
+    r.variants[1].diverged = Divergence{4, "loss 320 is above 2 x 5.5"};
+    json j = results_to_json(r);
+    EXPECT_TRUE(j["variants"][0]["diverged"].is_null());
+    const Results back = results_from_json(j, "results.json");
+    ASSERT_TRUE(back.variants[1].diverged);
+    EXPECT_EQ(back.variants[1].diverged->step, 4);
+    EXPECT_EQ(back.variants[1].diverged->reason, "loss 320 is above 2 x 5.5");
+    for (json& v : j["variants"]) v.erase("diverged");
+    const Results older = results_from_json(j, "results.json");
+    for (const VariantResult& v : older.variants) EXPECT_FALSE(v.diverged) << v.name;
+}
+
 TEST(ResultsSchema, ReadingNamesTheKeyPathOfAMissingOrMistypedKey) {
     const json good = json::parse(results_to_json(make_experiment().results()).dump());
     auto error_of = [](const json& j) {
