@@ -330,6 +330,13 @@ struct OptimizerMoments {
     std::vector<float> m, v;
 };
 
+// A checkpoint without moments, given an optimizer to restore.
+[[noreturn]] void refuse_missing_moments(const SafeTensorsFile& f) {
+    fail(f.path(),
+         "has no optimizer state (no optim.m.<name> / optim.v.<name> tensors) but an "
+         "optimizer was given to restore; load without one to restore the weights only");
+}
+
 // 6. Optimizer state: all or nothing (optim.m.* and optim.v.* of every tensor the model trains,
 // and the step count); required when `read_values` (an optimizer is to be restored), which also
 // refuses moments of a tensor the model does not train (the file was written with another
@@ -339,10 +346,7 @@ OptimizerMoments read_optimizer_state(const SafeTensorsFile& f, const ParameterT
                                       int64_t vocab_size, bool has_moments, bool read_values) {
     OptimizerMoments moments;
     if (!has_moments) {
-        if (read_values)
-            fail(f.path(),
-                 "has no optimizer state (no optim.m.<name> / optim.v.<name> tensors) but an "
-                 "optimizer was given to restore; load without one to restore the weights only");
+        if (read_values) refuse_missing_moments(f);
         return moments;
     }
     if (read_values) {
@@ -591,6 +595,18 @@ CheckpointLoadInfo load_checkpoint(const SafeTensorsFile& f, GPT& model, AdamW* 
     model.set_params(params);
     if (opt) opt->set_state(moments.m, moments.v, info.step);
     return info;
+}
+
+void check_checkpoint_layout(const SafeTensorsFile& f, const GPTConfig& c,
+                             const TrainableOptions& trainable, bool with_optimizer) {
+    const ParameterTable table(c, trainable);
+    check_config_matches_model(f, c);
+    check_lora_matches_model(f, trainable.lora);
+    const bool has_moments = check_every_tensor_is_known(f, table, c);
+    for (const auto& p : table.tensors()) check_parameter_shaped(f, p.name, p, c.vocab_size);
+    check_causal_mask_buffers(f, c);
+    if (with_optimizer && !has_moments) refuse_missing_moments(f);
+    read_optimizer_state(f, table, c.vocab_size, has_moments, /*read_values=*/false);
 }
 
 CheckpointLoadInfo load_checkpoint(const std::string& path, GPT& model, AdamW* opt) {

@@ -90,6 +90,15 @@ struct CheckpointLoadInfo {
 CheckpointLoadInfo load_checkpoint(const SafeTensorsFile& file, GPT& model, AdamW* opt = nullptr);
 CheckpointLoadInfo load_checkpoint(const std::string& path, GPT& model, AdamW* opt = nullptr);
 
+// Whether load_checkpoint of `file` into a model of `config` with `trainable` (and, when
+// `with_optimizer`, its AdamW) would pass its checks of the file's layout: the config and LoRA
+// metadata, every tensor known, every parameter and moment present with its shape, the causal
+// masks. Builds no model and reads no value (lm_head's tie to wte, a value check, stays with
+// the load). Throws CheckpointError like load_checkpoint: `train --resume` skips such a
+// checkpoint for the previous one before it builds anything.
+void check_checkpoint_layout(const SafeTensorsFile& file, const GPTConfig& config,
+                             const TrainableOptions& trainable, bool with_optimizer);
+
 // ---- LoRA export (`microtrain export`) ---------------------------------------------------------
 
 // The adapters merged into their Linear weights: every adapted W (out, in) becomes

@@ -20,6 +20,7 @@
 #include "experiment/runner.h"
 #include "experiment/spec.h"
 #include "report/comparison.h"
+#include "report/recording.h"
 #include "report/run_folder.h"
 
 namespace mt {
@@ -75,6 +76,33 @@ bool write_and_print(const Results& results, const std::string& dir) {
     return true;
 }
 
+// The runner's options from the flags. `dir`: the run folder, on the rank that writes it (null on
+// the others): each finished variant is written there at once (write_finished_variants).
+RunnerOptions runner_options(const RunArgs& a, std::FILE* out, World& world, const std::string* dir,
+                             size_t total) {
+    RunnerOptions ro;
+    ro.out = out;
+    ro.world = &world;
+    ro.inject_variant = a.inject_variant;
+    ro.inject_nan_at_step = a.inject_nan_at_step;
+    ro.interrupt_at_step = a.interrupt_at_step;
+    ro.fault = a.fault;
+    ro.fault_rank = a.fault_rank;
+    ro.fault_step = a.fault_step;
+    ro.handle_sigint = false;  // run_run's StopSignals covers the run and the report
+    if (dir)
+        ro.variant_finished = [dir, total](const Results& so_far) {
+            Results finished = so_far;
+            complete_results(finished);
+            try {
+                write_finished_variants(finished, *dir, total);
+            } catch (const std::exception& e) {  // the final write tries again
+                std::fprintf(stderr, "microtrain run: warning: %s\n", e.what());
+            }
+        };
+    return ro;
+}
+
 int run_run(const RunArgs& a) {
     World& world = World::current();
     const bool leader = world.rank() == 0;  // rank 0 prints and writes the run folder
@@ -120,16 +148,8 @@ int run_run(const RunArgs& a) {
                      world.size(), world.transport().c_str(),
                      spec.variants.empty() ? 0 : spec.variants[0].data.batch_size,
                      spec.variants.empty() ? 0 : spec.variants[0].data.batch_size * world.size());
-    RunnerOptions ro;
-    ro.out = out;
-    ro.world = &world;
-    ro.inject_variant = a.inject_variant;
-    ro.inject_nan_at_step = a.inject_nan_at_step;
-    ro.interrupt_at_step = a.interrupt_at_step;
-    ro.fault = a.fault;
-    ro.fault_rank = a.fault_rank;
-    ro.fault_step = a.fault_step;
-    ro.handle_sigint = false;  // `signals` above covers the run and the report
+    const RunnerOptions ro =
+        runner_options(a, out, world, leader ? &dir : nullptr, spec.variants.size());
     ExperimentRun ex;
     try {
         ex = run_experiment(spec, ro);

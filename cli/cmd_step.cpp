@@ -27,6 +27,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
+#include "engine/divergence.h"
 #include "engine/step_loop.h"
 #include "engine/training_session.h"
 #include "experiment/spec.h"
@@ -177,6 +178,26 @@ void check_out_is_not_an_input(const StepArgs& a) {
     }
 }
 
+// O's __metadata__: the model, the run (`steps`: the steps that ran) and where it ran.
+void set_output_metadata(SafeTensorsWriter& out, const GPTConfig& cfg, const AdamWConfig& oc,
+                         int ran, const std::string& device) {
+    out.set_metadata("n_layer", std::to_string(cfg.n_layer));
+    out.set_metadata("n_head", std::to_string(cfg.n_head));
+    out.set_metadata("n_embd", std::to_string(cfg.n_embd));
+    out.set_metadata("vocab_size", std::to_string(cfg.vocab_size));
+    out.set_metadata("max_seq_len", std::to_string(cfg.max_seq_len));
+    out.set_metadata("steps", std::to_string(ran));
+    out.set_metadata("lr", fmt_float(oc.lr));
+    out.set_metadata("beta1", fmt_float(oc.beta1));
+    out.set_metadata("beta2", fmt_float(oc.beta2));
+    out.set_metadata("eps", fmt_float(oc.eps));
+    out.set_metadata("weight_decay", fmt_float(oc.weight_decay));
+    out.set_metadata("grad_clip", fmt_float(oc.grad_clip));
+    out.set_metadata("optim_impl", to_string(oc.impl));
+    out.set_metadata("device", device);
+    out.set_metadata("source", "microtrain step");
+}
+
 int run_step(const StepArgs& a) {
     check_out_is_not_an_input(a);
     SafeTensorsFile w = SafeTensorsFile::open(a.weights);
@@ -207,8 +228,11 @@ int run_step(const StepArgs& a) {
     loop.gradients_ready = [&](int s, GPT& model) {
         if (s == 0) first_grads = model.get_grads();
     };
+    // Steps numbered from 1, as the "loss before step N" lines number them.
+    DivergenceWatch divergence(cfg.vocab_size);
     loop.on_step = [&](const TrainingSession::CompletedStep& done) {
         losses.push_back(static_cast<float>(done.record.loss));
+        divergence.observe(done.record.step + 1, done.record.loss, done.record.grad_norm);
     };
     const LoopOutcome outcome = StepLoop(session, std::move(loop)).run(0, a.steps);
     const int ran = static_cast<int>(losses.size());
@@ -239,21 +263,7 @@ int run_step(const StepArgs& a) {
         auto s = shape_of(p);
         out.add_f32(p.name, s, std::span<const float>(params.data() + p.offset, count_of(s)));
     }
-    out.set_metadata("n_layer", std::to_string(cfg.n_layer));
-    out.set_metadata("n_head", std::to_string(cfg.n_head));
-    out.set_metadata("n_embd", std::to_string(cfg.n_embd));
-    out.set_metadata("vocab_size", std::to_string(cfg.vocab_size));
-    out.set_metadata("max_seq_len", std::to_string(cfg.max_seq_len));
-    out.set_metadata("steps", std::to_string(ran));
-    out.set_metadata("lr", fmt_float(oc.lr));
-    out.set_metadata("beta1", fmt_float(oc.beta1));
-    out.set_metadata("beta2", fmt_float(oc.beta2));
-    out.set_metadata("eps", fmt_float(oc.eps));
-    out.set_metadata("weight_decay", fmt_float(oc.weight_decay));
-    out.set_metadata("grad_clip", fmt_float(oc.grad_clip));
-    out.set_metadata("optim_impl", to_string(oc.impl));
-    out.set_metadata("device", session.backend().device_name());
-    out.set_metadata("source", "microtrain step");
+    set_output_metadata(out, cfg, oc, ran, session.backend().device_name());
     out.write(a.out);
 
     std::printf("microtrain step: %s, batch %dx%d, %d AdamW step%s (%s, lr %g) on %s\n",
@@ -268,6 +278,11 @@ int run_step(const StepArgs& a) {
                      "did not run (%s holds %d of %d)\n",
                      outcome.non_finite.in_loss ? "a loss" : "the gradient norm", outcome.step + 1,
                      a.out.c_str(), ran, a.steps);
+        return 1;
+    }
+    if (divergence.found()) {
+        std::fprintf(stderr, "microtrain step: warning: %s\n",
+                     divergence_warning(*divergence.found()).c_str());
         return 1;
     }
     return 0;  // (no stop signal is handled here: Ctrl-C ends `step` the ordinary way)

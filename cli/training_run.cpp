@@ -36,6 +36,7 @@
 #include "checkpoint/checkpoint.h"
 #include "distributed/world.h"
 #include "engine/data.h"
+#include "engine/divergence.h"
 #include "engine/signals.h"
 #include "engine/step_loop.h"
 #include "engine/training_session.h"
@@ -385,14 +386,18 @@ void warn_skipping(const fs::path& path, const std::string& why) {
 // Returns nullopt (after a warning) for one to skip; a config mismatch is an error, not a skip:
 // an older checkpoint of the same directory would not match either.
 std::optional<ResumePoint> check_candidate(const fs::path& path,
-                                           const std::map<std::string, std::string>& config) {
+                                           const std::map<std::string, std::string>& config,
+                                           const RunConfig& cfg) {
     try {
-        const TrainCheckpointState state =
-            read_train_checkpoint(SafeTensorsFile::open(path.string()));
+        const SafeTensorsFile f = SafeTensorsFile::open(path.string());
+        const TrainCheckpointState state = read_train_checkpoint(f);
         if (const std::string d = config_differences(state.config, config); !d.empty())
             input_error(path.string() + ": was written by a different config: " + d +
                         ". Only train.steps (--steps) may change on --resume; resume with the "
                         "original file, --variant and --set flags, or start a new --out-dir");
+        // The same config, so a tensor of another shape (a header edited, its bytes and
+        // checksum intact) is damage: skip it as such, before the session is built on it.
+        check_checkpoint_layout(f, cfg.model, cfg.trainable, /*with_optimizer=*/true);
         return ResumePoint{path, state.step, state.data_position, state.global_batch};
     } catch (const SafeTensorsError& e) {
         warn_skipping(path, e.what());
@@ -402,12 +407,13 @@ std::optional<ResumePoint> check_candidate(const fs::path& path,
 
 // The newest valid checkpoint of `dir`; nullopt when it has none at all.
 std::optional<ResumePoint> find_resume_point(const fs::path& dir,
-                                             const std::map<std::string, std::string>& config) {
+                                             const std::map<std::string, std::string>& config,
+                                             const RunConfig& cfg) {
     const fs::path ckdir = dir / "checkpoints";
     const auto all = list_checkpoints(ckdir);
     if (all.empty()) return std::nullopt;
     for (const auto& [step, path] : all)
-        if (auto r = check_candidate(path, config)) return *r;
+        if (auto r = check_candidate(path, config, cfg)) return *r;
     input_error(ckdir.string() + ": none of its " + std::to_string(all.size()) +
                 " checkpoints is valid (see the warnings above); the run cannot be resumed, start "
                 "a new --out-dir");
@@ -543,7 +549,9 @@ class Trainer {
     void build_session();
     double evaluate();
     void checkpoint(int step);
-    void print_progress(int step, const StepRecord& r, const std::optional<double>& val);
+    // `diverged`: the divergence rule flagged this step or an earlier one (marks the line).
+    void print_progress(int step, const StepRecord& r, const std::optional<double>& val,
+                        bool diverged);
     int global_batch() const { return cfg_.data.batch_size * world_.size(); }
 
     TrainRunOptions opts_;
@@ -625,7 +633,7 @@ void Trainer::prepare_directory() {
         lock_directory();  // before anything is read or removed: another writer's temporaries
         remove_stale_temporaries(ckdir_);
         remove_stale_temporaries(dir_);
-        resume_ = find_resume_point(dir_, config_);
+        resume_ = find_resume_point(dir_, config_, cfg_);
         if (!resume_ && !fs::exists(csv_path_, ec))
             input_error(dir_.string() + ": nothing to resume: no train.csv and no " +
                         "step-NNNNNNNN.safetensors in " + ckdir_.string() +
@@ -824,7 +832,8 @@ void Trainer::print_noise() const {
     std::fflush(stdout);
 }
 
-void Trainer::print_progress(int step, const StepRecord& r, const std::optional<double>& val) {
+void Trainer::print_progress(int step, const StepRecord& r, const std::optional<double>& val,
+                             bool diverged) {
     ++steps_here_;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
@@ -833,10 +842,11 @@ void Trainer::print_progress(int step, const StepRecord& r, const std::optional<
     if (val) last_val_ = val;
     char val_text[32] = "-";
     if (last_val_) std::snprintf(val_text, sizeof val_text, "%.4f", *last_val_);
-    std::printf("step %*d/%d  loss %.4f  val %s  %.0f tok/s  %.1f ms/step  ETA %s\n",
+    std::printf("step %*d/%d  loss %.4f  val %s  %.0f tok/s  %.1f ms/step  ETA %s%s\n",
                 static_cast<int>(std::to_string(train_.steps).size()), step, train_.steps, r.loss,
                 val_text, elapsed > 0 ? tokens / elapsed : 0.0, r.times.wall_ms,
-                duration_text(elapsed / steps_here_ * (train_.steps - step)).c_str());
+                duration_text(elapsed / steps_here_ * (train_.steps - step)).c_str(),
+                diverged ? "  DIVERGED" : "");
     std::fflush(stdout);
 }
 
@@ -909,9 +919,17 @@ int Trainer::loop() {
     StopSignals signals;
     t0_ = std::chrono::steady_clock::now();
     StepLoopOptions steps;
+    // Steps numbered from 1, as train.csv and the progress line number them. Every rank sees the
+    // same (all-reduced) loss, so every rank flags the same step.
+    DivergenceWatch divergence(cfg_.model.vocab_size);
     steps.on_step = [&](const TrainingSession::CompletedStep& done) {
         const StepRecord& rec = done.record;
         const int step = rec.step + 1;
+        const std::optional<Divergence> diverged =
+            divergence.observe(step, rec.loss, rec.grad_norm);
+        if (diverged && leader_)
+            std::fprintf(stderr, "microtrain train: warning: %s\n",
+                         divergence_warning(*diverged).c_str());
         std::optional<double> val;
         if (!val_.inputs.empty() && step % train_.eval_every == 0) val = evaluate();
         if (leader_) {
@@ -919,7 +937,7 @@ int Trainer::loop() {
             StepRow row = step_row(rec);
             row.step = step;  // numbered as train.csv numbers it (from 1)
             noise_.add(row);
-            print_progress(step, rec, val);
+            print_progress(step, rec, val, divergence.found().has_value());
         }
     };
     steps.after_step = [&](const StepRecord& rec, int sig) {
@@ -964,6 +982,14 @@ int Trainer::loop() {
                 "  export the adapters: microtrain export %s --merged MERGED.safetensors "
                 "--adapters ADAPTERS.safetensors\n",
                 last.c_str());
+    }
+    if (divergence.found()) {
+        if (leader_)
+            std::fprintf(stderr,
+                         "microtrain train: the run diverged at step %d (%s); its checkpoints "
+                         "hold the diverged model\n",
+                         divergence.found()->step, divergence.found()->reason.c_str());
+        return 1;
     }
     return 0;
 }

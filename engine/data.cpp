@@ -41,6 +41,7 @@
 #include "engine/data.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,6 +59,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <thread>
 
@@ -144,6 +146,8 @@ class TokenFile {
         }
     }
 
+    int fd() const { return fd_; }
+
   private:
     std::string path_;
     int fd_;
@@ -179,6 +183,70 @@ size_t check_token_header(const std::string& path, const TokenFile& f) {
                              " (trailing data: the header's count is wrong)");
     return count;
 }
+
+// Checks every token of the file against the vocabulary in one streaming pass of fixed-size
+// chunks (pread through the page cache: no copy of the file is kept, so `validate` of a 4 GiB
+// file needs a few MiB). The error locates the first bad token and names the vocabulary that
+// would hold the largest one.
+void check_token_vocab(const std::string& path, const TokenFile& f, size_t count, int vocab_size) {
+    constexpr size_t kChunkTokens = size_t{1} << 20;  // 2 MiB a read
+    std::vector<uint16_t> chunk(std::min(count, kChunkTokens));
+    size_t bad_at = SIZE_MAX;
+    uint16_t bad_value = 0, max_tok = 0;
+    for (size_t first = 0; first < count; first += chunk.size()) {
+        const size_t n = std::min(chunk.size(), count - first);
+        f.read(chunk.data(), n * sizeof(uint16_t), kHeaderBytes + first * sizeof(uint16_t),
+               "the tokens");
+        for (size_t i = 0; i < n; ++i) {
+            max_tok = std::max(max_tok, chunk[i]);
+            if (bad_at == SIZE_MAX && chunk[i] >= vocab_size) {
+                bad_at = first + i;
+                bad_value = chunk[i];
+            }
+        }
+    }
+    if (bad_at != SIZE_MAX)
+        data_error(path, "token " + std::to_string(bad_value) + " at token offset " +
+                             std::to_string(bad_at) + " (byte " +
+                             std::to_string(kHeaderBytes + 2 * bad_at) +
+                             ") is >= model.vocab_size " + std::to_string(vocab_size) +
+                             "; the file was tokenised for a larger vocabulary: set "
+                             "model.vocab_size to at least " +
+                             std::to_string(max_tok + 1));
+}
+
+// The tokens of an llm.c token file, mapped read-only rather than copied: the pages are the page
+// cache's, shared by every process that maps the file (each MPI rank, each variant's worker) and
+// reclaimable under memory pressure, so the file costs no private memory and is not part of the
+// memory estimate. The header, the size and every token are checked before it is mapped (the
+// located errors above). A file truncated in place while mapped would fault (SIGBUS) on the lost
+// pages: a token file is not rewritten under a running job (write_token_file replaces a file by
+// rename, which leaves the mapped inode intact).
+class MappedTokenFile {
+  public:
+    MappedTokenFile(const std::string& path, int vocab_size) {
+        const TokenFile f(path);
+        count_ = check_token_header(path, f);
+        check_token_vocab(path, f, count_, vocab_size);
+        bytes_ = kHeaderBytes + count_ * sizeof(uint16_t);
+        base_ = ::mmap(nullptr, bytes_, PROT_READ, MAP_SHARED, f.fd(), 0);
+        if (base_ == MAP_FAILED)
+            data_error(path, std::string("cannot map it into memory: ") + std::strerror(errno));
+    }
+    MappedTokenFile(const MappedTokenFile&) = delete;
+    MappedTokenFile& operator=(const MappedTokenFile&) = delete;
+    ~MappedTokenFile() { ::munmap(base_, bytes_); }
+
+    // The header is 1024 bytes, so the tokens start aligned for uint16_t.
+    std::span<const uint16_t> tokens() const {
+        return {reinterpret_cast<const uint16_t*>(static_cast<const char*>(base_) + kHeaderBytes),
+                count_};
+    }
+
+  private:
+    void* base_ = nullptr;
+    size_t bytes_ = 0, count_ = 0;
+};
 
 // Byte offset of the first invalid UTF-8 sequence, or npos.
 size_t first_invalid_utf8(const std::vector<uint16_t>& bytes) {
@@ -360,7 +428,10 @@ struct DataLoader::Impl {
     Backend* backend = nullptr;
     int rank = 0, world = 1;  // DataLoaderOptions: this loader's slice of the global batch
 
-    std::vector<uint16_t> tokens;              // tokens / text sources
+    // The stream of a tokens / text source: a token file's mapping, or the text's bytes.
+    std::unique_ptr<MappedTokenFile> mapped;   // source tokens
+    std::vector<uint16_t> text;                // source text
+    std::span<const uint16_t> tokens;          // into one of them
     size_t n = 0;                              // tokens in the stream (synthetic: nominal)
     uint64_t windows = 0;                      // windows of this loader's part (all: (n-1)/T)
     uint64_t window_base = 0;                  // the part's first window (validation: the tail)
@@ -563,22 +634,9 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
             break;
         case DataSource::tokens: {
             if (c.path.empty()) bad("source tokens needs a path (data.path)");
-            m.tokens = read_token_file(c.path);
+            m.mapped = std::make_unique<MappedTokenFile>(c.path, vocab_size);
+            m.tokens = m.mapped->tokens();
             m.n = m.tokens.size();
-            size_t bad_at = SIZE_MAX;
-            uint16_t max_tok = 0;
-            for (size_t i = 0; i < m.tokens.size(); ++i) {
-                max_tok = std::max(max_tok, m.tokens[i]);
-                if (bad_at == SIZE_MAX && m.tokens[i] >= vocab_size) bad_at = i;
-            }
-            if (bad_at != SIZE_MAX)
-                data_error(c.path, "token " + std::to_string(m.tokens[bad_at]) +
-                                       " at token offset " + std::to_string(bad_at) + " (byte " +
-                                       std::to_string(kHeaderBytes + 2 * bad_at) +
-                                       ") is >= model.vocab_size " + std::to_string(vocab_size) +
-                                       "; the file was tokenised for a larger vocabulary: set "
-                                       "model.vocab_size to at least " +
-                                       std::to_string(max_tok + 1));
             break;
         }
         case DataSource::text: {
@@ -590,12 +648,13 @@ DataLoader::DataLoader(const DataConfig& config, int vocab_size, uint64_t seed, 
             if (!f) data_error(c.path, std::string("cannot open: ") + std::strerror(errno));
             std::string bytes((std::istreambuf_iterator<char>(f)),
                               std::istreambuf_iterator<char>());
-            m.tokens.assign(bytes.begin(), bytes.end());
-            for (auto& t : m.tokens) t &= 0xFF;  // char may be signed: keep the byte value
-            if (size_t at = first_invalid_utf8(m.tokens); at != std::string::npos)
+            m.text.assign(bytes.begin(), bytes.end());
+            for (auto& t : m.text) t &= 0xFF;  // char may be signed: keep the byte value
+            if (size_t at = first_invalid_utf8(m.text); at != std::string::npos)
                 data_error(c.path, "not valid UTF-8 at byte offset " + std::to_string(at) +
                                        "; source text expects a UTF-8 text file (use source "
                                        "tokens for an llm.c token file)");
+            m.tokens = m.text;
             m.n = m.tokens.size();
             break;
         }

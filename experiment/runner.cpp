@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "engine/comm_probe.h"
+#include "engine/divergence.h"
 #include "engine/signals.h"
 #include "engine/step_loop.h"
 #include "engine/training_session.h"
@@ -47,17 +48,22 @@ void print_estimate(std::FILE* out, const MemoryEstimate& e) {
                      format_mib(e.host_pinned).c_str(), format_mib(e.device_total()).c_str());
 }
 
-// Progress: one line per step, or a single \r-updated bar on a terminal.
+// Progress: one line per step, or a single \r-updated bar on a terminal. A step is named by its
+// number from 0, as the messages (a non-finite value, a divergence) and results.json's `steps`
+// and `failed_step` name it, followed by how many of the variant's steps are done:
+// "step 3 (4 of 5)".
 class Progress {
   public:
     Progress(std::FILE* out, bool bar, std::string variant, int total, int warmup)
         : out_(out), bar_(bar), variant_(std::move(variant)), total_(total), warmup_(warmup) {}
-    void step(int s, double loss, double ms) {
+    // `diverged`: the variant was flagged (engine/divergence.h) at this step or before.
+    void step(int s, double loss, double ms, bool diverged) {
         if (!out_) return;
         done_ms_ += ms;
         const int done = s + 1;
         const double eta_s = done_ms_ / done * (total_ - done) / 1000.0;
-        const char* tag = s < warmup_ ? " (warm-up)" : "";
+        const std::string tag =
+            std::string(s < warmup_ ? " (warm-up)" : "") + (diverged ? " DIVERGED" : "");
         if (bar_) {
             // A terminal needs no more than ~10 updates a second (and under mpirun every byte
             // goes through mpirun's pty): skip the rest, never the last step.
@@ -68,16 +74,24 @@ class Progress {
             const int filled = total_ > 0 ? done * width / total_ : width;
             std::string b(static_cast<size_t>(filled), '#');
             b.resize(width, '.');
-            std::fprintf(out_, "\r  [%s] [%s] step %d/%d  loss %.4f  %.2f ms/step  ETA %.1f s%s   ",
-                         variant_.c_str(), b.c_str(), done, total_, loss, ms, eta_s, tag);
+            std::fprintf(
+                out_, "\r  [%s] [%s] step %d (%d of %d)  loss %.4f  %.2f ms/step  ETA %.1f s%s   ",
+                variant_.c_str(), b.c_str(), s, done, total_, loss, ms, eta_s, tag.c_str());
         } else {
-            std::fprintf(out_, "  [%s] step %d/%d  loss %.4f  %.2f ms/step  ETA %.1f s%s\n",
-                         variant_.c_str(), done, total_, loss, ms, eta_s, tag);
+            std::fprintf(out_, "  [%s] step %d (%d of %d)  loss %.4f  %.2f ms/step  ETA %.1f s%s\n",
+                         variant_.c_str(), s, done, total_, loss, ms, eta_s, tag.c_str());
         }
         std::fflush(out_);
     }
     void end() {
         if (out_ && bar_) std::fprintf(out_, "\n");
+    }
+    // A warning on a line of its own (after the bar's line on a terminal).
+    void warn(const std::string& text) {
+        if (!out_) return;
+        std::fprintf(out_, "%s  warning: [%s] %s\n", bar_ ? "\n" : "", variant_.c_str(),
+                     text.c_str());
+        std::fflush(out_);
     }
 
   private:
@@ -411,6 +425,7 @@ class VariantRun {
           opt_(opt),
           inject_(inject),
           v_(variant_result_for(cfg)),
+          divergence_(cfg.model.vocab_size),
           progress_(opt.out, opt.progress_bar.value_or(opt.out && isatty(fileno(opt.out))),
                     cfg.variant, cfg.run.warmup_steps + cfg.run.measure_steps,
                     cfg.run.warmup_steps) {}
@@ -510,7 +525,7 @@ class VariantRun {
         loop.warmup_steps = cfg_.run.warmup_steps;
         loop.before_step = [&](int s) {
             step_ = s;
-            if (!opt_.fault.empty() && s == opt_.fault_step && opt_.world &&
+            if (inject_ && !opt_.fault.empty() && s == opt_.fault_step && opt_.world &&
                 opt_.world->rank() == opt_.fault_rank)
                 inject_fault(opt_.fault);
         };
@@ -519,11 +534,16 @@ class VariantRun {
             record_trace(*session_, done, cfg_, trace_t0_, v_);
             v_.steps.push_back(step_row(rec));
             v_.steps.back().round = rec.warmup ? -1 : round;
+            if (std::optional<Divergence> d =
+                    divergence_.observe(rec.step, rec.loss, rec.grad_norm)) {
+                v_.diverged = d;
+                progress_.warn(divergence_warning(*d));
+            }
             // Data parallel: once a stop signal arrived, mpirun stops reading the ranks' output
             // while it ends the job; a progress line could then block rank 0 before the report
             // is written, so none is printed.
             if (!(session_->world_size() > 1 && rec.stop_signal))
-                progress_.step(rec.step, rec.loss, rec.times.wall_ms);
+                progress_.step(rec.step, rec.loss, rec.times.wall_ms, v_.diverged.has_value());
         };
         if (inject_) {
             loop.inject_nan_at_step = opt_.inject_nan_at_step;
@@ -605,6 +625,7 @@ class VariantRun {
     bool inject_;
     VariantResult v_;
     EngineMeasures m_;
+    DivergenceWatch divergence_;  // fed every step, across the variant's slices
     std::optional<BackendKind> kind_;
     std::unique_ptr<TrainingSession> session_;
     LinkCalibration* link_ = nullptr;
@@ -932,9 +953,10 @@ ExperimentRun run_experiment(const ExperimentSpec& spec, const RunnerOptions& op
                       spec.min_effect};
     res.started_utc = utc_now_iso();
     // Every variant's record is complete (its statistics derived) once it is added.
-    const std::function<void(VariantResult)> add = [&res](VariantResult v) {
+    const std::function<void(VariantResult)> add = [&res, &options](VariantResult v) {
         derive_statistics(v);
         res.variants.push_back(std::move(v));
+        if (options.variant_finished) options.variant_finished(res);
     };
     // Rounds interleave the variants; they need more than one variant, more than one measured
     // step per variant, and one process (a data-parallel job's ranks run each variant in

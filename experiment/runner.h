@@ -65,6 +65,11 @@ struct RunnerOptions {
     // recorded and ends the experiment (ExperimentRun::job_failure); on another rank it is
     // rethrown: the caller ends the job (the others cannot go on without that rank).
     World* world = nullptr;
+    // Called after each variant's record is complete, with every variant finished so far (in
+    // file order; the environment and comparison not yet built): `run` writes them to the run
+    // folder (report/run_folder.h write_finished_variants), so a later fault loses at most the
+    // variant in progress. Under data parallel only rank 0's is set. Null: nothing is called.
+    std::function<void(const Results& so_far)> variant_finished;
 };
 
 // Runs every variant. Never throws for a variant's failure (it is recorded in its

@@ -32,6 +32,7 @@ ComparisonRow row_from(const VariantResult& v) {
     r.variant = v.name;
     r.status = v.status;
     r.message = v.message;
+    r.diverged = v.diverged;
     r.changed = changed_text(v.changed);
     r.knobs_changed = v.knobs_changed;
     const SeriesSummary& step = v.stats.step_ms;
@@ -171,6 +172,7 @@ bool judge_unmeasurable(ComparisonRow& r, const ComparisonRow& b, bool baseline_
     const std::string status = to_string(r.status);
     if (r.is_baseline) {
         std::string v = r.status == RunStatus::ok ? "baseline" : "baseline (" + status + ")";
+        if (r.diverged) v += " (diverged at step " + std::to_string(r.diverged->step) + ")";
         if (r.status == RunStatus::failed || r.status == RunStatus::skipped)
             v += ": " + failure_short(r);
         set_verdict(r, Decision::baseline, v);
@@ -272,7 +274,12 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
 
     Decision d = Decision::reject;
     std::string v;
-    if (r.loss_within_tolerance && !*r.loss_within_tolerance) {
+    if (r.diverged) {
+        // engine/divergence.h: whatever its speed, a run that blows up is no candidate.
+        v = "reject: diverged at step " + std::to_string(r.diverged->step) +
+            " (engine/divergence.h: loss far above ln V and rising, or an exploding gradient "
+            "norm)";
+    } else if (r.loss_within_tolerance && !*r.loss_within_tolerance) {
         v = "reject: loss not within tolerance: do not keep (" + loss_deltas_text(r, tol) + ")";
         if (faster) v += ", although " + speed;
     } else if (faster && !fatter) {

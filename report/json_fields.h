@@ -16,6 +16,8 @@
 // object). The entries that are not "one key, one member":
 //   json_field_as<C>(key, &S::m)   the member through codec C (FiniteOrNull: NaN/inf as null)
 //   json_key_if_present(key, &S::m)  an optional member whose key is absent when unknown
+//   json_added_optional(key, &S::m)  an optional member added within a schema version: written
+//                                  as a value or null, read as absent from an older file
 //   json_group<S>(key, entries...)  an object of more of S's own members (results.json's
 //                                  `model` holds VariantResult::model_describe and ::n_params)
 //   json_each_key<E>(&S::a)        an array indexed by enum E, one key per value (spelled as E),
@@ -185,6 +187,26 @@ constexpr JsonField<S, M, DefaultCodec> json_field(const char* key, M S::*member
 }
 template <class Codec, class S, class M>
 constexpr JsonField<S, M, Codec> json_field_as(const char* key, M S::*member) {
+    return {key, member};
+}
+
+// An optional member added within a schema version: written always (null when absent), read as
+// absent when a file of that version written before it lacks the key.
+template <class S, class T>
+struct JsonAddedOptional {
+    const char* key;
+    std::optional<T> S::*member;
+    void write(nlohmann::json& obj, const S& s) const { obj[key] = to_json_value(s.*member); }
+    void read(const JsonNode& obj, S& s) const {
+        if (obj.has(key))
+            read_json_value(obj[key], s.*member);
+        else
+            (s.*member).reset();
+    }
+};
+template <class S, class T>
+constexpr JsonAddedOptional<S, T> json_added_optional(const char* key,
+                                                      std::optional<T> S::*member) {
     return {key, member};
 }
 

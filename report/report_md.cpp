@@ -182,6 +182,10 @@ void write_header(std::ostringstream& o, const Results& res, const Comparison& c
     for (const VariantResult& v : res.variants)
         if (v.status == RunStatus::failed)
             o << "\n**Failed: " << v.message << "** (its measured steps are kept below)\n";
+    for (const VariantResult& v : res.variants)
+        if (v.diverged)
+            o << "\n**Warning: '" << v.name << "' " << divergence_warning(*v.diverged)
+              << "** (its verdict is never keep)\n";
 }
 
 void write_answers(std::ostringstream& o, const VariantResult* ref, const Comparison& cmp) {

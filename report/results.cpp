@@ -273,6 +273,13 @@ struct JsonFields<DataParallelRecord> {
 };
 
 template <>
+struct JsonFields<Divergence> {
+    using S = Divergence;
+    static inline const auto list =
+        std::tuple{json_field("step", &S::step), json_field("reason", &S::reason)};
+};
+
+template <>
 struct JsonFields<VariantResult> {
     using S = VariantResult;
     static inline const auto list = std::tuple{
@@ -281,6 +288,8 @@ struct JsonFields<VariantResult> {
         json_field("message", &S::message),
         json_field("failed_step", &S::failed_step),
         json_field("failed_phase", &S::failed_phase),
+        // Added within v10: a file written before it has no key (read as not diverged).
+        json_added_optional("diverged", &S::diverged),
         json_field("backend", &S::backend),
         json_field("device_name", &S::device_name),
         json_field("threads", &S::threads),

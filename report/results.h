@@ -41,7 +41,8 @@
 // v9 adds the time call (report/paired_stats.h): `experiment.min_effect` (compare.min_effect) and
 // per row of `comparison.variants` `speedup_ci95` ([low, high] or null) and `time_call`.
 // v10 adds what else the machine did (report/noise.h): `steal_ms` per step and in
-// `stats`, and per step `sm_clock_mhz` / `throttle_reasons` (null without a device clock).
+// `stats`, and per step `sm_clock_mhz` / `throttle_reasons` (null without a device clock),
+// and per variant `diverged` ({step, reason} from engine/divergence.h, or null).
 #pragma once
 
 #include <array>
@@ -53,6 +54,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/divergence.h"
 #include "engine/memory.h"
 #include "engine/profile.h"
 #include "engine/timing.h"
@@ -249,6 +251,10 @@ struct VariantResult {
     std::string message;
     std::optional<int> failed_step;
     std::optional<std::string> failed_phase;
+    // The first step the divergence rule (engine/divergence.h) flagged, with its reason; nullopt
+    // (JSON null): the loss and gradient norm stayed within bounds. A diverged variant may still
+    // be `ok` (every value finite); its verdict is never "keep".
+    std::optional<Divergence> diverged;
     std::string backend, device_name;
     int threads = 0;
     std::map<std::string, std::string> config;   // every dotted key -> its value as text
@@ -351,7 +357,8 @@ struct ComparisonRow {
     int knobs_changed = 0;
     RunStatus status = RunStatus::ok;
     std::string message;
-    bool has_stats = false;  // at least one measured step
+    std::optional<Divergence> diverged;  // VariantResult::diverged
+    bool has_stats = false;              // at least one measured step
     double median_ms = 0, p90_ms = 0, iqr_ms = 0, jitter = 0;
     // A knob of the variant that varies its step times by design ("data.seq_len_jitter=0.5":
     // every batch has its own length), named by the jitter notes as the cause; "" when none.

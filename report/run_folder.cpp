@@ -58,13 +58,16 @@ std::string make_exclusive_dir(const fs::path& out_dir, const std::string& base)
                          "-2 .. -9999 all exist; clean up old runs");
 }
 
-std::string in_progress_text() {
+// `started`: the run's start (UTC); `holds`: what results.json holds so far ("" before the first
+// variant finished).
+std::string in_progress_text(const std::string& started, const std::string& holds = "") {
     return "microtrain run: this run folder is INCOMPLETE.\n"
            "Started " +
-           now_stamp("%Y-%m-%dT%H:%M:%SZ", true) + " by process " + std::to_string(::getpid()) +
+           started + " by process " + std::to_string(::getpid()) +
            ". This file is removed once results.json, steps.csv, trace.json, report.md and\n"
            "report.html are all written; while it is here the run is still going, or it was "
-           "killed\n(SIGKILL, power loss) before its report was written.\n";
+           "killed\n(SIGKILL, power loss) before its report was written.\n" +
+           holds;
 }
 
 struct FileToWrite {
@@ -115,7 +118,8 @@ std::string create_run_folder(const std::string& name, const std::string& out_di
     if (!fs::is_directory(root, ec)) fail("use the output directory", root.string(), ENOTDIR);
     const std::string dir = make_exclusive_dir(root, folder_base_name(name));
     try {
-        write_file_atomic((fs::path(dir) / kPartialMarker).string(), in_progress_text());
+        write_file_atomic((fs::path(dir) / kPartialMarker).string(),
+                          in_progress_text(now_stamp("%Y-%m-%dT%H:%M:%SZ", true)));
     } catch (const std::exception& e) {
         ::rmdir(dir.c_str());  // nothing in it: leave no empty folder behind
         throw RunFolderError(std::string("cannot write in the run folder: ") + e.what() +
@@ -132,6 +136,25 @@ int remove_temporaries(const std::string& dir) {
         if (f.find(".tmp.") != std::string::npos && fs::remove(entry.path(), ec)) ++n;
     }
     return n;
+}
+
+void write_finished_variants(const Results& so_far, const std::string& dir, size_t variants_total) {
+    std::string names;
+    for (const VariantResult& v : so_far.variants)
+        names += (names.empty() ? "'" : ", '") + v.name + "' (" + to_string(v.status) + ")";
+    const std::string holds = "results.json holds the " + std::to_string(so_far.variants.size()) +
+                              " of " + std::to_string(variants_total) +
+                              " variant(s) finished so far: " + names +
+                              " (`microtrain compare` reads it).\n";
+    try {
+        write_file_atomic((fs::path(dir) / "results.json").string(),
+                          results_to_json(so_far).dump(2) + "\n");
+        write_file_atomic((fs::path(dir) / kPartialMarker).string(),
+                          in_progress_text(so_far.started_utc, holds));
+    } catch (const std::exception& e) {
+        remove_temporaries(dir);
+        throw RunFolderError("cannot write the finished variants to '" + dir + "': " + e.what());
+    }
 }
 
 void write_run_files(const Results& results, const std::string& dir) {

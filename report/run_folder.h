@@ -8,8 +8,9 @@
 // - Marked incomplete from the start: a PARTIAL file says the run is in progress; it is removed
 //   only once every file is written. A write that cannot finish (disk full, I/O error) rewrites
 //   PARTIAL to list what is there and what is missing, and why; a run killed outright (SIGKILL,
-//   power loss) leaves the first PARTIAL. Each file is written atomically (io/atomic_file.h):
-//   whole or absent, and no temporary file stays behind.
+//   power loss) leaves the last PARTIAL: while variants finish, results.json holds the finished
+//   ones and PARTIAL says so (write_finished_variants). Each file is written atomically
+//   (io/atomic_file.h): whole or absent, and no temporary file stays behind.
 #pragma once
 
 #include <stdexcept>
@@ -34,6 +35,13 @@ std::string create_run_folder(const std::string& name, const std::string& out_di
 // file cannot be written, the others are still tried, PARTIAL is rewritten with what is missing
 // and why, temporaries are removed and RunFolderError is thrown.
 void write_run_files(const Results& results, const std::string& dir);
+
+// While the run goes on: writes results.json of the variants finished so far (`so_far`, with its
+// comparison built: report/recording.h complete_results) and rewrites PARTIAL to say that it
+// holds `so_far.variants.size()` of `variants_total` variants. So a run that dies later (a
+// data-parallel rank killed, after which mpirun kills rank 0 before its report) loses at most
+// the variant in progress. Each file atomically; throws RunFolderError.
+void write_finished_variants(const Results& so_far, const std::string& dir, size_t variants_total);
 
 // Creates the run folder under `out_dir` and writes it (create_run_folder + write_run_files);
 // returns its path. Throws RunFolderError.

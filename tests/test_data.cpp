@@ -142,6 +142,41 @@ TEST_F(DataTest, SourceShorterThanOneBatchIsRejected) {
     EXPECT_NO_THROW(DataLoader(tokens_config(path("ok.bin"), 4, 16), 256, 1));
 }
 
+// This process's memory from /proc/self/status, in bytes: `field` is "RssAnon" (private memory,
+// what a copy of the file would add) or "VmHWM" (the peak resident set since clear_refs 5).
+size_t status_bytes(const std::string& field) {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind(field + ":", 0) == 0)
+            return std::stoull(line.substr(field.size() + 1)) * 1024;
+    return 0;
+}
+
+// A token file is mapped, not copied: the loader of a 64 MiB file adds far less than 64 MiB of
+// private memory (its pages are the page cache's, shared between ranks and reclaimable), and
+// checking it (validate's check_data_source) streams it: the peak resident set stays far below
+// the file's size. The bad-token errors stay located (OutOfVocabTokenIsRejected... below).
+TEST_F(DataTest, ATokenFileIsMappedAndCheckedWithoutACopy) {
+    if (status_bytes("RssAnon") == 0) GTEST_SKIP() << "no /proc/self/status";
+    const size_t n = size_t{32} << 20;  // 64 MiB of tokens
+    std::vector<uint16_t> t(n);
+    for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(i % 251);
+    write_token_file(path("big.bin"), t);
+    t = {};
+    const size_t limit = size_t{16} << 20;
+    {
+        std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to the current RSS
+        const size_t before = status_bytes("VmHWM");
+        check_data_source(tokens_config(path("big.bin"), 2, 8), 256);
+        EXPECT_LT(status_bytes("VmHWM") - before, limit);
+    }
+    const size_t before = status_bytes("RssAnon");
+    DataLoader loader(tokens_config(path("big.bin"), 2, 8), 256, 1);
+    EXPECT_LT(status_bytes("RssAnon") - before, limit);
+    EXPECT_EQ(loader.next().inputs[0] >= 0, true);
+}
+
 TEST_F(DataTest, OutOfVocabTokenIsRejectedWithFileOffsetAndValue) {
     std::vector<uint16_t> t(300, 5);
     t[123] = 300;

@@ -281,6 +281,34 @@ TEST(DataParallel, AKilledRankEndsTheJobWithAClearMessage) {
     EXPECT_CONTAINS(r.output, "signal 9");  // mpirun names the rank that died and how
 }
 
+// A rank that dies in the second variant (mpirun then kills rank 0 before it writes its report)
+// loses only that variant: the first one's results were written when it finished, the folder is
+// still marked PARTIAL and says what it holds.
+TEST(DataParallel, ADeadRankLosesOnlyTheVariantInProgress) {
+    REQUIRE_MPI();
+    TempDir dir("mt_dp");
+    const std::string f =
+        write_experiment(dir, "k.yaml", 4,
+                         "variants:\n  - name: first\n  - name: second\n    set: {dist.zero: 1}\n");
+    const CliResult r =
+        run_shell(mpirun(2) + "'" + MT_BINARY + "' run '" + f + "' --out-dir '" + dir.file("out") +
+                  "' --inject-variant second --inject-fault kill "
+                  "--inject-fault-rank 1 --inject-fault-step 2");
+    EXPECT_NE(r.rc, 0) << r.output;
+    std::string folder;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir.file("out")))
+        if (e.path().filename() == "PARTIAL") folder = e.path().parent_path().string();
+    ASSERT_FALSE(folder.empty()) << r.output;
+    std::stringstream partial;
+    partial << std::ifstream(folder + "/PARTIAL").rdbuf();
+    EXPECT_CONTAINS(partial.str(), "1 of 2 variant(s)");
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(folder + "/results.json"));
+    ASSERT_EQ(j["variants"].size(), 1u) << j.dump();
+    EXPECT_EQ(j["variants"][0]["name"], "first");
+    EXPECT_EQ(j["variants"][0]["status"], "ok");
+    EXPECT_EQ(j["variants"][0]["measured_steps"], 4);
+}
+
 TEST(DataParallel, AHangingRankMakesTheOthersTimeOutAndEndTheJob) {
     REQUIRE_MPI();
     TempDir dir("mt_dp");

@@ -916,9 +916,9 @@ TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
           "knobs_changed",  "model",       "batch",   "warmup_steps", "measure_steps",
           "measured_steps", "setup_ms",    "stats",   "flops",        "roofline",
           "loss",           "memory",      "kernels", "profiled",     "steps",
-          "data_parallel"})
+          "data_parallel",  "diverged"})
         EXPECT_TRUE(v.contains(key)) << key;
-    EXPECT_EQ(v.size(), 26u);  // nothing else: the comparison lives in its own block
+    EXPECT_EQ(v.size(), 27u);  // nothing else: the comparison lives in its own block
     EXPECT_EQ(v["memory"]["phases"].size(), 1u);  // only the phases that ran
     EXPECT_TRUE(v["memory"]["phases"].contains("forward"));
     EXPECT_EQ(v["stats"]["phases_ms"].size(), static_cast<size_t>(kPhaseCount + 1));
@@ -1043,6 +1043,22 @@ TEST(ResultsSchema, SpeedupIntervalIsReadBackCheckedAndTheSame) {
     bad = good;
     bad["comparison"]["variants"][1]["time_call"] = "quicker";
     EXPECT_NE(error_of(bad).find("expected one of"), std::string::npos) << error_of(bad);
+}
+
+// `diverged` (engine/divergence.h) is written as {step, reason} or null and read back; a v10
+// file written before the key existed reads as "not diverged", not as an error.
+TEST(ResultsSchema, DivergedIsReadBackAndAbsentInAnOlderFileMeansNotDiverged) {
+    Results r = make_experiment().results();
+    r.variants[1].diverged = Divergence{4, "loss 320 is above 2 x 5.5"};
+    json j = results_to_json(r);
+    EXPECT_TRUE(j["variants"][0]["diverged"].is_null());
+    const Results back = results_from_json(j, "results.json");
+    ASSERT_TRUE(back.variants[1].diverged);
+    EXPECT_EQ(back.variants[1].diverged->step, 4);
+    EXPECT_EQ(back.variants[1].diverged->reason, "loss 320 is above 2 x 5.5");
+    for (json& v : j["variants"]) v.erase("diverged");
+    const Results older = results_from_json(j, "results.json");
+    for (const VariantResult& v : older.variants) EXPECT_FALSE(v.diverged) << v.name;
 }
 
 TEST(ResultsSchema, ReadingNamesTheKeyPathOfAMissingOrMistypedKey) {

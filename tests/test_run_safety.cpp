@@ -382,7 +382,7 @@ TEST_P(StopSignalTest, EndsTheRunWithItsReportAndExits128PlusN) {
     bool sent = false;
     const Proc p = run_with_signals({"run", yaml, "--set", "run.measure_steps=100000"},
                                     [&](const std::string& out, pid_t pid) {
-                                        if (!sent && out.find("step 4/") != std::string::npos) {
+                                        if (!sent && out.find("(4 of ") != std::string::npos) {
                                             ::kill(pid, sig);
                                             sent = true;
                                         }
@@ -422,8 +422,7 @@ TEST_F(RunSafetyTest, ASchedulersRepeatedSignalsDuringTheStepsStillGetTheReport)
     bool sent = false;
     const Proc p = run_with_signals({"run", yaml, "--set", "run.measure_steps=100000"},
                                     [&](const std::string& out, pid_t pid) {
-                                        if (sent || out.find("step 4/") == std::string::npos)
-                                            return;
+                                        if (sent || out.find("(4 of ") == std::string::npos) return;
                                         for (int s : {SIGTERM, SIGTERM, SIGHUP, SIGUSR1})
                                             ::kill(pid, s);
                                         sent = true;

@@ -185,6 +185,61 @@ TEST_F(RunnerTest, InjectedNaNStopsTheVariantAndTheReportIsStillWritten) {
     EXPECT_NE(md.str().find("| fused (failed) |"), std::string::npos);
 }
 
+// A finite loss that blows up (optim.lr 50: 4.7 -> 7e4 in one step) is named: the step in the
+// record and results.json
+// (`diverged`, null for the healthy baseline), a warning in report.md, and a verdict that rejects
+// it. Interleaved rounds: the rule sees the variant's steps across its worker's slices.
+TEST_F(RunnerTest, ADivergedVariantIsNamedAndNeverKept) {
+    const ExperimentSpec spec =
+        load_experiment(write_yaml(kTwoVariants + std::string("  - name: wild\n"
+                                                              "    set: { optim.lr: 50 }\n")));
+    const ExperimentRun ex = run_experiment(spec, quiet());
+    ASSERT_EQ(ex.results.variants.size(), 3u);
+    EXPECT_FALSE(ex.results.variants[0].diverged);
+    const VariantResult& wild = ex.results.variants[2];
+    EXPECT_EQ(wild.status, RunStatus::ok);  // finite all along: it ran every step
+    ASSERT_TRUE(wild.diverged);
+    EXPECT_GT(wild.diverged->step, 0);
+    EXPECT_NE(wild.diverged->reason.find("ln V"), std::string::npos) << wild.diverged->reason;
+
+    const std::string run = write_run_folder(ex.results, spec.out_dir);
+    const json j = load_results(run + "/results.json");
+    EXPECT_TRUE(j["variants"][0]["diverged"].is_null());
+    EXPECT_EQ(j["variants"][2]["diverged"]["step"], wild.diverged->step);
+    const json& row = j["comparison"]["variants"][2];
+    EXPECT_EQ(row["variant"], "wild");
+    EXPECT_NE(row["decision"], "keep");
+    EXPECT_NE(row["verdict"].get<std::string>().find("diverged at step"), std::string::npos)
+        << row["verdict"];
+    std::ifstream in(fs::path(run) / "report.md");
+    std::stringstream md;
+    md << in.rdbuf();
+    EXPECT_NE(md.str().find("'wild' diverged at step " + std::to_string(wild.diverged->step)),
+              std::string::npos)
+        << md.str();
+}
+
+// The progress line and the non-finite message number a step alike (from 0, as results.json's
+// `steps` and `failed_step` do): the line of the NaN step says "step 3", so does the message.
+TEST_F(RunnerTest, ProgressLineAndNonFiniteMessageNameTheSameStep) {
+    const ExperimentSpec spec = load_experiment(write_yaml(kTwoVariants));
+    RunnerOptions o = quiet();
+    // A file, not a memory stream: the variants' worker processes write to it too.
+    const fs::path log = dir_ / "progress.txt";
+    o.out = std::fopen(log.c_str(), "w");
+    ASSERT_NE(o.out, nullptr);
+    o.progress_bar = false;
+    o.inject_variant = "fused";
+    o.inject_nan_at_step = 3;
+    run_experiment(spec, o);
+    std::fclose(o.out);
+    std::stringstream text;
+    text << std::ifstream(log).rdbuf();
+    const std::string out = text.str();
+    EXPECT_NE(out.find("[fused] step 3 (4 of 5)  loss "), std::string::npos) << out;
+    EXPECT_NE(out.find("non-finite loss (nan) at step 3"), std::string::npos) << out;
+}
+
 // One variant after another (run.rounds 1): the variants after the interrupted one never start.
 TEST_F(RunnerTest, InterruptStopsAfterTheCurrentStepAndMarksTheRun) {
     const ExperimentSpec spec = load_experiment(write_yaml(kTwoVariants), {"run.rounds=1"});
@@ -324,7 +379,7 @@ TEST_F(RunnerTest, RealSigintWritesTheReportAndExits130) {
     while ((n = ::read(fds[0], buf, sizeof buf)) > 0) {
         out.append(buf, static_cast<size_t>(n));
         // Once measured steps are running, press Ctrl-C.
-        if (!sent && out.find("step 4/") != std::string::npos) {
+        if (!sent && out.find("(4 of ") != std::string::npos) {
             ::kill(pid, SIGINT);
             sent = true;
         }

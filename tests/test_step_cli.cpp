@@ -100,6 +100,21 @@ TEST(StepCli, RunsOneStepByDefault) {
     EXPECT_EQ(*o.metadata_value("optim_impl"), "multi_tensor");
 }
 
+// A finite loss that blows up (lr 10 on the tiny fixture: 5.58 -> 3433 before step 2) is
+// flagged by the divergence rule (engine/divergence.h), numbered as the loss lines number it;
+// the output is still written, and the exit code is 1.
+TEST(StepCli, ADivergingRunIsFlaggedAndExits1) {
+    TempDir dir("mt_step");
+    const std::string out = dir.file("o.safetensors");
+    CliResult r = run_microtrain("step --weights " + q(data("tiny_weights.safetensors")) +
+                                 " --batch " + q(data("tiny_batch.safetensors")) + " --out " +
+                                 q(out) + " --steps 4 --lr 10 --threads 1");
+    EXPECT_EQ(r.rc, 1) << r.output;
+    EXPECT_CONTAINS(r.output, "loss before step 2: 3432.");
+    EXPECT_CONTAINS(r.output, "microtrain step: warning: diverged at step 2: loss 3433");
+    EXPECT_EQ(SafeTensorsFile::open(out).at("loss").shape, (std::vector<int64_t>{4}));
+}
+
 TEST(StepCli, HelpDescribesEveryOption) {
     CliResult r = run_microtrain("step --help");
     EXPECT_EQ(r.rc, 0) << r.output;

@@ -349,6 +349,21 @@ TEST(TrainCli, SigkillAtAnyMomentLeavesAResumableDirectory) {
     }
 }
 
+// A finite loss that blows up (lr 50, no clipping: 5.6 -> 8.7e3 at step 2) is flagged by the
+// divergence rule (engine/divergence.h): a warning naming the step when it happens, the progress
+// lines marked from there on, and exit 1 at the end; the checkpoints are still written.
+TEST(TrainCli, ADivergingRunIsFlaggedAndExits1) {
+    TempDir d;
+    const std::string out = d.file("run");
+    const CliResult r = run_microtrain("train " + q(tiny_yaml(d, kSmallTrain)) + " --out-dir " +
+                                       q(out) + " --set optim.lr=50 --set optim.grad_clip=0");
+    EXPECT_EQ(r.rc, 1) << r.output;
+    EXPECT_CONTAINS(r.output, "warning: diverged at step 2: loss ");
+    EXPECT_CONTAINS(r.output, "DIVERGED");
+    EXPECT_CONTAINS(r.output, "the run diverged at step 2");
+    EXPECT_TRUE(fs::exists(ckpt(out, 12)));
+}
+
 TEST(TrainCli, ResumeWithoutACheckpointIsRejected) {
     TempDir d;
     const std::string yaml = tiny_yaml(d, kSmallTrain);
@@ -423,6 +438,33 @@ TEST(TrainCli, DamagedNewestCheckpointFailsItsChecksumAndFallsBack) {
     ASSERT_EQ(r.rc, 0) << r.output;
     EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6) +
                                   ": its tensors or its microtrain.* metadata do not match");
+    EXPECT_CONTAINS(r.output, "resumed from " + ckpt(out, 3));
+    expect_same_tensors(ckpt(d.file("ref"), 12), ckpt(out, 12));
+}
+
+// A newest checkpoint whose header gives a tensor another shape of the same size (its bytes, so
+// its checksum, unchanged) is skipped like a damaged one, naming the tensor: the run resumes from
+// the previous checkpoint and ends as an uninterrupted run does.
+TEST(TrainCli, ACheckpointWithAMismatchedShapeFallsBackToThePrevious) {
+    TempDir d;
+    const std::string yaml = tiny_yaml(d, kSmallTrain), out = d.file("run");
+    two_checkpoints(d, yaml, out);
+    {  // wpe (max_seq_len 32, n_embd 64) -> (64, 32) in the JSON header
+        std::fstream f(ckpt(out, 6), std::ios::in | std::ios::out | std::ios::binary);
+        std::string head(8192, '\0');
+        f.read(head.data(), static_cast<std::streamsize>(head.size()));
+        const std::string from = "\"transformer.wpe.weight\":{\"dtype\":\"F32\",\"shape\":[32,64]";
+        const size_t at = head.find(from);
+        ASSERT_NE(at, std::string::npos) << head.substr(0, 400);
+        const std::string to = "\"transformer.wpe.weight\":{\"dtype\":\"F32\",\"shape\":[64,32]";
+        f.clear();
+        f.seekp(static_cast<std::streamoff>(at));
+        f.write(to.data(), static_cast<std::streamsize>(to.size()));
+    }
+    const CliResult r = run_microtrain("train " + q(yaml) + " --resume " + q(out));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "skipping checkpoint " + ckpt(out, 6));
+    EXPECT_CONTAINS(r.output, "'transformer.wpe.weight' has shape [64, 32]");
     EXPECT_CONTAINS(r.output, "resumed from " + ckpt(out, 3));
     expect_same_tensors(ckpt(d.file("ref"), 12), ckpt(out, 12));
 }
