@@ -32,14 +32,14 @@ std::string non_finite_hint(const AdamWConfig& optim, bool loss_bad) {
 
 std::string non_finite_message(const RunConfig& config, const StepRecord& rec) {
     const bool loss_bad = !std::isfinite(rec.loss);
-    // 1-based, as the progress line counts ("step 2/2 loss nan" is step 2 here too), with the
-    // 0-based index the step files use.
+    // The step's number from 0, as the progress line ("step 3 (4 of 23)"), steps.csv and
+    // results.json's steps[] name it.
     std::ostringstream msg;
     msg << "variant '" << config.variant << "': non-finite "
         << (loss_bad ? "loss (" + std::to_string(rec.loss) + ")"
                      : "gradient norm (" + std::to_string(rec.grad_norm) + ")")
-        << " at step " << rec.step + 1 << " (" << (rec.warmup ? "warm-up; " : "")
-        << "the progress line's count, steps[" << rec.step << "] in results.json), produced in the "
+        << " at step " << rec.step << " (" << (rec.warmup ? "warm-up; " : "")
+        << "steps[" << rec.step << "] in results.json), produced in the "
         << (loss_bad ? "forward" : "backward")
         << " phase and detected at the sync read-back; this variant stopped there ("
         << non_finite_hint(config.optim, loss_bad) << ")";

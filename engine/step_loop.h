@@ -62,11 +62,11 @@ struct NonFiniteValue {
     bool warmup = false;
     // The phase that produced it: "forward" (the loss) or "backward" (the gradients).
     std::string phase;
-    // "variant 'V': non-finite loss (nan) at step 3 (warm-up; the progress line's count,
-    // steps[2] in results.json), produced in the forward phase and
-    // detected at the sync read-back; this variant stopped there (lower optim.lr or check the
-    // data)" — V is the session's RunConfig::variant, the step 1-based as the progress line
-    // counts it, the hint from the config (non_finite_hint: weight decay or LR).
+    // "variant 'V': non-finite loss (nan) at step 2 (warm-up; steps[2] in results.json),
+    // produced in the forward phase and detected at the sync read-back; this variant stopped
+    // there (lower optim.lr or check the data)" — V is the session's RunConfig::variant, the
+    // step numbered from 0 as the progress line, steps.csv and results.json number it, the hint
+    // from the config (non_finite_hint: weight decay or LR).
     std::string message;
 };
 

@@ -30,9 +30,9 @@ const RankRecord* rank_zero(const DataParallelRecord& d) {
 
 std::string simulated_link_text(const DataParallelRecord& d) {
     std::string s = "simulated: " + f("%.4g", d.simulated_link_gbps) + " Gbit/s";
-    if (d.simulated_link_ratio > 0)
-        s += " (scaled so a step's gradients take " + f("%g", d.simulated_link_ratio) +
-             "x the measured forward + backward, " + f("%.1f", d.calibration_compute_ms) + " ms)";
+    if (d.simulated_link_ratio && d.calibration_compute_ms)
+        s += " (scaled so a step's gradients take " + f("%g", *d.simulated_link_ratio) +
+             "x the measured forward + backward, " + f("%.1f", *d.calibration_compute_ms) + " ms)";
     return s + ", " + f("%g", d.simulated_latency_us) + " µs — not a real interconnect";
 }
 

@@ -229,7 +229,7 @@ struct DataParallelRecord {
     double simulated_link_gbps = 0, simulated_latency_us = 0;
     // dist.simulate_link_ratio: the bandwidth above was set from the measured compute (its
     // forward + backward ms, the slowest rank's) so that the gradients take this ratio of it.
-    double simulated_link_ratio = 0, calibration_compute_ms = 0;
+    std::optional<double> simulated_link_ratio, calibration_compute_ms;  // null: a fixed link
     double bytes_per_step = 0;               // bytes each rank sends per step (rank 0's median)
     double achieved_busbw_gbps = 0;          // bytes_per_step / median busy time, in GB/s
     std::optional<double> probe_busbw_gbps;  // a measured all-reduce of the same transport

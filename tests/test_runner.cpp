@@ -167,8 +167,8 @@ TEST_F(RunnerTest, InjectedNaNStopsTheVariantAndTheReportIsStillWritten) {
     EXPECT_EQ(bad.failed_phase, "forward");
     EXPECT_EQ(bad.steps.size(), 4u);  // steps 0..3 kept, nothing after
     EXPECT_NE(bad.message.find("'fused'"), std::string::npos) << bad.message;
-    // 1-based as the progress line counts, with the index of the step files.
-    EXPECT_NE(bad.message.find("at step 4 (the progress line's count, steps[3] in results.json)"),
+    // Numbered from 0, as the progress line and the step files number it.
+    EXPECT_NE(bad.message.find("at step 3 (steps[3] in results.json)"),
               std::string::npos)
         << bad.message;
     EXPECT_NE(bad.message.find("forward"), std::string::npos) << bad.message;

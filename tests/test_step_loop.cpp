@@ -141,8 +141,8 @@ TEST_F(StepLoopTest, ANonFiniteLossStopsAtThatStepNamingStepWarmUpAndPhase) {
     EXPECT_EQ(outcome.non_finite.phase, "forward");
     EXPECT_EQ(
         outcome.non_finite.message,
-        "variant 'tiny': non-finite loss (nan) at step 3 (warm-up; the progress line's count, "
-        "steps[2] in results.json), produced in the forward "
+        "variant 'tiny': non-finite loss (nan) at step 2 (warm-up; steps[2] in results.json), "
+        "produced in the forward "
         "phase and detected at the sync read-back; this variant stopped there (lower "
         "optim.lr or check the data)");
     // The step that stopped the loop was seen (recorded), never passed as a good step.
@@ -151,9 +151,9 @@ TEST_F(StepLoopTest, ANonFiniteLossStopsAtThatStepNamingStepWarmUpAndPhase) {
     EXPECT_EQ(seen.before, (std::vector<int>{0, 1, 2}));
 }
 
-// Issue #25 item 14: the message counts steps as the progress line does (1-based: "step 3/6
-// loss nan" is step 3 here, not 2), and a NaN from weight_decay 1e30 is not hinted as "lower
-// optim.lr".
+// Issue #25 item 14: the message numbers the step as the progress line does (from 0: the
+// progress line's "step 3 (4 of 6)" is step 3 here too, and steps[3] in results.json), and a
+// NaN from weight_decay 1e30 is not hinted as "lower optim.lr".
 TEST_F(StepLoopTest, ANonFiniteMessageCountsLikeTheProgressLineAndBlamesTheWeightDecay) {
     RunConfig c = tiny_config();
     c.optim.weight_decay = 1e30f;
@@ -162,7 +162,9 @@ TEST_F(StepLoopTest, ANonFiniteMessageCountsLikeTheProgressLineAndBlamesTheWeigh
     const LoopOutcome outcome = StepLoop(session, recording(seen)).run(0, 6);
     ASSERT_EQ(outcome.end, LoopOutcome::End::non_finite);
     const std::string m = outcome.non_finite.message;
-    EXPECT_NE(m.find("at step " + std::to_string(outcome.step + 1)), std::string::npos) << m;
+    const std::string n = std::to_string(outcome.step);
+    EXPECT_NE(m.find("at step " + n + " (steps[" + n + "] in results.json)"), std::string::npos)
+        << m;
     EXPECT_NE(m.find("lower optim.weight_decay: lr x weight_decay = "), std::string::npos) << m;
     EXPECT_EQ(m.find("lower optim.lr"), std::string::npos) << m;
 }
@@ -185,8 +187,8 @@ TEST_F(StepLoopTest, ANonFiniteGradientNormStopsInTheBackwardPhase) {
     EXPECT_EQ(outcome.non_finite.phase, "backward");
     EXPECT_EQ(
         outcome.non_finite.message,
-        "variant 'tiny': non-finite gradient norm (nan) at step 2 (the progress line's count, "
-        "steps[1] in results.json), produced in the backward "
+        "variant 'tiny': non-finite gradient norm (nan) at step 1 (steps[1] in results.json), "
+        "produced in the backward "
         "phase and detected at the sync read-back; this variant stopped there (enable "
         "optim.grad_clip or lower optim.lr)");
     EXPECT_EQ(seen.on_step, (std::vector<int>{0, 1}));
