@@ -1,9 +1,10 @@
 #!/bin/bash
 # What the OpenMP wait policy costs and saves (kernels/openmp_wait.h): the quickstart's model
 # (fp32, 2 threads, B8 T128, 2 warm-up + 10 measured steps, one variant) under OMP_WAIT_POLICY
-# passive (microtrain's default), active (spin) and libgomp's default (spin, then sleep), in
-# alternating rounds; each run's median step. BUSY=1 runs a neighbour that burns one core for
-# the whole measurement. Usage: bench/openmp_wait.sh [BUILD_DIR] [ROUNDS]
+# passive, active (spin), libgomp's default (spin, then sleep) and spin counts (spin:N =
+# GOMP_SPINCOUNT=N), in alternating rounds; each run's median step. POLICIES picks them (default
+# "passive active default"); BUSY=1 runs a neighbour that burns one core for the whole
+# measurement. Usage: [POLICIES=...] [BUSY=1] bench/openmp_wait.sh [BUILD_DIR] [ROUNDS]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build/release}
@@ -23,16 +24,21 @@ if [[ ${BUSY:-0} == 1 ]]; then
     sh -c 'while :; do :; done' &
     burner=$!
 fi
+read -r -a policies <<< "${POLICIES:-passive active default}"
 declare -A all
 for r in $(seq 1 "$rounds"); do
-    for policy in passive active default; do
+    for policy in "${policies[@]}"; do
         envs=(env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT MT_OPENMP_WAIT_CHOSEN=1)  # no re-exec
-        [[ $policy != default ]] && envs+=(OMP_WAIT_POLICY=$policy)
+        case $policy in
+            default) ;;
+            spin:*) envs+=(GOMP_SPINCOUNT=${policy#spin:}) ;;
+            *) envs+=(OMP_WAIT_POLICY=$policy) ;;
+        esac
         "${envs[@]}" "$build/microtrain" run -q "$out/e.yaml" --out-dir "$out/$policy-$r" > /dev/null
         ms=$(python3 -c "import json,glob,sys; print('%.1f' % json.load(open(glob.glob(sys.argv[1] + '/*/results.json')[0]))['variants'][0]['stats']['step_ms']['median'])" "$out/$policy-$r")
         all[$policy]+="$ms "
         echo "round $r: $policy $ms ms"
     done
 done
-for policy in passive active default; do echo "$policy: ${all[$policy]}"; done
+for policy in "${policies[@]}"; do echo "$policy: ${all[$policy]}"; done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The power of the time call on a quiet machine (issue 23): bench/rounds_power.yaml run N times
-# (default 5); each run's time call and 95 % interval for `control` (A/A) and `batch-11` (+10 %
-# work), and its wall time. Usage: bench/rounds_power.sh [BUILD_DIR] [N]; KEEP=DIR keeps the run
+# (default 5); each run's time call and 95 % interval for `control` (A/A) and `plus-10pct`
+# (about 10 % more time per step), and its wall time. Usage: bench/rounds_power.sh [BUILD_DIR] [N]; KEEP=DIR keeps the run
 # folders and logs there (default: a temporary folder, removed).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
