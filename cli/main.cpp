@@ -8,7 +8,7 @@
 #include "kernels/openmp_wait.h"
 
 int main(int argc, char** argv) {
-    // Threads that sleep at a barrier instead of spinning (kernels/openmp_wait.h): before
+    // Threads that spin only briefly at a barrier, then sleep (kernels/openmp_wait.h): before
     // anything, since it may execute this binary again with the policy in its environment.
     mt::choose_openmp_wait_policy(argv);
     // Under mpirun: this process becomes one rank of the job (distributed/world.h); otherwise one
