@@ -38,9 +38,8 @@ std::string non_finite_message(const RunConfig& config, const StepRecord& rec) {
     msg << "variant '" << config.variant << "': non-finite "
         << (loss_bad ? "loss (" + std::to_string(rec.loss) + ")"
                      : "gradient norm (" + std::to_string(rec.grad_norm) + ")")
-        << " at step " << rec.step << " (" << (rec.warmup ? "warm-up; " : "")
-        << "steps[" << rec.step << "] in results.json), produced in the "
-        << (loss_bad ? "forward" : "backward")
+        << " at step " << rec.step << " (" << (rec.warmup ? "warm-up; " : "") << "steps["
+        << rec.step << "] in results.json), produced in the " << (loss_bad ? "forward" : "backward")
         << " phase and detected at the sync read-back; this variant stopped there ("
         << non_finite_hint(config.optim, loss_bad) << ")";
     return msg.str();

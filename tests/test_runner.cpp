@@ -168,8 +168,7 @@ TEST_F(RunnerTest, InjectedNaNStopsTheVariantAndTheReportIsStillWritten) {
     EXPECT_EQ(bad.steps.size(), 4u);  // steps 0..3 kept, nothing after
     EXPECT_NE(bad.message.find("'fused'"), std::string::npos) << bad.message;
     // Numbered from 0, as the progress line and the step files number it.
-    EXPECT_NE(bad.message.find("at step 3 (steps[3] in results.json)"),
-              std::string::npos)
+    EXPECT_NE(bad.message.find("at step 3 (steps[3] in results.json)"), std::string::npos)
         << bad.message;
     EXPECT_NE(bad.message.find("forward"), std::string::npos) << bad.message;
 
