@@ -100,8 +100,9 @@ TEST(StepCli, RunsOneStepByDefault) {
     EXPECT_EQ(*o.metadata_value("optim_impl"), "multi_tensor");
 }
 
-// A finite loss that blows up (lr 10 on the tiny fixture: 5.58 -> 3433 before step 2) is
-// flagged by the divergence rule (engine/divergence.h), numbered as the loss lines number it;
+// A finite loss that blows up (lr 10 on the tiny fixture: 5.58 -> about 3400 before step 2; the
+// exact figure depends on the build's float sums, which an amplification this large magnifies)
+// is flagged by the divergence rule (engine/divergence.h), numbered as the loss lines number it;
 // the output is still written, and the exit code is 1.
 TEST(StepCli, ADivergingRunIsFlaggedAndExits1) {
     TempDir dir("mt_step");
@@ -110,8 +111,10 @@ TEST(StepCli, ADivergingRunIsFlaggedAndExits1) {
                                  " --batch " + q(data("tiny_batch.safetensors")) + " --out " +
                                  q(out) + " --steps 4 --lr 10 --threads 1");
     EXPECT_EQ(r.rc, 1) << r.output;
-    EXPECT_CONTAINS(r.output, "loss before step 2: 3432.");
-    EXPECT_CONTAINS(r.output, "microtrain step: warning: diverged at step 2: loss 3433");
+    EXPECT_CONTAINS(r.output, "microtrain step: warning: diverged at step 2: loss ");
+    EXPECT_CONTAINS(r.output,
+                    " is above 2 x 5.582 (the larger of ln V = 5.545 and the first "
+                    "step's loss 5.582) and rising");
     EXPECT_EQ(SafeTensorsFile::open(out).at("loss").shape, (std::vector<int64_t>{4}));
 }
 
@@ -304,6 +307,10 @@ TEST(StepCli, FlagsAreCheckedLikeTheirExperimentKeys) {
 // creation failed" and exit(1) with nothing else said. The backend tries the threads first and
 // fails with the count that could start and what to change.
 TEST(StepCli, ThreadsThatCannotStartAreAClearError) {
+#if defined(__SANITIZE_ADDRESS__)
+    GTEST_SKIP() << "AddressSanitizer reserves terabytes of shadow memory at start, beyond any "
+                    "ulimit -v: the release build runs this test";
+#endif
     TempDir dir("mt_step");
     const std::string out = dir.file("o.safetensors");
     const CliResult r =
