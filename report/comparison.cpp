@@ -588,7 +588,9 @@ std::string render_comparison_md(const Comparison& c) {
       << (c.loss_tolerance_nats
               ? f("%.4f", *c.loss_tolerance_nats) + " nats (" + c.loss_tolerance_basis + ")"
               : std::string("n/a (") + c.loss_tolerance_basis + ")")
-      << ". Throughput from the median step.\n";
+      << ". Samples/s, tokens/s and MFU: the measured steps' samples, tokens and FLOPs over their "
+         "total "
+         "time.\n";
     for (const std::string& n : c.notes) o << "\n- " << n;
     if (!c.notes.empty()) o << "\n";
     return o.str();
