@@ -420,12 +420,16 @@ void gather_ranks(const TrainingSession& session, const RunConfig& cfg, World& w
 // than 0 of a data-parallel job, which cannot go on without that rank.
 class VariantRun {
   public:
-    VariantRun(const RunConfig& cfg, const RunnerOptions& opt, bool inject)
+    // `link`: data parallel, the simulated link's calibration the variants of one experiment
+    // share (see LinkCalibration); null where no link is scaled (a worker process of rounds).
+    VariantRun(const RunConfig& cfg, const RunnerOptions& opt, bool inject,
+               LinkCalibration* link = nullptr)
         : cfg_(cfg),
           opt_(opt),
           inject_(inject),
           v_(variant_result_for(cfg)),
           divergence_(cfg.model.vocab_size),
+          link_(link),
           progress_(opt.out, opt.progress_bar.value_or(opt.out && isatty(fileno(opt.out))),
                     cfg.variant, cfg.run.warmup_steps + cfg.run.measure_steps,
                     cfg.run.warmup_steps) {}
@@ -497,9 +501,6 @@ class VariantRun {
         v_.roofline = roofline_record(m_.peaks);
         return v_;
     }
-
-    // Data parallel: the simulated link's calibration the variants share (see LinkCalibration).
-    void share_link_calibration(LinkCalibration* link) { link_ = link; }
 
     // Whether it can run more steps.
     bool active() const { return session_ && v_.status == RunStatus::ok; }
@@ -628,7 +629,7 @@ class VariantRun {
     DivergenceWatch divergence_;  // fed every step, across the variant's slices
     std::optional<BackendKind> kind_;
     std::unique_ptr<TrainingSession> session_;
-    LinkCalibration* link_ = nullptr;
+    LinkCalibration* link_;
     Progress progress_;
     std::optional<std::chrono::steady_clock::time_point> trace_t0_;
     int step_ = -1;
@@ -836,8 +837,7 @@ void run_one_after_another(const ExperimentSpec& spec, const RunnerOptions& opti
             continue;
         }
         const bool inject = options.inject_variant.empty() || options.inject_variant == cfg.variant;
-        VariantRun variant(cfg, options, inject);
-        variant.share_link_calibration(&link);
+        VariantRun variant(cfg, options, inject, &link);
         if (variant.set_up())
             variant.run_steps(cfg.run.warmup_steps, cfg.run.warmup_steps + cfg.run.measure_steps, 0,
                               /*rewarm=*/false);

@@ -274,6 +274,8 @@ class CudaBackend final : public Backend {
         info.own_bytes = own_memory_ ? own_memory_->observe(info.used_bytes) : 0;
         return info;
     }
+    // Reads the counter itself rather than through device_memory_info(), which would first
+    // observe: it would count what other processes changed during the pause as this one's.
     void rebase_device_memory() override {
         size_t free_b = 0, total_b = 0;
         if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
