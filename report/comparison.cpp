@@ -46,6 +46,7 @@ ComparisonRow row_from(const VariantResult& v) {
     r.samples_per_s = v.stats.samples_per_s;
     r.tokens_per_s = v.stats.tokens_per_s;
     r.tokens_per_step = static_cast<double>(v.batch.tokens_per_step);
+    r.samples_per_step = static_cast<double>(v.batch.samples_per_step);
     r.mfu = v.flops.mfu;
     r.tracked_peak = static_cast<double>(v.memory.tracked_peak_total);
     r.device_peak = static_cast<double>(v.memory.device.peak_used_bytes);
@@ -128,28 +129,69 @@ void set_loss_tolerance(Comparison& c, const ComparisonRow& b, std::optional<dou
                                        "smaller)";
 }
 
-// delta_mean_loss, delta_final_loss and loss_within_tolerance of r against b over the steps both
-// measured.
-void check_loss(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol_nats) {
-    std::map<int, double> base(b.measured_losses.begin(), b.measured_losses.end());
-    double sum_b = 0, sum_r = 0;
-    size_t n = 0;
-    for (const auto& [step, loss] : r.measured_losses) {
-        const auto it = base.find(step);
-        if (it == base.end()) continue;
-        sum_b += it->second, sum_r += loss, ++n;
-        r.delta_final_loss = it->second - loss;
+// Whether r trains on another number of samples per optimizer update than b (data.batch_size,
+// run.grad_accum, the ranks): another effective batch follows another loss curve by design.
+bool update_batch_differs(const ComparisonRow& r, const ComparisonRow& b) {
+    return r.samples_per_step > 0 && b.samples_per_step > 0 &&
+           r.samples_per_step != b.samples_per_step;
+}
+
+// The pairs (baseline loss, variant loss) the check compares. Equal steps: the same step number
+// (same seed: the same batches). Equal samples: the variant's loss at step s, measured after
+// s x its samples per update, beside the baseline's loss after as many samples, interpolated
+// linearly between the baseline's two measured steps around it; variant steps outside the
+// baseline's measured range have no partner.
+std::vector<std::pair<double, double>> loss_pairs(const ComparisonRow& r, const ComparisonRow& b,
+                                                  bool equal_samples) {
+    std::vector<std::pair<double, double>> pairs;
+    if (!equal_samples) {
+        std::map<int, double> base(b.measured_losses.begin(), b.measured_losses.end());
+        for (const auto& [step, loss] : r.measured_losses)
+            if (const auto it = base.find(step); it != base.end())
+                pairs.emplace_back(it->second, loss);
+        return pairs;
     }
-    if (n == 0) return;
-    r.delta_mean_loss = (sum_b - sum_r) / static_cast<double>(n);
+    auto B = b.measured_losses;
+    std::sort(B.begin(), B.end());  // in step order
+    for (const auto& [step, loss] : r.measured_losses) {
+        const double x = step * r.samples_per_step;  // samples trained on before this loss
+        for (size_t i = 0; i < B.size(); ++i) {
+            const double x1 = B[i].first * b.samples_per_step;
+            if (x1 < x) continue;
+            if (x1 == x) {
+                pairs.emplace_back(B[i].second, loss);
+            } else if (i > 0) {
+                const double x0 = B[i - 1].first * b.samples_per_step;
+                const double t = (x - x0) / (x1 - x0);
+                pairs.emplace_back(B[i - 1].second + t * (B[i].second - B[i - 1].second), loss);
+            }
+            break;
+        }
+    }
+    return pairs;
+}
+
+// delta_mean_loss, delta_final_loss, loss_within_tolerance and loss_compared_at of r against b,
+// over the pairs loss_pairs() finds.
+void check_loss(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol_nats) {
+    const bool equal_samples = update_batch_differs(r, b);
+    const auto pairs = loss_pairs(r, b, equal_samples);
+    if (pairs.empty()) return;
+    double sum_b = 0, sum_r = 0;
+    for (const auto& [base, mine] : pairs) sum_b += base, sum_r += mine;
+    r.delta_final_loss = pairs.back().first - pairs.back().second;
+    r.delta_mean_loss = (sum_b - sum_r) / static_cast<double>(pairs.size());
+    r.loss_compared_at = equal_samples ? "equal samples" : "equal steps";
     if (tol_nats)
         r.loss_within_tolerance = std::fabs(*r.delta_mean_loss) <= *tol_nats &&
                                   std::fabs(*r.delta_final_loss) <= *tol_nats;
 }
 
 std::string loss_deltas_text(const ComparisonRow& r, std::optional<double> tol_nats) {
+    const bool samples = r.loss_compared_at == "equal samples";
     return "mean loss " + signed_f("%.4f", -*r.delta_mean_loss) + ", final " +
-           signed_f("%.4f", -*r.delta_final_loss) + " nats vs the baseline; tolerance ±" +
+           signed_f("%.4f", -*r.delta_final_loss) + " nats vs the baseline" +
+           (samples ? " at equal samples" : "") + "; tolerance ±" +
            f("%.4f", tol_nats.value_or(0)) + " nats";
 }
 
@@ -272,6 +314,16 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
     const std::string mem_cost = "costs +" + mib(-*r.delta_memory_bytes) + " MiB tracked memory";
     const std::string time_cost = "costs +" + f("%.2f", -*r.delta_time_ms) + " ms/step: " + speed;
 
+    // The loss outside tolerance is a defect when the variant computes the same training another
+    // way; under another effective batch it is the loss curve the knob chose: a higher loss at
+    // equal samples is the price of its throughput, a lower one a gain.
+    const bool loss_off = r.loss_within_tolerance && !*r.loss_within_tolerance;
+    const bool other_curve = update_batch_differs(r, b);
+    const bool loss_price = loss_off && other_curve && *r.delta_mean_loss < 0;
+    const std::string loss_cost = "costs " + loss_deltas_text(r, tol) + " (" +
+                                  f("%g", r.samples_per_step / b.samples_per_step) +
+                                  "x the samples per optimizer update)";
+
     Decision d = Decision::reject;
     std::string v;
     if (r.diverged) {
@@ -279,9 +331,15 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
         v = "reject: diverged at step " + std::to_string(r.diverged->step) +
             " (engine/divergence.h: loss far above ln V and rising, or an exploding gradient "
             "norm)";
-    } else if (r.loss_within_tolerance && !*r.loss_within_tolerance) {
+    } else if (loss_off && !other_curve) {
         v = "reject: loss not within tolerance: do not keep (" + loss_deltas_text(r, tol) + ")";
         if (faster) v += ", although " + speed;
+    } else if (loss_price && faster) {
+        d = Decision::trade_off;
+        v = "trade-off: " + speed + ", " + loss_cost;
+    } else if (loss_price) {
+        v = "reject: " + (slower ? speed : "no measurable gain (time: " + speed + ")") + ", and " +
+            loss_cost;
     } else if (faster && !fatter) {
         d = Decision::keep;
         v = "keep: " + speed + (leaner ? ", and " + mem_gain : "");
@@ -300,7 +358,12 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
         v = "reject: no measurable gain (time: " + speed +
             std::string(fatter ? "; " + mem_cost : "; memory unchanged") + ")";
     }
-    if (!r.loss_within_tolerance) v += " (loss not comparable)";
+    if (loss_off && other_curve && !loss_price)
+        v += "; and a lower loss (" + loss_deltas_text(r, tol) + ")";
+    if (!r.loss_within_tolerance)
+        v += other_curve ? " (loss not comparable: at equal samples its measured steps and the "
+                           "baseline's do not overlap; measure more steps)"
+                         : " (loss not comparable)";
     // Shape jitter shortens the variant's batches, so its steps are shorter by construction: the
     // work-normalised comparison is tokens/s.
     if (!r.jitter_cause.empty() && b.tokens_per_s > 0)
@@ -583,7 +646,8 @@ std::string render_comparison_md(const Comparison& c) {
     o << "\nΔ = baseline − variant: positive Δtime = the variant is faster, positive Δmem = it "
          "uses less tracked memory. Speedup = baseline median / variant median. "
       << time_call_legend(c)
-      << " Loss within tolerance: over the measured steps both ran, |Δ mean loss| and |Δ loss of "
+      << " Loss within tolerance: over the measured steps both ran (at equal samples for a "
+         "variant with another batch per optimizer update), |Δ mean loss| and |Δ loss of "
          "the last common step| ≤ "
       << (c.loss_tolerance_nats
               ? f("%.4f", *c.loss_tolerance_nats) + " nats (" + c.loss_tolerance_basis + ")"

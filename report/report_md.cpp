@@ -360,13 +360,16 @@ void write_kernels(std::ostringstream& o, const Results& res) {
         if (v.kernels.empty()) continue;
         o << "\n## Kernels: " << v.name
           << "\n\nPer op over the measured steps (analytic FLOPs and bytes / measured time); "
-             "bound = arithmetic intensity vs the ridge point ("
+             "limited by = what its measured % of roofline says: latency-limited below "
+          << f("%.0f", 100 * kFarBelowRoofline)
+          << " % (the implementation, not the machine), else compute- or memory-bound by its "
+             "arithmetic intensity vs the ridge point ("
           << f("%.2f", v.roofline.ridge_flops_per_byte)
           << " FLOP/byte); implementation = what the op ran (kernels.*); % of peak = achieved "
              "GFLOP/s / the measured peak ("
           << f("%.1f", v.roofline.peak_flops_per_s / 1e9)
           << " GFLOP/s).\n\n| op | implementation | calls | total ms | ms/step | % of step | "
-             "GFLOP/s | % of peak | GB/s | FLOP/byte | bound | % of roofline "
+             "GFLOP/s | % of peak | GB/s | FLOP/byte | limited by | % of roofline "
              "|\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n";
         for (size_t i = 0; i < v.kernels.size() && i < 12; ++i) {
             const KernelRecord& k = v.kernels[i];
@@ -377,7 +380,7 @@ void write_kernels(std::ostringstream& o, const Results& res) {
               << (peak > 0 && k.flops > 0 ? f("%.1f", 100.0 * k.gflops_per_s * 1e9 / peak)
                                           : std::string("–"))
               << " | " << f("%.2f", k.gb_per_s) << " | " << f("%.2f", k.intensity) << " | "
-              << to_string(k.bound) << " | " << f("%.0f", k.pct_of_roofline) << " |\n";
+              << limit_of(k) << " | " << f("%.0f", k.pct_of_roofline) << " |\n";
         }
     }
 }

@@ -365,6 +365,7 @@ struct JsonFields<ComparisonRow> {
         json_field("loss_within_tolerance", &S::loss_within_tolerance),
         json_field("delta_mean_loss", &S::delta_mean_loss),
         json_field("delta_final_loss", &S::delta_final_loss),
+        json_added_optional("loss_compared_at", &S::loss_compared_at),
         json_field("decision", &S::decision),
         json_field("verdict", &S::verdict),
     };

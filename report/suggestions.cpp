@@ -80,8 +80,11 @@ Suggestion note(std::string rule, std::string text, bool generic = false) {
 // The bucket suggestion when overlap is on but most of the communication is still waited for.
 // A larger bucket pays the per-collective latency fewer times; a smaller one starts the first
 // reduction earlier in backward, so more of it hides. Which one helps is decided by what the
-// latency costs: buckets x latency against the exposed time.
-Suggestion bucket_suggestion(const DataParallelRecord& d) {
+// latency costs: buckets x latency against the exposed time. Neither helps past two bounds:
+// reductions hide only under backward (hidden comm <= backward time), and buckets already many
+// (more than kManyBuckets) start early enough; what stays exposed then is bytes, not buckets.
+// `backward_ms`: the variant's median backward phase.
+Suggestion bucket_suggestion(const DataParallelRecord& d, double backward_ms) {
     const std::string buckets = "now " + f("%g", d.bucket_mb) + " MiB, " +
                                 std::to_string(d.buckets) + " bucket" +
                                 (d.buckets == 1 ? "" : "s") + " per step";
@@ -94,6 +97,16 @@ Suggestion bucket_suggestion(const DataParallelRecord& d) {
             ? latency_ms >= kLatencyShareForLargerBuckets * d.comm_exposed_ms
             : d.buckets > kManyBuckets;  // a real link: its latency unknown, many collectives
     const double mb = d.bucket_mb;
+    const std::string bytes_not_buckets =
+        f("%.2f", d.comm_exposed_ms) +
+        " ms still exposed is traffic the backward cannot cover: fewer bytes per optimizer step "
+        "(more `run.grad_accum`) or a faster link help, not the bucket size.";
+    if (d.comm_overlapped_ms >= kHiddenNearBackward * backward_ms)
+        return note("bucket-size",
+                    "the bucket size cannot hide more (" + buckets + "): overlap already hides " +
+                        f("%.2f", d.comm_overlapped_ms) + " ms under " + f("%.2f", backward_ms) +
+                        " ms of backward, and hidden comm ≤ backward time; the " +
+                        bytes_not_buckets);
     if (latency_counts)
         return proposing("bucket-size",
                          "a larger `dist.bucket_mb` (" + buckets +
@@ -104,6 +117,10 @@ Suggestion bucket_suggestion(const DataParallelRecord& d) {
                                   : std::string()) +
                              "; " + hidden + ".",
                          "dist.bucket_mb", [mb](const std::string& x) { return number(x) > mb; });
+    if (d.buckets > kManyBuckets)
+        return note("bucket-size", "smaller buckets would not start the reductions much earlier (" +
+                                       buckets + ": the first already starts early in backward); " +
+                                       hidden + "; the " + bytes_not_buckets);
     const std::string latency_text =
         d.simulated_latency_us > 0 ? " (the per-collective latency, " + f("%.2f", latency_ms) +
                                          " ms per step, is not what the step waits for)"
@@ -129,7 +146,7 @@ std::vector<Suggestion> comm_suggestion_list(const VariantResult& v) {
                       "off: the step waits for every byte).",
                       "dist.overlap", [](const std::string& x) { return x == "true"; }));
     else if (d.comm_overlapped_ms < d.comm_exposed_ms)
-        out.push_back(bucket_suggestion(d));
+        out.push_back(bucket_suggestion(d, v.stats.phases_ms[column(Phase::backward)].median));
     const int accum = v.batch.grad_accum;
     out.push_back(
         proposing("grad-accum",
@@ -236,7 +253,7 @@ void compute_knobs_rule(const VariantResult& v, const Shares& s, std::vector<Sug
     const size_t before = out.size();
     auto knob = [&](const char* key, const char* value, const std::string& why) {
         out.push_back(proposing_value(
-            "compute-knobs", "`" + std::string(key) + ": " + value + "`" + why + ".", key, value));
+            "compute-knobs", std::string("`") + key + ": " + value + "`" + why + ".", key, value));
     };
     if (cuda && cfg("run.precision") == "fp32")
         knob("run.precision", "tf32", " (tensor cores; `bf16` halves the bytes too)");

@@ -73,6 +73,9 @@ inline constexpr double kNearRoofline = 0.60;
 // latency) is at least this share of the exposed communication; below it the link's bandwidth,
 // not the number of collectives, is what the step waits for.
 inline constexpr double kLatencyShareForLargerBuckets = 0.10;
+// Overlap hides at most the backward's duration (a bucket's reduction runs under the backward of
+// the layers below it): hiding this share of the backward or more, no bucket size hides more.
+inline constexpr double kHiddenNearBackward = 0.80;
 
 // What limits a profiled op, from its intensity and its measured fraction of its roofline:
 // "latency-limited" below kFarBelowRoofline (whatever its intensity says), else "compute-bound"

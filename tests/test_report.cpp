@@ -387,6 +387,69 @@ TEST(Comparison, AKnobThatChangesTheWorkPerStepIsCalledOnItsTimePerToken) {
     EXPECT_EQ(r.verdict.rfind("keep: per token 2.96x faster [", 0), 0u) << r.verdict;
 }
 
+// The loss curves of run.grad_accum: 4 against the baseline, per step s (2 warm-up steps, 20
+// measured): the baseline loses 0.05 nats per optimizer update, the accumulating variant 0.06
+// (four times the samples per update). At equal steps the variant's loss is lower; at equal
+// samples (its step s beside the baseline's step 4s) it is 0.14 s nats higher: fewer updates.
+HandMadeExperiment accumulation_experiment(double variant_slope) {
+    HandMadeExperiment ex;
+    ex.name = "accum";
+    ex.baseline = "baseline";
+    const std::vector<double> base_walls(20, 10.0), accum_walls(20, 13.5);
+    ex.runs.push_back(make_run("baseline", base_walls, 5.0, 100 << 20));
+    HandMadeRun accum = make_run("accum-4", accum_walls, 5.0, 100 << 20, {{"run.grad_accum", "4"}});
+    accum.config.run.grad_accum = 4;
+    ex.runs.push_back(accum);
+    for (StepRecord& s : ex.runs[0].steps) s.loss = 5.0 - 0.05 * s.step;
+    for (StepRecord& s : ex.runs[1].steps) s.loss = 5.0 - variant_slope * s.step;
+    return ex;
+}
+
+// Another effective batch follows another loss curve by design: compared step for step, a
+// correct run.grad_accum: 4 was rejected for a loss "not within tolerance" although its loss is
+// the LOWER one. Its loss is compared at equal samples, where it is higher: the price of its
+// throughput, named in a trade-off.
+TEST(Comparison, AccumulationIsJudgedOnItsLossAtEqualSamplesAsThePriceOfItsThroughput) {
+    const Results res = accumulation_experiment(0.06).results();
+    const ComparisonRow& r = row(res.comparison, "accum-4");
+    EXPECT_EQ(r.loss_compared_at, "equal samples");
+    // Variant steps 2..5 (8..20 samples x 4) lie within the baseline's measured 2..21.
+    EXPECT_NEAR(*r.delta_final_loss, -0.14 * 5, 1e-9);
+    EXPECT_NEAR(*r.delta_mean_loss, -0.14 * 3.5, 1e-9);
+    EXPECT_EQ(r.loss_within_tolerance, false);
+    EXPECT_EQ(r.decision, Decision::trade_off);
+    EXPECT_EQ(r.verdict.rfind("trade-off: per token 2.96x faster [", 0), 0u) << r.verdict;
+    EXPECT_NE(r.verdict.find("costs mean loss +0.4900, final +0.7000 nats vs the baseline at equal "
+                             "samples; tolerance"),
+              std::string::npos)
+        << r.verdict;
+    EXPECT_NE(r.verdict.find("(4x the samples per optimizer update)"), std::string::npos)
+        << r.verdict;
+    EXPECT_EQ(results_to_json(res)["comparison"]["variants"][1]["loss_compared_at"],
+              "equal samples");
+}
+
+// An accumulating variant whose loss is lower even at equal samples pays nothing in loss: it is
+// kept on its throughput, the lower loss named.
+TEST(Comparison, AccumulationWithALowerLossAtEqualSamplesIsKept) {
+    const ComparisonRow r = row(accumulation_experiment(0.25).results().comparison, "accum-4");
+    EXPECT_GT(*r.delta_mean_loss, 0);
+    EXPECT_EQ(r.decision, Decision::keep);
+    EXPECT_NE(r.verdict.find("; and a lower loss (mean loss -"), std::string::npos) << r.verdict;
+}
+
+// A variant that computes the same training (same samples per update) is still compared step
+// for step, and a loss off the baseline's is still a defect.
+TEST(Comparison, AVariantWithTheSameBatchIsComparedAtEqualSteps) {
+    HandMadeExperiment ex = accumulation_experiment(0.06);
+    ex.runs[1].config.run.grad_accum = 1;
+    const ComparisonRow r = row(ex.results().comparison, "accum-4");
+    EXPECT_EQ(r.loss_compared_at, "equal steps");
+    EXPECT_EQ(r.decision, Decision::reject);
+    EXPECT_EQ(r.verdict.rfind("reject: loss not within tolerance: do not keep", 0), 0u)
+        << r.verdict;
+}
+
 // LoRA trains a different model: whatever its time, the verdict names the loss as the price.
 TEST(Comparison, AKnobThatChangesTheModelNamesTheLossAsThePrice) {
     HandMadeExperiment ex;
@@ -549,6 +612,20 @@ KernelRecord top_op(const char* name, const char* impl, Bound bound, double pct_
     k.bound = bound;
     k.pct_of_roofline = pct_of_roofline;
     return k;
+}
+
+// The per-op table's "limited by" reads the measured fraction of the roofline as well as the
+// intensity: the naive matmul at 1 % of its compute roofline is latency-limited (it said
+// "compute", the same as a GEMM at 80 %).
+TEST(ReportMd, TheKernelTableSaysWhatTheMeasuredRooflineFractionSays) {
+    Results res = make_experiment().results();
+    res.variants[0].kernels = {top_op("matmul_backward", "naive", Bound::compute, 1),
+                               top_op("matmul_forward", "packed", Bound::compute, 80)};
+    const std::string md = render_report_md(res);
+    EXPECT_NE(md.find("| FLOP/byte | limited by | % of roofline |"), std::string::npos);
+    EXPECT_NE(md.find("| matmul_backward | naive |"), std::string::npos) << md;
+    EXPECT_NE(md.find("| 0.00 | latency-limited | 1 |"), std::string::npos) << md;
+    EXPECT_NE(md.find("| 0.00 | compute-bound | 80 |"), std::string::npos) << md;
 }
 
 // One case per rule: the measurements that make it fire. make_run's own variant (compute 75 %

@@ -313,6 +313,41 @@ TEST(ReportDistMarkdown, ASixtyFourMiBBucketWithNegligibleLatencyIsNotToldToGrow
         << comm;
 }
 
+// Overlap already hides 2.2 ms under a 2.5 ms backward: hidden comm <= backward time, so no
+// bucket size hides more of the 4 ms still exposed. The advice names the bound and the bytes.
+TEST(ReportDistMarkdown, ABucketHidingNearlyTheWholeBackwardIsToldBytesNotBucketsRemain) {
+    HandMadeExperiment ex = make_experiment(kCommHeavy, /*overlap=*/true);
+    ex.runs[1].dist->ranks[0].comm_overlapped_ms = 2.2;
+    const std::string comm =
+        section(render_report_md(ex.results()), "## Communication (data parallel)");
+    EXPECT_EQ(comm.find("a smaller `dist.bucket_mb`"), std::string::npos) << comm;
+    EXPECT_EQ(comm.find("a larger `dist.bucket_mb`"), std::string::npos) << comm;
+    EXPECT_NE(comm.find("the bucket size cannot hide more (now 25 MiB, 2 buckets per step): "
+                        "overlap already hides 2.20 ms under 2.50 ms of backward, and hidden "
+                        "comm ≤ backward time"),
+              std::string::npos)
+        << comm;
+}
+
+// The lab's 1 MiB bucket: 17 buckets per step already start early in backward, and their latency
+// (17 x 10 µs here) is not what the step waits for: it is not told to shrink further (it was: no
+// lower bound).
+TEST(ReportDistMarkdown, ManySmallBucketsAreNotToldToShrinkFurther) {
+    HandMadeExperiment ex = make_experiment(kCommHeavy, /*overlap=*/true);
+    DataParallelRecord& d = *ex.runs[1].dist;
+    d.bucket_mb = 1;
+    d.buckets = 17;
+    d.simulated_latency_us = 10;
+    const std::string comm =
+        section(render_report_md(ex.results()), "## Communication (data parallel)");
+    EXPECT_EQ(comm.find("a smaller `dist.bucket_mb`"), std::string::npos) << comm;
+    EXPECT_EQ(comm.find("a larger `dist.bucket_mb`"), std::string::npos) << comm;
+    EXPECT_NE(comm.find("smaller buckets would not start the reductions much earlier (now 1 MiB, "
+                        "17 buckets per step"),
+              std::string::npos)
+        << comm;
+}
+
 // The run measured a larger bucket slower than the baseline: the report does not propose it.
 TEST(ReportDistMarkdown, ABucketSizeTheRunMeasuredSlowerIsNotSuggested) {
     HandMadeExperiment ex = make_experiment(kCommHeavy, /*overlap=*/true);
