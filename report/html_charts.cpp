@@ -556,8 +556,8 @@ std::string comm_chart(const std::vector<VariantResult>& vs) {
     return o.str();
 }
 
-// Whether a variant's measured steps trained different token counts (data.seq_len_jitter): only
-// the run's own record has them (StepRow::tokens is not in results.json).
+// Whether a variant's measured steps trained different token counts (data.seq_len_jitter); a
+// results.json written before StepRow::tokens was stored reads 0 tokens: no chart.
 bool tokens_vary(const VariantResult& v) {
     double lo = 1e300, hi = 0;
     for (const StepRow& s : v.steps)

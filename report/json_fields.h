@@ -210,6 +210,22 @@ constexpr JsonAddedOptional<S, T> json_added_optional(const char* key,
     return {key, member};
 }
 
+// A plain member added within a schema version: written always, left at its default when a file
+// of that version written before it lacks the key.
+template <class S, class M>
+struct JsonAddedField {
+    const char* key;
+    M S::*member;
+    void write(nlohmann::json& obj, const S& s) const { obj[key] = to_json_value(s.*member); }
+    void read(const JsonNode& obj, S& s) const {
+        if (obj.has(key)) read_json_value(obj[key], s.*member);
+    }
+};
+template <class S, class M>
+constexpr JsonAddedField<S, M> json_added_field(const char* key, M S::*member) {
+    return {key, member};
+}
+
 template <class S, class T>
 struct JsonKeyIfPresent {
     const char* key;

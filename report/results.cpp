@@ -226,6 +226,7 @@ struct JsonFields<StepRow> {
         json_field("other_cpu_ms", &S::other_cpu_ms),
         json_field("steal_ms", &S::steal_ms),
         json_field("round", &S::round),
+        json_added_field("tokens", &S::tokens),
         json_field("sm_clock_mhz", &S::sm_clock_mhz),
         json_field("throttle_reasons", &S::throttle_reasons),
     };

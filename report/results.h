@@ -189,10 +189,13 @@ struct StepRow {
     // The round (run.rounds) whose slice held this measured step, 0-based; -1 for a warm-up step.
     // The comparison pairs a variant's round-r steps with the baseline's round-r steps.
     int round = -1;
-    // Not in results.json (steps.csv has tokens; results.json their measured means,
-    // batch.tokens_per_step and flops.per_step): what the step trained over every rank, at the
-    // batches' real lengths (StepRecord::tokens, ::model_flops).
-    double tokens = 0, model_flops = 0;
+    // What the step trained over every rank, at the batches' real lengths (StepRecord::tokens):
+    // in results.json (added within schema 10; 0 when read from an older file), so a report
+    // rebuilt from it still draws step time against tokens.
+    double tokens = 0;
+    // Not in results.json (flops.per_step holds the measured mean): the step's model FLOPs
+    // (StepRecord::model_flops).
+    double model_flops = 0;
 };
 
 // One measured step's timeline, for trace.json only (profile.trace_steps measured steps kept).

@@ -10,6 +10,7 @@
 
 #include "report/format.h"
 #include "report/render.h"
+#include "report/results.h"
 #include "tests/hand_made_run.h"
 #include "tests/html_tags.h"
 
@@ -281,6 +282,28 @@ TEST(ReportCharts, StepTimeAgainstTokensOnlyWhereBatchLengthsVary) {
     EXPECT_NE(chart.find(">tokens per step</text>"), std::string::npos);
     EXPECT_NE(chart.find(">ms per step</text>"), std::string::npos);
     EXPECT_EQ(figure(render_report_html(experiment_of({run_of("fixed", kTenMs)}).results()),
+                     "Step time against the tokens"),
+              "");
+}
+
+// A report rebuilt from results.json (a saved run, `compare`) still has the per-step tokens, so
+// the jitter chart is drawn there too (they were left out of results.json: the chart vanished).
+TEST(ReportCharts, StepTimeAgainstTokensSurvivesAResultsJsonRoundTrip) {
+    const Results live =
+        experiment_of({run_of("fixed", kTenMs),
+                       run_of("jitter", {6, 10, 14, 8, 12}, {{"data.seq_len_jitter", "0.5"}},
+                              {128, 192, 256, 320, 160, 224})})
+            .results();
+    const Results read_back = results_from_json(results_to_json(live), "results.json");
+    const std::string chart = figure(render_report_html(read_back), "Step time against the tokens");
+    EXPECT_EQ(count(chart, "<circle"), 10u) << chart;
+    EXPECT_NE(chart.find("<title>jitter step 1: 192 tokens, 6.00 ms</title>"), std::string::npos)
+        << chart;
+    // A file written before the field: read back with 0 tokens, and the chart is left out.
+    nlohmann::json old = results_to_json(live);
+    for (auto& v : old["variants"])
+        for (auto& st : v["steps"]) st.erase("tokens");
+    EXPECT_EQ(figure(render_report_html(results_from_json(old, "old.json")),
                      "Step time against the tokens"),
               "");
 }
