@@ -12,9 +12,18 @@
 #include "engine/cpu_load.h"
 #include "engine/signals.h"
 #include "kernels/collectives.h"
+#include "kernels/cpu_cores.h"
 
 namespace mt {
 namespace {
+
+// The CPU backend's threads: run.threads when given; unset (0), the cores this process may use
+// (kernels/cpu_cores.h: the affinity mask capped by the cgroup quota, which libgomp's own default
+// ignores), unless OMP_NUM_THREADS sets them: the user's OpenMP setting is kept.
+int cpu_threads_for(const RunConfig& cfg) {
+    if (cfg.run.threads > 0 || std::getenv("OMP_NUM_THREADS")) return cfg.run.threads;
+    return usable_cpu_cores().count;
+}
 
 ModelOptions model_options(const RunConfig& cfg) {
     ModelOptions mo;
@@ -28,7 +37,7 @@ ModelOptions model_options(const RunConfig& cfg) {
 std::unique_ptr<Backend> host_optimizer_backend(const RunConfig& cfg) {
     if (!cfg.optim.offload) return nullptr;
     BackendOptions bo;
-    bo.num_threads = cfg.run.threads;
+    bo.num_threads = cpu_threads_for(cfg);
     return create_backend(BackendKind::cpu, bo);
 }
 
@@ -231,7 +240,7 @@ std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKi
     BackendOptions bo;
     bo.precision = cfg.run.precision;
     bo.kernels = cfg.kernels;
-    bo.num_threads = cfg.run.threads;
+    bo.num_threads = kind == BackendKind::cpu ? cpu_threads_for(cfg) : cfg.run.threads;
     // Data parallel on CUDA: one GPU per rank, the rank's index on its node picks it (a node
     // with fewer GPUs than ranks is refused by the backend, naming the device count).
     if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");

@@ -186,6 +186,14 @@ void write_header(std::ostringstream& o, const Results& res, const Comparison& c
         if (v.diverged)
             o << "\n**Warning: '" << v.name << "' " << divergence_warning(*v.diverged)
               << "** (its verdict is never keep)\n";
+    for (const VariantResult& v : res.variants)
+        if (env.usable_cores && v.backend == "cpu" && v.threads > *env.usable_cores)
+            o << "\n**Warning: '" << v.name << "' runs " << v.threads << " threads on "
+              << *env.usable_cores << " usable cores (" << env.usable_cores_source.value_or("")
+              << ")**: the extra threads take turns on the cores, and every barrier waits for "
+                 "the one descheduled: unset `run.threads` (it defaults to the usable cores) or "
+                 "set it to "
+              << *env.usable_cores << " or fewer.\n";
 }
 
 void write_answers(std::ostringstream& o, const VariantResult* ref, const Comparison& cmp) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "io/regular_file.h"
+#include "kernels/cpu_cores.h"
 #include "kernels/openmp_wait.h"
 
 namespace mt {
@@ -331,6 +332,8 @@ struct JsonFields<Environment> {
         json_key_if_present("compiler", &S::compiler),
         json_field("peaks_cache", &S::peaks_cache),
         json_key_if_present("openmp_wait", &S::openmp_wait),
+        json_key_if_present("usable_cores", &S::usable_cores),
+        json_key_if_present("usable_cores_source", &S::usable_cores_source),
     };
 };
 
@@ -518,6 +521,9 @@ Environment capture_environment(const std::string& experiment_source_path) {
 #endif
     env.peaks_cache = peaks_cache_dir();
     env.openmp_wait = openmp_wait_policy();
+    const UsableCores cores = usable_cpu_cores();
+    env.usable_cores = cores.count;
+    env.usable_cores_source = cores.source;
     return env;
 }
 

@@ -314,6 +314,11 @@ struct Environment {
     // How the CPU backend's OpenMP threads wait at a barrier (kernels/openmp_wait.h): a busy
     // machine costs a spinning policy several times what it costs a sleeping one.
     std::optional<std::string> openmp_wait;
+    // The cores this process may use (kernels/cpu_cores.h: affinity mask, cgroup quota), the
+    // CPU backend's default thread count, and where the number comes from. Absent in files
+    // written before it (added within schema 10).
+    std::optional<int> usable_cores;
+    std::optional<std::string> usable_cores_source;
 };
 
 struct Units {

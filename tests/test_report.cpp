@@ -628,6 +628,23 @@ TEST(ReportMd, TheKernelTableSaysWhatTheMeasuredRooflineFractionSays) {
     EXPECT_NE(md.find("| 0.00 | compute-bound | 80 |"), std::string::npos) << md;
 }
 
+// run.threads above the cores this process may use (affinity mask, cgroup quota) is named at
+// the top of the report, with the fix; a variant within them is not.
+TEST(ReportMd, ThreadsBeyondTheUsableCoresAreWarnedAbout) {
+    Results res = make_experiment().results();
+    res.environment.usable_cores = 2;
+    res.environment.usable_cores_source = "cgroup cpu.max 2 CPUs (affinity mask: 8 CPUs)";
+    res.variants[1].threads = 8;
+    const std::string md = render_report_md(res);
+    EXPECT_NE(md.find("**Warning: '" + res.variants[1].name +
+                      "' runs 8 threads on 2 usable cores (cgroup cpu.max 2 CPUs (affinity mask: "
+                      "8 CPUs))**"),
+              std::string::npos)
+        << md.substr(0, 2000);
+    EXPECT_EQ(md.find("**Warning: '" + res.variants[0].name + "' runs"), std::string::npos);
+    EXPECT_NE(md.find("- usable_cores: 2"), std::string::npos);  // the Environment section
+}
+
 // One case per rule: the measurements that make it fire. make_run's own variant (compute 75 %
 // of the step, layernorm separate) fires only `compute` and `compute-knobs`.
 TEST(SuggestionRules, EachRuleFiresOnTheMeasurementsItReads) {

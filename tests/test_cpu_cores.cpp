@@ -1,0 +1,137 @@
+// The CPU backend's default thread count: the cores the affinity mask and the cgroup quota leave
+// this process (kernels/cpu_cores.h), read from a directory tree the test writes.
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "engine/training_session.h"
+#include "kernels/cpu_cores.h"
+
+namespace mt {
+namespace {
+
+namespace fs = std::filesystem;
+
+int mask_cpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    EXPECT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+    return CPU_COUNT(&set);
+}
+
+// A fake /proc and /sys/fs/cgroup under a temporary directory.
+class CgroupTree : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        root_ = fs::temp_directory_path() /
+                ("mt_cpu_cores_" + std::to_string(::getpid()) + "_" +
+                 ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        fs::remove_all(root_);
+        fs::create_directories(root_ / "proc/self");
+        fs::create_directories(root_ / "sys");
+    }
+    void TearDown() override { fs::remove_all(root_); }
+    void write(const std::string& rel, const std::string& text) {
+        fs::create_directories((root_ / rel).parent_path());
+        std::ofstream(root_ / rel) << text;
+    }
+    UsableCores cores() {
+        return usable_cpu_cores((root_ / "proc").string(), (root_ / "sys").string());
+    }
+    fs::path root_;
+};
+
+TEST(CgroupQuota, V2CpuMaxIsQuotaOverPeriodAndMaxIsNoLimit) {
+    EXPECT_DOUBLE_EQ(cgroup_v2_quota_cpus("150000 100000\n"), 1.5);
+    EXPECT_DOUBLE_EQ(cgroup_v2_quota_cpus("max 100000\n"), 0);
+    EXPECT_DOUBLE_EQ(cgroup_v2_quota_cpus(""), 0);
+    EXPECT_DOUBLE_EQ(cgroup_v2_quota_cpus("12x 100000"), 0);
+    EXPECT_DOUBLE_EQ(cgroup_v2_quota_cpus("100000 0"), 0);
+}
+
+TEST(CgroupQuota, V1QuotaMinusOneIsNoLimit) {
+    EXPECT_DOUBLE_EQ(cgroup_v1_quota_cpus("200000\n", "100000\n"), 2.0);
+    EXPECT_DOUBLE_EQ(cgroup_v1_quota_cpus("-1\n", "100000\n"), 0);
+    EXPECT_DOUBLE_EQ(cgroup_v1_quota_cpus("", "100000"), 0);
+}
+
+// No cgroup files at all (a chroot, macOS-like /proc): the affinity mask alone.
+TEST_F(CgroupTree, WithoutCgroupsTheAffinityMaskIsTheCount) {
+    const UsableCores u = cores();
+    EXPECT_EQ(u.count, mask_cpus());
+    EXPECT_EQ(u.source.rfind("affinity mask: ", 0), 0u) << u.source;
+}
+
+// docker --cpus 1 on the group's parent, no limit on the group itself: the parent's quota holds.
+TEST_F(CgroupTree, AQuotaOnAGroupAboveCapsTheCount) {
+    write("proc/self/cgroup", "0::/job/step\n");
+    write("sys/job/cpu.max", "100000 100000\n");
+    write("sys/job/step/cpu.max", "max 100000\n");
+    const UsableCores u = cores();
+    EXPECT_EQ(u.count, 1);
+    if (mask_cpus() > 1)
+        EXPECT_EQ(u.source.rfind("cgroup cpu.max 1 CPU (affinity mask: ", 0), 0u) << u.source;
+}
+
+// 1.5 CPUs round up to 2 threads (where the mask has 2 or more CPUs); a looser quota elsewhere
+// in the hierarchy does not loosen it.
+TEST_F(CgroupTree, AFractionalQuotaRoundsUpAndTheTightestWins) {
+    write("proc/self/cgroup", "0::/a/b\n");
+    write("sys/cpu.max", "400000 100000\n");
+    write("sys/a/b/cpu.max", "150000 100000\n");
+    const UsableCores u = cores();
+    EXPECT_EQ(u.count, std::min(2, mask_cpus()));
+    if (mask_cpus() > 2) EXPECT_EQ(u.source.rfind("cgroup cpu.max 1.5 CPUs", 0), 0u) << u.source;
+}
+
+TEST_F(CgroupTree, CgroupV1CpuControllerQuotaIsRead) {
+    write("proc/self/cgroup", "4:memory:/x\n3:cpu,cpuacct:/x\n");
+    write("sys/cpu,cpuacct/x/cpu.cfs_quota_us", "100000\n");
+    write("sys/cpu,cpuacct/x/cpu.cfs_period_us", "100000\n");
+    const UsableCores u = cores();
+    EXPECT_EQ(u.count, 1);
+    if (mask_cpus() > 1)
+        EXPECT_EQ(u.source.rfind("cgroup cpu.cfs_quota_us 1 CPU", 0), 0u) << u.source;
+}
+
+// A quota above the mask's CPUs changes nothing: the mask is the tighter limit.
+TEST_F(CgroupTree, AQuotaLooserThanTheMaskIsNotNamed) {
+    write("proc/self/cgroup", "0::/\n");
+    write("sys/cpu.max", std::to_string(100000 * (mask_cpus() + 3)) + " 100000\n");
+    const UsableCores u = cores();
+    EXPECT_EQ(u.count, mask_cpus());
+    EXPECT_EQ(u.source.rfind("affinity mask: ", 0), 0u) << u.source;
+}
+
+// run.threads unset: the CPU backend runs on the usable cores, not on libgomp's default (which
+// it read when the process started). Narrowing the affinity mask to one CPU after start makes
+// the two differ on any machine with two or more CPUs.
+TEST(DefaultThreads, UnsetRunThreadsRunOnTheUsableCores) {
+    if (std::getenv("OMP_NUM_THREADS")) GTEST_SKIP() << "OMP_NUM_THREADS is set: it is kept";
+    if (mask_cpus() < 2) GTEST_SKIP() << "one CPU: nothing to narrow";
+    cpu_set_t saved, one;
+    ASSERT_EQ(sched_getaffinity(0, sizeof saved, &saved), 0);
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &saved)) {
+            CPU_SET(c, &one);
+            break;
+        }
+    const int before = omp_get_max_threads();
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    RunConfig cfg;  // run.threads 0
+    const auto backend = create_training_backend(cfg, BackendKind::cpu);
+    const int threads = omp_get_max_threads();
+    sched_setaffinity(0, sizeof saved, &saved);
+    omp_set_num_threads(before);
+    EXPECT_GE(before, 2);
+    EXPECT_EQ(threads, 1);
+}
+
+}  // namespace
+}  // namespace mt
