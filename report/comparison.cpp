@@ -61,6 +61,15 @@ ComparisonRow row_from(const VariantResult& v) {
         round_and_ms.emplace_back(s.round, s.wall_ms);
         round_wall_other.push_back({double(s.round), s.wall_ms, s.other_cpu_ms});
     }
+    // The tokens trained before each step (warm-up included), at the batches' real lengths;
+    // step x the tokens per step where the steps' tokens are unknown (an older results.json).
+    bool known = !v.steps.empty();
+    for (const StepRow& s : v.steps) known = known && s.tokens > 0;
+    double before = 0;
+    for (const StepRow& s : v.steps) {
+        r.tokens_before[s.step] = known ? before : s.step * r.tokens_per_step;
+        before += s.tokens;
+    }
     r.round_ms = round_medians(round_and_ms);
     r.round_load = round_loads(round_wall_other);
     return r;
@@ -129,41 +138,42 @@ void set_loss_tolerance(Comparison& c, const ComparisonRow& b, std::optional<dou
                                        "smaller)";
 }
 
-// Whether r trains on another number of samples per optimizer update than b (data.batch_size,
-// run.grad_accum, the ranks): another effective batch follows another loss curve by design.
-bool update_batch_differs(const ComparisonRow& r, const ComparisonRow& b) {
-    return r.samples_per_step > 0 && b.samples_per_step > 0 &&
-           r.samples_per_step != b.samples_per_step;
+// Whether r's step does a different amount of work than b's (data.batch_size, run.grad_accum,
+// data.seq_len, data.seq_len_jitter, the ranks): its steps are then not comparable one for one,
+// only its tokens are (the time per token, the loss after as many tokens).
+bool work_differs(const ComparisonRow& r, const ComparisonRow& b) {
+    return r.tokens_per_step > 0 && b.tokens_per_step > 0 && r.tokens_per_step != b.tokens_per_step;
 }
 
 // The pairs (baseline loss, variant loss) the check compares. Equal steps: the same step number
-// (same seed: the same batches). Equal samples: the variant's loss at step s, measured after
-// s x its samples per update, beside the baseline's loss after as many samples, interpolated
-// linearly between the baseline's two measured steps around it; variant steps outside the
-// baseline's measured range have no partner.
+// (same seed: the same batches). Equal tokens, for a variant whose step trains another number of
+// tokens: its loss at step s, measured after the tokens of its steps before s, beside the
+// baseline's loss after as many tokens, interpolated linearly between the baseline's two
+// measured steps around it; variant steps outside the baseline's measured range have no partner.
 std::vector<std::pair<double, double>> loss_pairs(const ComparisonRow& r, const ComparisonRow& b,
-                                                  bool equal_samples) {
+                                                  bool equal_tokens) {
     std::vector<std::pair<double, double>> pairs;
-    if (!equal_samples) {
+    if (!equal_tokens) {
         std::map<int, double> base(b.measured_losses.begin(), b.measured_losses.end());
         for (const auto& [step, loss] : r.measured_losses)
             if (const auto it = base.find(step); it != base.end())
                 pairs.emplace_back(it->second, loss);
         return pairs;
     }
-    auto B = b.measured_losses;
-    std::sort(B.begin(), B.end());  // in step order
+    std::vector<std::pair<double, double>> base;  // (tokens before, loss), in token order
+    for (const auto& [step, loss] : b.measured_losses)
+        base.emplace_back(b.tokens_before.at(step), loss);
+    std::sort(base.begin(), base.end());
     for (const auto& [step, loss] : r.measured_losses) {
-        const double x = step * r.samples_per_step;  // samples trained on before this loss
-        for (size_t i = 0; i < B.size(); ++i) {
-            const double x1 = B[i].first * b.samples_per_step;
+        const double x = r.tokens_before.at(step);
+        for (size_t i = 0; i < base.size(); ++i) {
+            const auto [x1, l1] = base[i];
             if (x1 < x) continue;
             if (x1 == x) {
-                pairs.emplace_back(B[i].second, loss);
+                pairs.emplace_back(l1, loss);
             } else if (i > 0) {
-                const double x0 = B[i - 1].first * b.samples_per_step;
-                const double t = (x - x0) / (x1 - x0);
-                pairs.emplace_back(B[i - 1].second + t * (B[i].second - B[i - 1].second), loss);
+                const auto [x0, l0] = base[i - 1];
+                pairs.emplace_back(l0 + (x - x0) / (x1 - x0) * (l1 - l0), loss);
             }
             break;
         }
@@ -174,25 +184,25 @@ std::vector<std::pair<double, double>> loss_pairs(const ComparisonRow& r, const 
 // delta_mean_loss, delta_final_loss, loss_within_tolerance and loss_compared_at of r against b,
 // over the pairs loss_pairs() finds.
 void check_loss(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol_nats) {
-    const bool equal_samples = update_batch_differs(r, b);
-    const auto pairs = loss_pairs(r, b, equal_samples);
+    const bool equal_tokens = work_differs(r, b);
+    const auto pairs = loss_pairs(r, b, equal_tokens);
     if (pairs.empty()) return;
     double sum_b = 0, sum_r = 0;
     for (const auto& [base, mine] : pairs) sum_b += base, sum_r += mine;
     r.delta_final_loss = pairs.back().first - pairs.back().second;
     r.delta_mean_loss = (sum_b - sum_r) / static_cast<double>(pairs.size());
-    r.loss_compared_at = equal_samples ? "equal samples" : "equal steps";
+    r.loss_compared_at = equal_tokens ? "equal tokens" : "equal steps";
     if (tol_nats)
         r.loss_within_tolerance = std::fabs(*r.delta_mean_loss) <= *tol_nats &&
                                   std::fabs(*r.delta_final_loss) <= *tol_nats;
 }
 
 std::string loss_deltas_text(const ComparisonRow& r, std::optional<double> tol_nats) {
-    const bool samples = r.loss_compared_at == "equal samples";
+    const bool tokens = r.loss_compared_at == "equal tokens";
     return "mean loss " + signed_f("%.4f", -*r.delta_mean_loss) + ", final " +
            signed_f("%.4f", -*r.delta_final_loss) + " nats vs the baseline" +
-           (samples ? " at equal samples" : "") + "; tolerance ±" +
-           f("%.4f", tol_nats.value_or(0)) + " nats";
+           (tokens ? " at equal tokens" : "") + "; tolerance ±" + f("%.4f", tol_nats.value_or(0)) +
+           " nats";
 }
 
 std::string failure_short(const ComparisonRow& r) {
@@ -233,13 +243,6 @@ bool judge_unmeasurable(ComparisonRow& r, const ComparisonRow& b, bool baseline_
         return false;
     }
     return true;
-}
-
-// Whether r's step does a different amount of work than b's (data.batch_size, run.grad_accum,
-// data.seq_len, data.seq_len_jitter, the ranks): its steps are then not comparable one for one,
-// and only the time per token is.
-bool work_differs(const ComparisonRow& r, const ComparisonRow& b) {
-    return r.tokens_per_step > 0 && b.tokens_per_step > 0 && r.tokens_per_step != b.tokens_per_step;
 }
 
 // Each round's median step time over the tokens of a step: the round's time per token.
@@ -315,14 +318,18 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
     const std::string time_cost = "costs +" + f("%.2f", -*r.delta_time_ms) + " ms/step: " + speed;
 
     // The loss outside tolerance is a defect when the variant computes the same training another
-    // way; under another effective batch it is the loss curve the knob chose: a higher loss at
-    // equal samples is the price of its throughput, a lower one a gain.
+    // way; when its step trains other work (another effective batch, shorter sequences) it is the
+    // loss curve the knob chose: a higher loss at equal tokens is the price of its throughput, a
+    // lower one a gain.
     const bool loss_off = r.loss_within_tolerance && !*r.loss_within_tolerance;
-    const bool other_curve = update_batch_differs(r, b);
+    const bool other_curve = work_differs(r, b);
     const bool loss_price = loss_off && other_curve && *r.delta_mean_loss < 0;
-    const std::string loss_cost = "costs " + loss_deltas_text(r, tol) + " (" +
-                                  f("%g", r.samples_per_step / b.samples_per_step) +
-                                  "x the samples per optimizer update)";
+    const std::string loss_cost =
+        "costs " + loss_deltas_text(r, tol) + " (" +
+        (r.samples_per_step != b.samples_per_step
+             ? f("%g", r.samples_per_step / b.samples_per_step) +
+                   "x the samples per optimizer update)"
+             : f("%.2f", r.tokens_per_step / b.tokens_per_step) + "x the tokens per step)");
 
     Decision d = Decision::reject;
     std::string v;
@@ -361,7 +368,7 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
     if (loss_off && other_curve && !loss_price)
         v += "; and a lower loss (" + loss_deltas_text(r, tol) + ")";
     if (!r.loss_within_tolerance)
-        v += other_curve ? " (loss not comparable: at equal samples its measured steps and the "
+        v += other_curve ? " (loss not comparable: at equal tokens its measured steps and the "
                            "baseline's do not overlap; measure more steps)"
                          : " (loss not comparable)";
     // Shape jitter shortens the variant's batches, so its steps are shorter by construction: the
@@ -646,8 +653,8 @@ std::string render_comparison_md(const Comparison& c) {
     o << "\nΔ = baseline − variant: positive Δtime = the variant is faster, positive Δmem = it "
          "uses less tracked memory. Speedup = baseline median / variant median. "
       << time_call_legend(c)
-      << " Loss within tolerance: over the measured steps both ran (at equal samples for a "
-         "variant with another batch per optimizer update), |Δ mean loss| and |Δ loss of "
+      << " Loss within tolerance: over the measured steps both ran (at equal tokens for a "
+         "variant whose step trains another number of tokens), |Δ mean loss| and |Δ loss of "
          "the last common step| ≤ "
       << (c.loss_tolerance_nats
               ? f("%.4f", *c.loss_tolerance_nats) + " nats (" + c.loss_tolerance_basis + ")"

@@ -8,9 +8,9 @@
 // no larger than the larger of the two IQRs is still flagged "within noise" in results.json for
 // readers; it no longer decides anything.) Memory deltas are exact. The loss check compares the
 // mean and the last loss over the measured steps both ran against a tolerance in nats (the
-// baseline's step-to-step spread unless compare.loss_tolerance is given); a variant with another
-// batch per optimizer update is compared at equal samples, and its loss difference is a price
-// or a gain, not a defect. `microtrain compare`
+// baseline's step-to-step spread unless compare.loss_tolerance is given); a variant whose step
+// trains another number of tokens is compared at equal tokens, and its loss difference is a
+// price or a gain, not a defect. `microtrain compare`
 // renders the same table from two earlier results.json files, so a table means the same thing
 // wherever it is printed; the verdicts are stored in results.json's `comparison` block too.
 #pragma once

@@ -358,10 +358,10 @@ struct ComparisonRow {
     // last common step's loss (positive = the variant's loss is lower).
     std::optional<double> delta_mean_loss, delta_final_loss;
     // Where the two loss curves were compared: "equal steps" (the same batches on the same
-    // steps), or "equal samples" when the variant trains on another number of samples per
-    // optimizer update (data.batch_size, run.grad_accum, the ranks): its loss at step s is then
-    // set beside the baseline's after as many samples. nullopt: no comparison (added in schema
-    // 10; null or absent in older files).
+    // steps), or "equal tokens" when the variant's step trains another number of tokens
+    // (data.batch_size, run.grad_accum, data.seq_len(_jitter), the ranks): its loss at step s is
+    // then set beside the baseline's after as many tokens. nullopt: no comparison (added in
+    // schema 10; null or absent in older files).
     std::optional<std::string> loss_compared_at;
     Decision decision = Decision::not_applicable;  // the class of `verdict`
     std::string verdict;  // the full sentence of the report's Verdict column
@@ -381,6 +381,7 @@ struct ComparisonRow {
     // The work of one step: every rank's tokens (under data.seq_len_jitter, the measured mean),
     // and the samples of one optimizer update (world_size x batch_size x grad_accum).
     double tokens_per_step = 0, samples_per_step = 0;
+    std::map<int, double> tokens_before;  // step -> the tokens its earlier steps trained
     std::optional<double> mfu;
     double tracked_peak = 0;  // bytes
     double device_peak = 0;   // bytes (cudaMemGetInfo used, or RSS)

@@ -407,12 +407,12 @@ HandMadeExperiment accumulation_experiment(double variant_slope) {
 
 // Another effective batch follows another loss curve by design: compared step for step, a
 // correct run.grad_accum: 4 was rejected for a loss "not within tolerance" although its loss is
-// the LOWER one. Its loss is compared at equal samples, where it is higher: the price of its
-// throughput, named in a trade-off.
-TEST(Comparison, AccumulationIsJudgedOnItsLossAtEqualSamplesAsThePriceOfItsThroughput) {
+// the LOWER one. Its loss is compared at equal tokens (here: equal samples), where it is higher:
+// the price of its throughput, named in a trade-off.
+TEST(Comparison, AccumulationIsJudgedOnItsLossAtEqualTokensAsThePriceOfItsThroughput) {
     const Results res = accumulation_experiment(0.06).results();
     const ComparisonRow& r = row(res.comparison, "accum-4");
-    EXPECT_EQ(r.loss_compared_at, "equal samples");
+    EXPECT_EQ(r.loss_compared_at, "equal tokens");
     // Variant steps 2..5 (8..20 samples x 4) lie within the baseline's measured 2..21.
     EXPECT_NEAR(*r.delta_final_loss, -0.14 * 5, 1e-9);
     EXPECT_NEAR(*r.delta_mean_loss, -0.14 * 3.5, 1e-9);
@@ -420,22 +420,45 @@ TEST(Comparison, AccumulationIsJudgedOnItsLossAtEqualSamplesAsThePriceOfItsThrou
     EXPECT_EQ(r.decision, Decision::trade_off);
     EXPECT_EQ(r.verdict.rfind("trade-off: per token 2.96x faster [", 0), 0u) << r.verdict;
     EXPECT_NE(r.verdict.find("costs mean loss +0.4900, final +0.7000 nats vs the baseline at equal "
-                             "samples; tolerance"),
+                             "tokens; tolerance"),
               std::string::npos)
         << r.verdict;
     EXPECT_NE(r.verdict.find("(4x the samples per optimizer update)"), std::string::npos)
         << r.verdict;
     EXPECT_EQ(results_to_json(res)["comparison"]["variants"][1]["loss_compared_at"],
-              "equal samples");
+              "equal tokens");
 }
 
-// An accumulating variant whose loss is lower even at equal samples pays nothing in loss: it is
+// An accumulating variant whose loss is lower even at equal tokens pays nothing in loss: it is
 // kept on its throughput, the lower loss named.
-TEST(Comparison, AccumulationWithALowerLossAtEqualSamplesIsKept) {
+TEST(Comparison, AccumulationWithALowerLossAtEqualTokensIsKept) {
     const ComparisonRow r = row(accumulation_experiment(0.25).results().comparison, "accum-4");
     EXPECT_GT(*r.delta_mean_loss, 0);
     EXPECT_EQ(r.decision, Decision::keep);
     EXPECT_NE(r.verdict.find("; and a lower loss (mean loss -"), std::string::npos) << r.verdict;
+}
+
+// data.seq_len_jitter trains half the tokens per step (the same samples, shorter): its loss was
+// judged step for step and rejected as "not within tolerance: do not keep". Compared at equal
+// tokens (its step s beside the baseline's step s/2) it is 0.005 s nats higher: a price, named
+// with the work ratio, beside a time call made per token.
+TEST(Comparison, AShorterSequenceVariantIsComparedAtEqualTokens) {
+    HandMadeExperiment ex = accumulation_experiment(0.02);
+    HandMadeRun& jitter = ex.runs[1];
+    jitter.config.variant = "jitter-50";
+    jitter.config.changed = {{"data.seq_len_jitter", "0.5"}};
+    jitter.config.run.grad_accum = 1;
+    jitter.config.data.seq_len_jitter = 0.5;
+    for (StepRecord& st : jitter.steps) st.tokens = 128, st.times.wall_ms = 6;
+    for (StepRecord& st : ex.runs[0].steps) st.loss = 5.0 - 0.05 * st.step;
+    const ComparisonRow r = row(ex.results().comparison, "jitter-50");
+    EXPECT_EQ(r.loss_compared_at, "equal tokens");
+    // Variant steps 4..21 (512..2688 tokens before them) lie within the baseline's 512..5376.
+    EXPECT_NEAR(*r.delta_mean_loss, -0.005 * 12.5, 1e-9);
+    EXPECT_EQ(r.verdict.find("loss not within tolerance"), std::string::npos) << r.verdict;
+    EXPECT_EQ(r.verdict.rfind("reject: per token 0.83x slower [", 0), 0u) << r.verdict;
+    EXPECT_NE(r.verdict.find("at equal tokens; tolerance"), std::string::npos) << r.verdict;
+    EXPECT_NE(r.verdict.find("(0.50x the tokens per step)"), std::string::npos) << r.verdict;
 }
 
 // A variant that computes the same training (same samples per update) is still compared step

@@ -25,8 +25,8 @@ ARCH="${MT_DC_ARCH:-90}"
 JOBS="${MT_DC_JOBS:-$(nproc)}"
 PY="${PYTHON:-python3}"
 T0=$(date +%s)
-# nvcc where the CUDA image puts it, if it is not on PATH already.
-if ! command -v nvcc > /dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+# shellcheck source=tools/device-common.sh
+source "$ROOT/tools/device-common.sh"
 export ROOT DEPS BUILD GT_BUILD GT_PREFIX ARCH JOBS PY
 declare -a NAMES=() STATUS=() SECS=()
 N=0
@@ -38,15 +38,12 @@ stage() {
     N=$((N + 1))
     local log
     log="$LOGDIR/$(printf '%02d' "$N")-$name.log"
-    local t rc=0
+    local t st
     t=$(date +%s)
     echo "== [$(date -u +%H:%M:%S)] $name (limit ${limit}s) -> $(basename "$log")"
     { echo "\$ $*"; echo; } > "$log"
-    # bash -c so exported shell functions (the multi-command stages) run under timeout too.
-    timeout --kill-after=10 "$limit" bash -c '"$@"' _ "$@" >> "$log" 2>&1 < /dev/null || rc=$?
+    st=$(run_limited "$log" "$limit" "$@") || true
     local dt=$(( $(date +%s) - t ))
-    local st="ok"
-    if [[ $rc -eq 124 || $rc -eq 137 ]]; then st="TIMEOUT"; elif [[ $rc -ne 0 ]]; then st="FAIL(rc=$rc)"; fi
     echo "   $st in ${dt}s"
     [[ $st == ok ]] || tail -n 25 "$log" | sed 's/^/   | /'
     NAMES+=("$name"); STATUS+=("$st"); SECS+=("$dt")
@@ -82,11 +79,8 @@ stage gtest 180 build_gtest || true
 
 # ---- 2. configure (every find_package pointed into .deps) ----
 configure() {
-    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMT_ENABLE_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_FIND_PACKAGE_PREFER_CONFIG=ON \
-        -DEigen3_DIR="$DEPS/cmake/Eigen3" -DCLI11_DIR="$DEPS/cmake/CLI11" \
-        -Dnlohmann_json_DIR="$DEPS/cmake/nlohmann_json" -Dyaml-cpp_DIR="$DEPS/cmake/yaml-cpp" \
-        -DGTest_DIR="$GT_PREFIX/lib/cmake/GTest"
+    cmake_with_deps -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMT_ENABLE_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGTest_DIR="$GT_PREFIX/lib/cmake/GTest"
     grep -q "MT_HAVE_CUDA" "$BUILD/CMakeCache.txt" || true
     grep -E "^(Eigen3|CLI11|nlohmann_json|yaml-cpp|GTest)_DIR:" "$BUILD/CMakeCache.txt"
     # NCCL: the toolkit's or PyTorch's wheel (nvidia-nccl-cu13); NOTFOUND = the NCCL tests skip.
@@ -124,12 +118,10 @@ done
 CUDNN_BUILD="$ROOT/build/device-cudnn"
 export CUDNN_BUILD
 build_cudnn() {
-    cmake -S "$ROOT" -B "$CUDNN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMT_ENABLE_CUDA=ON \
-        -DMT_ENABLE_CUDNN=ON -DMT_CUDNN_FRONTEND_INCLUDE_DIR="$DEPS/cudnn-frontend/include" \
-        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_FIND_PACKAGE_PREFER_CONFIG=ON \
-        -DEigen3_DIR="$DEPS/cmake/Eigen3" -DCLI11_DIR="$DEPS/cmake/CLI11" \
-        -Dnlohmann_json_DIR="$DEPS/cmake/nlohmann_json" -Dyaml-cpp_DIR="$DEPS/cmake/yaml-cpp" \
-        -DGTest_DIR="$GT_PREFIX/lib/cmake/GTest"
+    cmake_with_deps -S "$ROOT" -B "$CUDNN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DMT_ENABLE_CUDA=ON -DMT_ENABLE_CUDNN=ON \
+        -DMT_CUDNN_FRONTEND_INCLUDE_DIR="$DEPS/cudnn-frontend/include" \
+        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGTest_DIR="$GT_PREFIX/lib/cmake/GTest"
     # cuDNN: the toolkit's or PyTorch's wheel (nvidia-cudnn-cu13); the frontend from .deps.
     grep -E "^MT_CUDNN_(FRONTEND_INCLUDE_DIR|INCLUDE_DIR|LIBRARY):" "$CUDNN_BUILD/CMakeCache.txt"
     cmake --build "$CUDNN_BUILD" -j"$JOBS" --target test_cuda_cudnn_attention

@@ -28,7 +28,8 @@ ARCH="${MT_GB_ARCH:-90}"
 PY="${PYTHON:-python3}"
 SUMMARY="$OUT/gpu-bench-summary.md"
 PEERS="$OUT/peers.jsonl"
-if ! command -v nvcc > /dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+# shellcheck source=tools/device-common.sh
+source "$ROOT/tools/device-common.sh"
 : > "$PEERS"
 {
     echo "# gpu-bench $(date -u +%FT%TZ)"
@@ -39,14 +40,11 @@ if ! command -v nvcc > /dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then expo
 
 # stage NAME LIMIT_S CMD...: runs CMD under a time limit, logs to OUT/NAME.log, appends its status.
 stage() {
-    local name="$1" limit="$2" t rc=0
+    local name="$1" limit="$2" t st
     shift 2
     t=$(date +%s)
-    # bash -c: the stages are shell functions (exported below), which timeout cannot run itself.
-    timeout --kill-after=10 "$limit" bash -c '"$@"' _ "$@" > "$OUT/$name.log" 2>&1 < /dev/null || rc=$?
-    local st=ok
-    [[ $rc -eq 124 || $rc -eq 137 ]] && st=TIMEOUT
-    [[ $rc -ne 0 && $st == ok ]] && st="FAIL(rc=$rc)"
+    : > "$OUT/$name.log"
+    st=$(run_limited "$OUT/$name.log" "$limit" "$@") || true
     echo "- $name: $st in $(($(date +%s) - t)) s" >> "$SUMMARY"
     [[ $st == ok ]] || tail -n 15 "$OUT/$name.log" | sed 's/^/      /' >> "$SUMMARY"
     [[ $st == ok ]]
@@ -65,10 +63,8 @@ build() {
     else
         echo "no $DEPS/cudnn-frontend: built without cuDNN (the cudnn variant is skipped)"
     fi
-    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMT_ENABLE_CUDA=ON \
-        -DMT_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_FIND_PACKAGE_PREFER_CONFIG=ON \
-        -DEigen3_DIR="$DEPS/cmake/Eigen3" -DCLI11_DIR="$DEPS/cmake/CLI11" \
-        -Dnlohmann_json_DIR="$DEPS/cmake/nlohmann_json" -Dyaml-cpp_DIR="$DEPS/cmake/yaml-cpp" \
+    cmake_with_deps -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DMT_ENABLE_CUDA=ON -DMT_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
         "${cudnn[@]}" &&
         cmake --build "$BUILD" -j"$(nproc)" --target microtrain
 }
