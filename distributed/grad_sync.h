@@ -74,6 +74,9 @@ class GradientSync {
     GradientSync& operator=(const GradientSync&) = delete;
 
     const std::vector<GradientBucket>& buckets() const { return buckets_; }
+    // The ranges backward completes gradients in (a bucket never splits one): the most buckets
+    // any dist.bucket_mb can give.
+    size_t ready_ranges() const { return range_bucket_.size(); }
     int world() const { return world_; }
     int rank() const { return rank_; }
     // This rank's piece of every bucket, by ascending offset: the parameters it updates under

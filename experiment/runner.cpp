@@ -262,6 +262,7 @@ void probe_collectives(TrainingSession& session, const RunConfig& cfg, World& wo
     d.overlap = cfg.dist.overlap;
     d.bucket_mb = cfg.dist.bucket_mb;
     d.buckets = static_cast<int>(sync.buckets().size());
+    d.finest_buckets = static_cast<int>(sync.ready_ranges());
     d.simulated_link_gbps = cfg.dist.simulate_link_gbps;
     d.simulated_latency_us = cfg.dist.simulate_latency_us;
     const CommProbe probe = all_reduce_probe(session, world, cfg.dist.timeout_s);

@@ -255,6 +255,7 @@ struct JsonFields<DataParallelRecord> {
         json_field("overlap", &S::overlap),
         json_field("bucket_mb", &S::bucket_mb),
         json_field("buckets", &S::buckets),
+        json_added_field("finest_buckets", &S::finest_buckets),
         json_field("simulated_link_gbps", &S::simulated_link_gbps),
         json_field("simulated_latency_us", &S::simulated_latency_us),
         json_added_optional("simulated_link_ratio", &S::simulated_link_ratio),

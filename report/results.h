@@ -227,6 +227,9 @@ struct DataParallelRecord {
     bool overlap = true;
     double bucket_mb = 0;
     int buckets = 0;  // gradient buckets per step
+    // The most buckets any bucket size gives: the ranges backward completes gradients in (a
+    // bucket never splits one). 0: unknown (a file written before it, within schema 10).
+    int finest_buckets = 0;
     // dist.simulate_link_gbps / simulate_latency_us: a SIMULATED slow link stretched the
     // collectives to what it would take (0 = the real transport only).
     double simulated_link_gbps = 0, simulated_latency_us = 0;

@@ -80,9 +80,11 @@ Suggestion note(std::string rule, std::string text, bool generic = false) {
 // The bucket suggestion when overlap is on but most of the communication is still waited for.
 // A larger bucket pays the per-collective latency fewer times; a smaller one starts the first
 // reduction earlier in backward, so more of it hides. Which one helps is decided by what the
-// latency costs: buckets x latency against the exposed time. Neither helps past two bounds:
-// reductions hide only under backward (hidden comm <= backward time), and buckets already many
-// (more than kManyBuckets) start early enough; what stays exposed then is bytes, not buckets.
+// latency costs: buckets x latency against the exposed time. Neither helps past three bounds:
+// reductions hide only under backward (hidden comm <= backward time); a bucket never splits a
+// range backward completes, so at one bucket per range a smaller size changes nothing; and
+// buckets already many (more than kManyBuckets) start early enough. What stays exposed then is
+// bytes, not buckets.
 // `backward_ms`: the variant's median backward phase.
 Suggestion bucket_suggestion(const DataParallelRecord& d, double backward_ms) {
     const std::string buckets = "now " + f("%g", d.bucket_mb) + " MiB, " +
@@ -117,6 +119,12 @@ Suggestion bucket_suggestion(const DataParallelRecord& d, double backward_ms) {
                                   : std::string()) +
                              "; " + hidden + ".",
                          "dist.bucket_mb", [mb](const std::string& x) { return number(x) > mb; });
+    if (d.finest_buckets > 0 && d.buckets >= d.finest_buckets)
+        return note("bucket-size", "a smaller bucket gives no more buckets (" + buckets +
+                                       ": already one per " + "range backward completes, " +
+                                       std::to_string(d.finest_buckets) +
+                                       " ranges; a bucket never splits one); " + hidden + "; the " +
+                                       bytes_not_buckets);
     if (d.buckets > kManyBuckets)
         return note("bucket-size", "smaller buckets would not start the reductions much earlier (" +
                                        buckets + ": the first already starts early in backward); " +

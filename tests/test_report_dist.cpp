@@ -145,6 +145,7 @@ TEST(ReportDistResults, DataParallelIsNullForOneRankAndFullForTwo) {
                             "overlap",
                             "bucket_mb",
                             "buckets",
+                            "finest_buckets",
                             "simulated_link_gbps",
                             "simulated_latency_us",
                             "simulated_link_ratio",
@@ -162,7 +163,7 @@ TEST(ReportDistResults, DataParallelIsNullForOneRankAndFullForTwo) {
                             "comm_share",
                             "busbw_fraction_of_probe"})
         EXPECT_TRUE(d.contains(key)) << key;
-    EXPECT_EQ(d.size(), 22u);
+    EXPECT_EQ(d.size(), 23u);
     EXPECT_EQ(d["world_size"], 2);
     ASSERT_EQ(d["ranks"].size(), 2u);
     EXPECT_EQ(d["ranks"][1]["rank"], 1);
@@ -346,6 +347,24 @@ TEST(ReportDistMarkdown, ManySmallBucketsAreNotToldToShrinkFurther) {
                         "17 buckets per step"),
               std::string::npos)
         << comm;
+}
+
+// The lab's 1 MiB bucket gave 5 buckets: one per range backward completes (4 layers and the
+// embeddings), the finest any size gives. It was told to shrink further.
+TEST(ReportDistMarkdown, BucketsAlreadyOnePerReadyRangeAreNotToldToShrink) {
+    HandMadeExperiment ex = make_experiment(kCommHeavy, /*overlap=*/true);
+    DataParallelRecord& d = *ex.runs[1].dist;
+    d.bucket_mb = 1;
+    d.buckets = 5;
+    d.finest_buckets = 5;
+    const Results res = ex.results();
+    const std::string comm = section(render_report_md(res), "## Communication (data parallel)");
+    EXPECT_EQ(comm.find("a smaller `dist.bucket_mb`"), std::string::npos) << comm;
+    EXPECT_NE(comm.find("a smaller bucket gives no more buckets (now 1 MiB, 5 buckets per step: "
+                        "already one per range backward completes, 5 ranges"),
+              std::string::npos)
+        << comm;
+    EXPECT_EQ(results_to_json(res)["variants"][1]["data_parallel"]["finest_buckets"], 5);
 }
 
 // The run measured a larger bucket slower than the baseline: the report does not propose it.
