@@ -47,6 +47,7 @@ ComparisonRow row_from(const VariantResult& v) {
     r.tokens_per_s = v.stats.tokens_per_s;
     r.tokens_per_step = static_cast<double>(v.batch.tokens_per_step);
     r.samples_per_step = static_cast<double>(v.batch.samples_per_step);
+    r.init_from = v.config_value("model.init_from");
     r.mfu = v.flops.mfu;
     r.tracked_peak = static_cast<double>(v.memory.tracked_peak_total);
     r.device_peak = static_cast<double>(v.memory.device.peak_used_bytes);
@@ -275,19 +276,29 @@ void call_time(ComparisonRow& r, const ComparisonRow& b, const Comparison& c) {
 constexpr const char* kModelChangingKnobs[] = {"model.lora", "optim.freeze",
                                                "model.quantize_frozen"};
 
-// Appends to a measured row's verdict that it trains a different model, when it does.
-void name_the_price(ComparisonRow& r, std::optional<double> tol) {
+// The model-changing knobs r sets, "model.lora, optim.freeze"; "" when none.
+std::string model_knobs(const ComparisonRow& r) {
     std::string knobs;
     for (const char* k : kModelChangingKnobs)
         if (r.changed.find(std::string(k) + "=") != std::string::npos)
             knobs += (knobs.empty() ? "" : ", ") + std::string(k);
-    if (knobs.empty()) return;
+    return knobs;
+}
+
+// Appends to a measured row's verdict that it trains a different model, when it does and the
+// verdict has not priced its loss already (a loss within tolerance, or none to compare): the
+// loss difference is the price, and from random weights it says little.
+void name_the_price(ComparisonRow& r, std::optional<double> tol) {
+    const std::string knobs = model_knobs(r);
+    if (knobs.empty() || (r.loss_within_tolerance && !*r.loss_within_tolerance)) return;
     r.verdict += "; it trains a different model (" + knobs +
                  "): the loss difference is the price of its gain" +
                  (r.loss_within_tolerance.value_or(false) ? " (" + loss_deltas_text(r, tol) + ")"
-                                                          : std::string()) +
-                 ", and from random weights (a lab's start) the loss says little about a "
-                 "fine-tune's quality";
+                                                          : std::string());
+    if (r.init_from.empty())
+        r.verdict +=
+            ", and from random weights (no `model.init_from`) the loss says little about a "
+            "fine-tune's quality";
 }
 
 // Deltas against the baseline: time (median, and the call), memory (tracked peak), noise, loss.
@@ -318,15 +329,17 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
     const std::string time_cost = "costs +" + f("%.2f", -*r.delta_time_ms) + " ms/step: " + speed;
 
     // The loss outside tolerance is a defect when the variant computes the same training another
-    // way; when its step trains other work (another effective batch, shorter sequences) it is the
-    // loss curve the knob chose: a higher loss at equal tokens is the price of its throughput, a
-    // lower one a gain.
+    // way. When its step trains other work (another effective batch, shorter sequences) or it
+    // trains another model (model_knobs), it is what the knob chose: a higher loss (at equal
+    // tokens) is the price of its gain, a lower one a gain too.
     const bool loss_off = r.loss_within_tolerance && !*r.loss_within_tolerance;
-    const bool other_curve = work_differs(r, b);
+    const std::string knobs = model_knobs(r);
+    const bool other_curve = work_differs(r, b) || !knobs.empty();
     const bool loss_price = loss_off && other_curve && *r.delta_mean_loss < 0;
     const std::string loss_cost =
         "costs " + loss_deltas_text(r, tol) + " (" +
-        (r.samples_per_step != b.samples_per_step
+        (!knobs.empty() ? "it trains a different model: " + knobs + ")"
+         : r.samples_per_step != b.samples_per_step
              ? f("%g", r.samples_per_step / b.samples_per_step) +
                    "x the samples per optimizer update)"
              : f("%.2f", r.tokens_per_step / b.tokens_per_step) + "x the tokens per step)");
@@ -341,12 +354,16 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
     } else if (loss_off && !other_curve) {
         v = "reject: loss not within tolerance: do not keep (" + loss_deltas_text(r, tol) + ")";
         if (faster) v += ", although " + speed;
-    } else if (loss_price && faster) {
-        d = Decision::trade_off;
-        v = "trade-off: " + speed + ", " + loss_cost;
     } else if (loss_price) {
-        v = "reject: " + (slower ? speed : "no measurable gain (time: " + speed + ")") + ", and " +
-            loss_cost;
+        // Bought with loss: worth weighing only against a gain in time or memory.
+        const bool gain = faster || (leaner && !slower);
+        d = gain ? Decision::trade_off : Decision::reject;
+        v = gain ? "trade-off: " +
+                       (faster ? speed + (leaner ? ", and " + mem_gain : "")
+                               : mem_gain + ", time: " + speed) +
+                       (fatter ? ", " + mem_cost : "") + ", " + loss_cost
+                 : "reject: " + (slower ? speed : "no measurable gain (time: " + speed + ")") +
+                       ", and " + loss_cost;
     } else if (faster && !fatter) {
         d = Decision::keep;
         v = "keep: " + speed + (leaner ? ", and " + mem_gain : "");

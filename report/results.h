@@ -385,6 +385,7 @@ struct ComparisonRow {
     // and the samples of one optimizer update (world_size x batch_size x grad_accum).
     double tokens_per_step = 0, samples_per_step = 0;
     std::map<int, double> tokens_before;  // step -> the tokens its earlier steps trained
+    std::string init_from;                // model.init_from: "" = random initial weights
     std::optional<double> mfu;
     double tracked_peak = 0;  // bytes
     double device_peak = 0;   // bytes (cudaMemGetInfo used, or RSS)

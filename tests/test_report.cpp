@@ -491,6 +491,43 @@ TEST(Comparison, AKnobThatChangesTheModelNamesTheLossAsThePrice) {
     EXPECT_EQ(row(res.comparison, "baseline").verdict.find("different model"), std::string::npos);
 }
 
+// LoRA faster but with a loss beyond the tolerance: its loss is the price of its speed, so a
+// trade-off naming the cost, not "reject: loss not within tolerance: do not keep ..., although
+// 1.40x faster; it trains a different model" (a verdict against itself). Started from trained
+// weights (model.init_from), the random-start caveat is left out.
+TEST(Comparison, AModelChangingKnobWhoseLossRisesIsATradeOffNamingTheCost) {
+    HandMadeExperiment ex;
+    ex.name = "lora";
+    ex.baseline = "baseline";
+    ex.runs.push_back(make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20));
+    ex.runs.push_back(make_run("lora", {5, 5.05, 4.95, 5, 5.02}, 5.3, 100 << 20,
+                               {{"model.lora", "{rank: 8, alpha: 16}"}}));
+    Results res = ex.results();
+    ComparisonRow r = row(res.comparison, "lora");
+    EXPECT_EQ(r.decision, Decision::trade_off);
+    EXPECT_EQ(r.verdict.rfind("trade-off: 2.00x faster [", 0), 0u) << r.verdict;
+    EXPECT_NE(r.verdict.find(", costs mean loss +0.3000, final +0.3000 nats vs the baseline; "
+                             "tolerance"),
+              std::string::npos)
+        << r.verdict;
+    EXPECT_NE(r.verdict.find("(it trains a different model: model.lora)"), std::string::npos)
+        << r.verdict;
+    EXPECT_EQ(r.verdict.find("loss not within tolerance"), std::string::npos) << r.verdict;
+
+    // Within tolerance, from trained weights: the price is named, the random-start caveat not.
+    res.variants[1] = ex.runs[1].record();
+    for (StepRow& st : res.variants[1].steps) st.loss -= 0.3;
+    for (VariantResult& v : res.variants) v.config["model.init_from"] = "runs/base/checkpoints";
+    r = row(build_comparison(res), "lora");
+    EXPECT_NE(r.verdict.find("the loss difference is the price of its gain (mean loss"),
+              std::string::npos)
+        << r.verdict;
+    EXPECT_EQ(r.verdict.find("random weights"), std::string::npos) << r.verdict;
+    res.variants[1].config["model.init_from"] = "";
+    EXPECT_NE(row(build_comparison(res), "lora").verdict.find("from random weights"),
+              std::string::npos);
+}
+
 // A sample cache adds 14,094 tracked bytes: the table shows them, not "0.0" MiB and a Δ of 0.
 TEST(ReportMd, ASmallMemoryChangeIsShownInBytesNotRoundedToZero) {
     HandMadeExperiment ex;
