@@ -106,6 +106,7 @@ double robust_std(std::vector<double> xs) {
 // `relative`: compare.loss_tolerance (nullopt: derive it).
 void set_loss_tolerance(Comparison& c, const ComparisonRow& b, std::optional<double> relative) {
     c.loss_tolerance_nats.reset();
+    c.loss_budget_given = false;
     if (!b.mean_loss || b.measured_losses.empty()) {
         c.loss_tolerance_basis = "no measured baseline loss";
         return;
@@ -113,6 +114,7 @@ void set_loss_tolerance(Comparison& c, const ComparisonRow& b, std::optional<dou
     const double scale = std::fabs(*b.mean_loss);
     if (relative) {
         c.loss_tolerance_nats = *relative * scale;
+        c.loss_budget_given = true;
         c.loss_tolerance_basis =
             "compare.loss_tolerance " + pct(*relative) + " of the baseline's mean loss";
         return;
@@ -316,7 +318,8 @@ void measure_against(ComparisonRow& r, const ComparisonRow& b, const Comparison&
 // ran). Time counts only as called: `faster` / `slower` when the whole 95 % interval is beyond
 // the minimal effect; `no difference` and `inconclusive` are no gain and no cost, never a point
 // estimate inside the noise.
-void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<double> tol) {
+void judge_measured(ComparisonRow& r, const ComparisonRow& b, const Comparison& c) {
+    const std::optional<double> tol = c.loss_tolerance_nats;
     const bool faster = r.time_call == TimeCall::faster;
     const bool slower = r.time_call == TimeCall::slower;
     // Tracked bytes are deterministic; count a change only above 1% of the baseline or 64 KiB.
@@ -353,6 +356,9 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
             "norm)";
     } else if (loss_off && !other_curve) {
         v = "reject: loss not within tolerance: do not keep (" + loss_deltas_text(r, tol) + ")";
+        if (faster) v += ", although " + speed;
+    } else if (loss_price && c.loss_budget_given) {
+        v = "reject: " + loss_cost + ", beyond the loss budget (compare.loss_tolerance)";
         if (faster) v += ", although " + speed;
     } else if (loss_price) {
         // Bought with loss: worth weighing only against a gain in time or memory.
@@ -402,7 +408,7 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, std::optional<doub
 void judge(ComparisonRow& r, const ComparisonRow& b, const Comparison& c, bool baseline_present) {
     if (judge_unmeasurable(r, b, baseline_present)) return;
     measure_against(r, b, c);
-    judge_measured(r, b, c.loss_tolerance_nats);
+    judge_measured(r, b, c);
     name_the_price(r, c.loss_tolerance_nats);
 }
 

@@ -413,6 +413,9 @@ struct Comparison {
     double min_effect = kDefaultMinEffect;
     bool paired = true;
     int rounds = 0;  // the baseline's rounds with measured steps
+    // compare.loss_tolerance was given: the tolerance is the user's loss budget, so a variant
+    // whose loss costs more than it is rejected, not weighed as a trade-off.
+    bool loss_budget_given = false;
 };
 
 struct Results {

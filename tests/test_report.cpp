@@ -528,6 +528,27 @@ TEST(Comparison, AModelChangingKnobWhoseLossRisesIsATradeOffNamingTheCost) {
               std::string::npos);
 }
 
+// compare.loss_tolerance given is the user's loss budget: a LoRA variant whose loss costs more
+// than the budget is rejected, however fast, and the verdict says it is the budget.
+TEST(Comparison, ALossBeyondAGivenBudgetIsRejectedHoweverFast) {
+    HandMadeExperiment ex;
+    ex.name = "lora";
+    ex.baseline = "baseline";
+    ex.loss_tolerance = 0.05;  // 5 % of the baseline's mean loss: 0.25 nats
+    ex.runs.push_back(make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20));
+    ex.runs.push_back(make_run("lora", {5, 5.05, 4.95, 5, 5.02}, 5.3, 100 << 20,
+                               {{"model.lora", "{rank: 8, alpha: 16}"}}));
+    const ComparisonRow r = row(ex.results().comparison, "lora");
+    EXPECT_EQ(r.decision, Decision::reject);
+    EXPECT_EQ(r.verdict.rfind("reject: costs mean loss +0.3000, final +0.3000 nats vs the "
+                              "baseline; tolerance ±0.2502 nats (it trains a different model: "
+                              "model.lora), beyond the loss budget (compare.loss_tolerance), "
+                              "although 2.00x faster [",
+                              0),
+              0u)
+        << r.verdict;
+}
+
 // A sample cache adds 14,094 tracked bytes: the table shows them, not "0.0" MiB and a Δ of 0.
 TEST(ReportMd, ASmallMemoryChangeIsShownInBytesNotRoundedToZero) {
     HandMadeExperiment ex;
