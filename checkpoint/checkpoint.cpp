@@ -239,8 +239,10 @@ const TensorEntry& check_parameter_shaped(const SafeTensorsFile& f, const std::s
         if (t->shape.size() == 2 && p.shape.size() == 2 && t->shape[0] == p.shape[1] &&
             t->shape[1] == p.shape[0])
             hint =
-                "; it looks transposed (Hugging Face GPT-2 stores Conv1D weights as "
-                "(in, out): transpose them to PyTorch Linear's (out, in))";
+                "; it looks transposed: Hugging Face GPT-2 stores Conv1D weights as (in, out), "
+                "and a file whose every Linear weight is so is read as one by model.init_from, "
+                "`microtrain sample` and `export --hf` (checkpoint/pretrained.h), but a "
+                "checkpoint holds PyTorch Linear's (out, in)";
         fail(path, "tensor '" + name + "' has shape " + shape_string(t->shape) + ", expected " +
                        expect + hint);
     }
@@ -595,6 +597,19 @@ CheckpointLoadInfo load_checkpoint(const SafeTensorsFile& f, GPT& model, AdamW* 
     model.set_params(params);
     if (opt) opt->set_state(moments.m, moments.v, info.step);
     return info;
+}
+
+std::vector<float> read_checkpoint_weights(const SafeTensorsFile& f, const GPTConfig& c,
+                                           const TrainableOptions& trainable) {
+    const ParameterTable table(c, trainable);
+    check_config_matches_model(f, c);
+    check_lora_matches_model(f, trainable.lora);
+    check_every_tensor_is_known(f, table, c);
+    int64_t wte_rows = 0;
+    std::vector<float> params = read_parameters(f, table, c.vocab_size, &wte_rows);
+    check_lm_head_is_tied(f, params.data() + table.at(kWteName).offset, c.n_embd);
+    check_causal_mask_buffers(f, c);
+    return params;
 }
 
 void check_checkpoint_layout(const SafeTensorsFile& f, const GPTConfig& c,

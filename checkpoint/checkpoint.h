@@ -90,6 +90,13 @@ struct CheckpointLoadInfo {
 CheckpointLoadInfo load_checkpoint(const SafeTensorsFile& file, GPT& model, AdamW* opt = nullptr);
 CheckpointLoadInfo load_checkpoint(const std::string& path, GPT& model, AdamW* opt = nullptr);
 
+// The weights alone, checked as load_checkpoint checks them (the config and LoRA metadata, every
+// tensor known, every parameter present with its shape, the tied head, the causal masks; AdamW
+// moments are allowed and not read), in the host layout of ParameterTable(config, trainable):
+// what a run that starts from a checkpoint (checkpoint/pretrained.h) takes from it.
+std::vector<float> read_checkpoint_weights(const SafeTensorsFile& file, const GPTConfig& config,
+                                           const TrainableOptions& trainable);
+
 // Whether load_checkpoint of `file` into a model of `config` with `trainable` (and, when
 // `with_optimizer`, its AdamW) would pass its checks of the file's layout: the config and LoRA
 // metadata, every tensor known, every parameter and moment present with its shape, the causal

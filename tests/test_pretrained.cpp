@@ -1,0 +1,330 @@
+// Starting points (checkpoint/pretrained.h): the Hugging Face GPT-2 fixture made by
+// tools/make_hf_fixture.py, microtrain's own checkpoints, model.init_from, `train --init-from`
+// and the errors every malformed or mismatched file gets.
+//
+// Tolerance of our forward against the fixture's reference logits (transformers' GPT2LMHeadModel,
+// float32, eager attention): both sides compute in float32 with different summation orders
+// (Eigen/our GEMM vs PyTorch's), so each dot product of length K (at most 4C = 256 here) differs by
+// about sqrt(K) * 2^-24 * sum|terms|, and two LayerNorms per block rescale those differences by up
+// to 1/std of their inputs. 1e-4 absolute on logits of magnitude up to 2.6 (4e-5 relative) is
+// about 100x that estimate (measured worst: kLogitTolerance's comment). A transposed Conv1D
+// weight, a dropped bias or a swapped q/k/v changes logits by O(0.1-1) (the fixture's weights
+// are scaled up and its biases perturbed for that reason).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/pretrained.h"
+#include "experiment/spec.h"
+#include "kernels/backend.h"
+#include "optim/adamw.h"
+#include "test_util.h"
+
+namespace mt {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kFixtureDir = MT_TEST_DATA_DIR "/hf_gpt2_tiny";
+const std::string kFixture = kFixtureDir + "/model.safetensors";
+const std::string kLogits = MT_TEST_DATA_DIR "/hf_gpt2_tiny_logits.safetensors";
+// Measured worst |diff| 9.5e-7 (release build, CPU, packed GEMM); the derivation is at the top.
+constexpr double kLogitTolerance = 1e-4;
+
+std::string q(const std::string& s) {
+    return "'" + s + "'";
+}
+
+// Our forward's logits (T, V) for one sequence, the padded columns dropped.
+std::vector<float> forward_logits(GPT& model, const std::vector<int32_t>& tokens) {
+    Backend& backend = model.backend();
+    const int T = static_cast<int>(tokens.size());
+    const int V = model.config().vocab_size, Vp = model.config().padded_vocab_size();
+    model.allocate_activations(1, T);
+    DeviceBuffer in(backend, tokens.size() * sizeof(int32_t), MemoryCategory::data);
+    backend.copy_to_device(in.get(), tokens.data(), tokens.size() * sizeof(int32_t));
+    model.forward(in.as<int>(), nullptr, 1, T);
+    std::vector<float> padded(static_cast<size_t>(T) * Vp), out;
+    backend.copy_to_host(padded.data(), model.logits_device(), padded.size() * sizeof(float));
+    for (int t = 0; t < T; ++t)
+        out.insert(out.end(), padded.begin() + t * Vp, padded.begin() + t * Vp + V);
+    return out;
+}
+
+// A copy of the fixture's folder in `dir` whose tensors pass through `edit` (return false to
+// drop one; it may rename it, reshape it or change its values), with `config_edit` applied to
+// its config.json (nullptr: no config.json).
+struct EditedTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> values;
+};
+std::string edited_fixture(const TempDir& dir, const std::function<bool(EditedTensor&)>& edit,
+                           const std::function<void(nlohmann::json&)>& config_edit = {},
+                           bool with_config = true, std::vector<EditedTensor> extra = {}) {
+    const SafeTensorsFile f = SafeTensorsFile::open(kFixture);
+    SafeTensorsWriter w;
+    w.set_metadata("format", "pt");
+    for (const auto& t : f.tensors()) {
+        EditedTensor e{t.name, t.shape, f.read_f32(t.name)};
+        if (!edit(e)) continue;
+        w.add_f32(e.name, e.shape, std::move(e.values));
+    }
+    for (EditedTensor& e : extra) w.add_f32(e.name, e.shape, std::move(e.values));
+    w.write(dir.file("model.safetensors"));
+    if (with_config) {
+        nlohmann::json j = nlohmann::json::parse(std::ifstream(kFixtureDir + "/config.json"));
+        if (config_edit) config_edit(j);
+        std::ofstream(dir.file("config.json")) << j.dump(2);
+    }
+    return dir.file("model.safetensors");
+}
+
+std::string load_error(const std::string& path) {
+    try {
+        const PretrainedInfo info = inspect_pretrained(path);
+        (void)read_pretrained_params(info);
+    } catch (const CheckpointError& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
+
+TEST(Pretrained, HuggingFaceFixtureIsRecognisedWithItsConfig) {
+    const PretrainedInfo info = inspect_pretrained(kFixtureDir);
+    EXPECT_EQ(info.format, WeightsFormat::hugging_face);
+    EXPECT_EQ(info.weights_path, kFixture);
+    EXPECT_EQ(info.config.describe(), "L2 C64 H4 T64 V300");
+    EXPECT_EQ(info.config.padded_vocab_size(), 384);  // the padding path is exercised
+    EXPECT_CONTAINS(info.describe(), "Hugging Face GPT-2");
+    // The file itself names the same weights as its folder.
+    EXPECT_EQ(inspect_pretrained(kFixture).config, info.config);
+}
+
+TEST(Pretrained, OurForwardOnTheHuggingFaceFixtureMatchesItsReferenceLogits) {
+    const PretrainedInfo info = inspect_pretrained(kFixtureDir);
+    auto backend = create_backend(BackendKind::cpu);
+    GPT model(*backend, info.config);
+    load_pretrained(info, model, 1);
+    const SafeTensorsFile ref = SafeTensorsFile::open(kLogits);
+    const std::vector<float> want = ref.read_f32("logits");
+    const std::vector<float> got = forward_logits(model, ref.read_i32("tokens"));
+    ASSERT_EQ(got.size(), want.size());
+    double worst = 0, largest = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
+        largest = std::max(largest, std::fabs(double(want[i])));
+    }
+    EXPECT_LE(worst, kLogitTolerance) << "largest reference logit " << largest;
+    EXPECT_GT(largest, 1.0);  // logits that would show a wrong weight
+    std::printf("max |logit diff| %.3g (largest logit %.3g, tolerance %.0e)\n", worst, largest,
+                kLogitTolerance);
+}
+
+TEST(Pretrained, HuggingFaceExportOfTheFixtureReloadsWithIdenticalTensors) {
+    TempDir d;
+    const PretrainedInfo info = inspect_pretrained(kFixtureDir);
+    save_hugging_face(d.file("out"), info.config, read_pretrained_params(info));
+    const SafeTensorsFile a = SafeTensorsFile::open(kFixture);
+    const SafeTensorsFile b = SafeTensorsFile::open(d.file("out/model.safetensors"));
+    ASSERT_EQ(a.tensors().size(), b.tensors().size());
+    for (const auto& t : a.tensors()) {
+        const TensorEntry* u = b.find(t.name);
+        ASSERT_NE(u, nullptr) << t.name;
+        EXPECT_EQ(t.shape, u->shape) << t.name;
+        const auto x = a.read_raw(t), y = b.read_raw(*u);
+        EXPECT_TRUE(x == y) << t.name << " differs";
+    }
+    // The exported folder is itself a starting point of the same model.
+    EXPECT_EQ(inspect_pretrained(d.file("out")).config, info.config);
+    const auto j = nlohmann::json::parse(std::ifstream(d.file("out/config.json")));
+    EXPECT_EQ(j["n_positions"], 64);
+    EXPECT_EQ(j["vocab_size"], 300);
+    EXPECT_EQ(j["activation_function"], "gelu_new");
+}
+
+TEST(Pretrained, ATrainCheckpointLoadsItsWeightsAndNotItsOptimizer) {
+    TempDir d;
+    auto backend = create_backend(BackendKind::cpu);
+    GPTConfig c;  // L2 C64 H4 T32 V256
+    GPT model(*backend, c);
+    model.init_weights(7);
+    AdamW opt(model, AdamWConfig{});
+    save_checkpoint(d.file("ckpt.safetensors"), model, &opt);
+    const PretrainedInfo info = inspect_pretrained(d.file("ckpt.safetensors"));
+    EXPECT_EQ(info.format, WeightsFormat::microtrain);
+    EXPECT_TRUE(info.has_optimizer_state);
+    GPT fresh(*backend, c);
+    load_pretrained(info, fresh, 1);
+    EXPECT_EQ(fresh.get_params(), model.get_params());
+}
+
+TEST(Pretrained, LoraOnTopStartsAsTheLoadedModel) {
+    const PretrainedInfo info = inspect_pretrained(kFixtureDir);
+    auto backend = create_backend(BackendKind::cpu);
+    GPT plain(*backend, info.config);
+    load_pretrained(info, plain, 1);
+    ModelOptions mo;
+    mo.trainable.lora = LoraConfig{4, 8.0f};
+    GPT adapted(*backend, info.config, mo);
+    load_pretrained(info, adapted, 1);
+    const std::vector<int32_t> tokens{1, 2, 299, 4};
+    // B = 0 at init: the adapters add nothing, so the logits are the plain model's.
+    EXPECT_EQ(forward_logits(adapted, tokens), forward_logits(plain, tokens));
+}
+
+TEST(Pretrained, AModelOfOtherDimensionsIsRefusedNamingBoth) {
+    const PretrainedInfo info = inspect_pretrained(kFixtureDir);
+    auto backend = create_backend(BackendKind::cpu);
+    GPT other(*backend, GPTConfig{});
+    try {
+        load_pretrained(info, other, 1);
+        FAIL() << "loaded into a model of other dimensions";
+    } catch (const CheckpointError& e) {
+        EXPECT_CONTAINS(e.what(), "L2 C64 H4 T64 V300");
+        EXPECT_CONTAINS(e.what(), GPTConfig{}.describe());
+    }
+}
+
+// ---- bad files ----------------------------------------------------------------------------------
+
+TEST(PretrainedErrors, AHuggingFaceFileWithoutConfigJsonNamesTheMissingHeadCount) {
+    TempDir d;
+    const std::string f = edited_fixture(
+        d, [](EditedTensor&) { return true; }, {}, false);
+    const std::string e = load_error(f);
+    EXPECT_CONTAINS(e, f);
+    EXPECT_CONTAINS(e, "config.json");
+    EXPECT_CONTAINS(e, "n_head");
+}
+
+TEST(PretrainedErrors, AnUntiedLmHeadIsRefused) {
+    TempDir d;
+    const SafeTensorsFile fx = SafeTensorsFile::open(kFixture);
+    std::vector<float> head = fx.read_f32("transformer.wte.weight");
+    head[5] += 1.0f;
+    const std::string f = edited_fixture(d, [](EditedTensor&) { return true; }, {}, true,
+                                         {{"lm_head.weight", {300, 64}, head}});
+    const std::string e = load_error(f);
+    EXPECT_CONTAINS(e, "lm_head.weight");
+    EXPECT_CONTAINS(e, "untied");
+}
+
+TEST(PretrainedErrors, AWrongShapeNamesTheTensorExpectedAndFound) {
+    TempDir d;
+    const std::string f = edited_fixture(d, [](EditedTensor& t) {
+        if (t.name == "transformer.h.1.mlp.c_fc.weight") {
+            t.shape = {256, 64};  // nanoGPT's (out, in) inside a Conv1D file
+        }
+        return true;
+    });
+    const std::string e = load_error(f);
+    EXPECT_CONTAINS(e, "transformer.h.1.mlp.c_fc.weight");
+    EXPECT_CONTAINS(e, "[256, 64]");
+    EXPECT_CONTAINS(e, "[64, 256] (Conv1D: in, out)");
+}
+
+TEST(PretrainedErrors, AMissingAndAnUnknownTensorAreNamed) {
+    TempDir d;
+    std::string e = load_error(
+        edited_fixture(d, [](EditedTensor& t) { return t.name != "transformer.h.0.ln_2.bias"; }));
+    EXPECT_CONTAINS(e, "missing tensor 'transformer.h.0.ln_2.bias'");
+    TempDir d2;
+    e = load_error(edited_fixture(d2, [](EditedTensor& t) {
+        if (t.name == "transformer.h.0.ln_2.bias") t.name = "transformer.h.0.ln_3.bias";
+        return true;
+    }));
+    EXPECT_CONTAINS(e, "unknown tensor 'transformer.h.0.ln_3.bias'");
+}
+
+TEST(PretrainedErrors, AConfigOfAnotherArchitectureNamesTheKey) {
+    TempDir d;
+    std::string e = load_error(edited_fixture(
+        d, [](EditedTensor&) { return true; },
+        [](nlohmann::json& j) { j["activation_function"] = "relu"; }));
+    EXPECT_CONTAINS(e, "config.json");
+    EXPECT_CONTAINS(e, "\"activation_function\" is \"relu\"");
+    TempDir d2;
+    e = load_error(edited_fixture(
+        d2, [](EditedTensor&) { return true; }, [](nlohmann::json& j) { j["n_embd"] = 32; }));
+    EXPECT_CONTAINS(e, "transformer.wte.weight");  // the first tensor of another shape
+    EXPECT_CONTAINS(e, "[300, 64]");
+}
+
+TEST(PretrainedErrors, AMissingPathSaysWhatItTakesAndWhichCommandMakesACheckpoint) {
+    const std::string e = load_error("/nonexistent/base");
+    EXPECT_CONTAINS(e, "/nonexistent/base: does not exist");
+    EXPECT_CONTAINS(e, "microtrain train");
+}
+
+// ---- model.init_from in an experiment ----------------------------------------------------------
+
+TEST(InitFrom, TheModelDimensionsComeFromTheFile) {
+    TempDir d;
+    std::ofstream(d.file("e.yaml"))
+        << "name: e\nmodel: { init_from: " << kFixtureDir << " }\nvariants: [{name: a}]\n";
+    const ExperimentSpec spec = load_experiment(d.file("e.yaml"));
+    EXPECT_EQ(spec.base.model.describe(), "L2 C64 H4 T64 V300");
+    EXPECT_EQ(spec.base.init_from, kFixtureDir);
+}
+
+TEST(InitFrom, ADimensionThatDisagreesWithTheFileNamesBothValuesAndTheFile) {
+    TempDir d;
+    std::ofstream(d.file("e.yaml")) << "name: e\nmodel: { n_layer: 3, init_from: " << kFixtureDir
+                                    << " }\nvariants: [{name: a}]\n";
+    try {
+        load_experiment(d.file("e.yaml"));
+        FAIL() << "accepted n_layer 3 for a 2-layer file";
+    } catch (const SpecError& e) {
+        EXPECT_CONTAINS(e.what(), "model.n_layer");
+        EXPECT_CONTAINS(e.what(), "expected model.n_layer 2");
+        EXPECT_CONTAINS(e.what(), "got 3");
+        EXPECT_CONTAINS(e.what(), kFixture);
+    }
+}
+
+TEST(InitFrom, ABadFileIsASpecErrorAtTheKey) {
+    TempDir d;
+    std::ofstream(d.file("e.yaml")) << "name: e\nmodel: { init_from: missing.safetensors }\n"
+                                       "variants: [{name: a}]\n";
+    try {
+        load_experiment(d.file("e.yaml"));
+        FAIL() << "accepted a missing file";
+    } catch (const SpecError& e) {
+        EXPECT_CONTAINS(e.what(), "model.init_from");
+        // Relative to the experiment file's folder, like data.path.
+        EXPECT_CONTAINS(e.what(), d.file("missing.safetensors") + ": does not exist");
+    }
+}
+
+// `train --init-from` on a resumed run: the run keeps its own weights (init_from applies at step
+// 0 only), so the resumed run ends bitwise where an uninterrupted one does.
+TEST(InitFrom, TrainStartsFromTheFileAndAResumeKeepsItsOwnWeights) {
+    TempDir d;
+    std::ofstream(d.file("t.yaml"))
+        << "name: t\nbackend: cpu\ndata: { source: synthetic, batch_size: 2, seq_len: 16 }\n"
+           "run: { threads: 1 }\ntrain: { steps: 4, eval_every: 0, checkpoint_every: 2 }\n";
+    const std::string init = " --init-from " + q(kFixtureDir);
+    const std::string yaml = q(d.file("t.yaml"));
+    CliResult r = run_microtrain("train " + yaml + init + " --out-dir " + q(d.file("full")));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    r = run_microtrain("train " + yaml + init + " --out-dir " + q(d.file("part")) + " --steps 2");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    r = run_microtrain("train " + yaml + init + " --resume " + q(d.file("part")) + " --steps 4");
+    ASSERT_EQ(r.rc, 0) << r.output;
+    const std::string last = "/checkpoints/step-00000004.safetensors";
+    const SafeTensorsFile a = SafeTensorsFile::open(d.file("full") + last);
+    const SafeTensorsFile b = SafeTensorsFile::open(d.file("part") + last);
+    for (const auto& t : a.tensors())
+        EXPECT_TRUE(a.read_raw(t) == b.read_raw(b.at(t.name))) << t.name;
+    EXPECT_EQ(*a.metadata_value("n_layer"), "2");
+    EXPECT_EQ(*a.metadata_value("vocab_size"), "300");
+}
+
+}  // namespace
+}  // namespace mt
