@@ -322,6 +322,7 @@ PretrainedInfo inspect_pretrained(const std::string& path) {
     resolve_path(path, info);
     const SafeTensorsFile f = SafeTensorsFile::open(info.weights_path);
     info.tensors = f.tensors().size();
+    info.metadata = f.metadata();
     if (is_hugging_face_layout(f)) {
         info.format = WeightsFormat::hugging_face;
         if (info.config_path.empty()) refuse_missing_hf_config(f);

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,8 +52,9 @@ struct PretrainedInfo {
     GPTConfig config;    // the model the file describes (vocab_size unpadded)
     LoraConfig lora;     // a microtrain checkpoint's adapters (merged when read); rank 0: none
     size_t tensors = 0;  // tensors in the file
-    bool has_optimizer_state = false;  // microtrain: AdamW moments (not loaded)
-    int step = 0;                      // microtrain: the step it was written at
+    bool has_optimizer_state = false;             // microtrain: AdamW moments (not loaded)
+    int step = 0;                                 // microtrain: the step it was written at
+    std::map<std::string, std::string> metadata;  // the file's __metadata__
     // "Hugging Face GPT-2 tests/data/hf/model.safetensors (+ config.json): L2 C64 H4 T64 V300,
     // 26 tensors"
     std::string describe() const;
