@@ -57,15 +57,29 @@ std::string newest_train_checkpoint(const fs::path& dir) {
     return newest;
 }
 
+// How a missing checkpoint of one's own is made. `train FILE.yaml` writes its run directory at
+// <report.out_dir>/<name>-train: a missing directory of that form names the experiment to train.
+std::string make_it_hint(const std::string& path) {
+    std::string trimmed = path;
+    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+    const std::string dir = fs::path(trimmed).filename().string();
+    const std::string suffix = "-train";
+    std::string hint =
+        ". A checkpoint of your own is made first by `microtrain train FILE.yaml` (its run "
+        "directory: --out-dir, or <report.out_dir>/<name>-train)";
+    if (dir.size() > suffix.size() &&
+        dir.compare(dir.size() - suffix.size(), suffix.size(), suffix) == 0)
+        hint += ": here, run `microtrain train` on the experiment file with `name: " +
+                dir.substr(0, dir.size() - suffix.size()) +
+                "` (from the folder its report.out_dir is relative to) and try again";
+    return hint;
+}
+
 // PATH as a weights file and, for a Hugging Face file, its config.json (empty when absent).
 void resolve_path(const std::string& path, PretrainedInfo& info) {
     std::error_code ec;
     const fs::file_status st = fs::status(path, ec);
-    if (!fs::exists(st))
-        fail(path,
-             "does not exist; " + kWhatInitFromTakes +
-                 ". A checkpoint of your own is made first by `microtrain train FILE.yaml` (its "
-                 "run directory: --out-dir, or <report.out_dir>/<name>-train)");
+    if (!fs::exists(st)) fail(path, "does not exist; " + kWhatInitFromTakes + make_it_hint(path));
     if (fs::is_directory(st)) {
         const fs::path dir(path);
         if (fs::exists(dir / kHfWeightsName, ec)) {

@@ -264,6 +264,8 @@ TEST(PretrainedErrors, AMissingPathSaysWhatItTakesAndWhichCommandMakesACheckpoin
     const std::string e = load_error("/nonexistent/base");
     EXPECT_CONTAINS(e, "/nonexistent/base: does not exist");
     EXPECT_CONTAINS(e, "microtrain train");
+    // A train run directory's name (<name>-train) names the experiment that makes it.
+    EXPECT_CONTAINS(load_error("/nonexistent/lab-base-train/"), "`name: lab-base`");
 }
 
 // ---- model.init_from in an experiment ----------------------------------------------------------
