@@ -41,6 +41,7 @@ struct SampleArgs {
     double temperature = 1.0;
     int top_k = 0;
     uint64_t seed = 1337;
+    int threads = 0;  // CPU threads (0 = all cores)
 };
 
 [[noreturn]] void fail(const std::string& what) {
@@ -129,8 +130,10 @@ int run_sample(const SampleArgs& a) {
     const PretrainedInfo info = inspect_pretrained(a.input);
     std::vector<int32_t> tokens = prompt_ids(a, info);
     const size_t prompt_len = tokens.size();
+    BackendOptions options;
+    options.num_threads = a.threads;
     std::unique_ptr<Backend> backend =
-        create_backend(a.backend == "cuda" ? BackendKind::cuda : BackendKind::cpu);
+        create_backend(a.backend == "cuda" ? BackendKind::cuda : BackendKind::cpu, options);
     GPT model(*backend, info.config);
     load_pretrained(info, model, a.seed);
     const int T_max = info.config.max_seq_len, V = info.config.vocab_size;
@@ -199,6 +202,9 @@ void register_sample_command(CLI::App& app, int& exit_code) {
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--seed", a->seed, "Seed of the draws (the same seed, the same tokens)")
         ->capture_default_str();
+    cmd->add_option("--threads", a->threads, "CPU threads (0 = all cores)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, kMaxThreads));
     cmd->add_option("--backend", a->backend, "cpu or cuda")
         ->capture_default_str()
         ->check(CLI::IsMember({"cpu", "cuda"}));

@@ -294,6 +294,17 @@ TEST(InitFrom, ADimensionThatDisagreesWithTheFileNamesBothValuesAndTheFile) {
     }
 }
 
+TEST(InitFrom, ValidateReportsWhatWillBeLoaded) {
+    TempDir d;
+    std::ofstream(d.file("e.yaml")) << "name: e\nmodel: { init_from: " << kFixtureDir
+                                    << " }\nvariants: [{name: a}, {name: lora, set: {model.lora: "
+                                       "{rank: 4}}}]\n";
+    const CliResult r = run_microtrain("validate " + q(d.file("e.yaml")));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "model.init_from " + kFixtureDir + ":\n  Hugging Face GPT-2 " +
+                                  kFixture + " (+ config.json): L2 C64 H4 T64 V300, 28 tensors");
+}
+
 TEST(InitFrom, ABadFileIsASpecErrorAtTheKey) {
     TempDir d;
     std::ofstream(d.file("e.yaml")) << "name: e\nmodel: { init_from: missing.safetensors }\n"
