@@ -620,7 +620,8 @@ void check_checkpoint_layout(const SafeTensorsFile& f, const GPTConfig& c,
     const bool has_moments = check_every_tensor_is_known(f, table, c);
     for (const auto& p : table.tensors()) check_parameter_shaped(f, p.name, p, c.vocab_size);
     check_causal_mask_buffers(f, c);
-    if (with_optimizer && !has_moments) refuse_missing_moments(f);
+    if (!with_optimizer) return;
+    if (!has_moments) refuse_missing_moments(f);
     read_optimizer_state(f, table, c.vocab_size, has_moments, /*read_values=*/false);
 }
 

@@ -168,6 +168,44 @@ TEST(Pretrained, ATrainCheckpointLoadsItsWeightsAndNotItsOptimizer) {
     EXPECT_EQ(fresh.get_params(), model.get_params());
 }
 
+// A run with optim.freeze checkpoints moments of the tensors it trained only: its weights are a
+// starting point all the same (the moments are not read).
+TEST(Pretrained, ACheckpointOfAFreezeRunIsAStartingPoint) {
+    TempDir d;
+    auto backend = create_backend(BackendKind::cpu);
+    ModelOptions frozen;
+    frozen.trainable.freeze = {"wte", "h.0"};
+    GPT model(*backend, GPTConfig{}, frozen);
+    model.init_weights(7);
+    AdamW opt(model, AdamWConfig{});
+    save_checkpoint(d.file("ckpt.safetensors"), model, &opt);
+    const PretrainedInfo info = inspect_pretrained(d.file("ckpt.safetensors"));
+    GPT plain(*backend, GPTConfig{});
+    load_pretrained(info, plain, 1);
+    EXPECT_EQ(plain.get_params(), model.get_params());
+}
+
+// A LoRA run's checkpoint starts the next run from the adapted model: adapters merged.
+TEST(Pretrained, ACheckpointOfALoraRunStartsFromItsMergedWeights) {
+    TempDir d;
+    auto backend = create_backend(BackendKind::cpu);
+    ModelOptions lora;
+    lora.trainable.lora = LoraConfig{2, 4.0f};
+    GPT model(*backend, GPTConfig{}, lora);
+    model.init_weights(7);
+    std::vector<float> p = model.get_params();
+    for (const auto& t : model.parameter_table().tensors())  // B != 0: the merge changes W
+        if (t.lora) std::fill(p.begin() + t.offset, p.begin() + t.offset + t.count, 0.01f);
+    model.set_params(p);
+    save_checkpoint(d.file("lora.safetensors"), model, nullptr);
+    const PretrainedInfo info = inspect_pretrained(d.file("lora.safetensors"));
+    EXPECT_EQ(info.lora.rank, 2);
+    GPT plain(*backend, GPTConfig{});
+    load_pretrained(info, plain, 1);
+    EXPECT_EQ(plain.get_params(), merge_lora(model.parameter_table(), lora.trainable.lora,
+                                             model.get_params(), GPTConfig{}));
+}
+
 TEST(Pretrained, LoraOnTopStartsAsTheLoadedModel) {
     const PretrainedInfo info = inspect_pretrained(kFixtureDir);
     auto backend = create_backend(BackendKind::cpu);
@@ -317,6 +355,32 @@ TEST(InitFrom, ABadFileIsASpecErrorAtTheKey) {
         // Relative to the experiment file's folder, like data.path.
         EXPECT_CONTAINS(e.what(), d.file("missing.safetensors") + ": does not exist");
     }
+}
+
+// The first loss in a run's train.csv (step 1).
+double first_loss(const std::string& run_dir) {
+    std::ifstream csv(run_dir + "/train.csv");
+    std::string header, row;
+    std::getline(csv, header);
+    std::getline(csv, row);
+    return std::stod(row.substr(row.find(',') + 1));
+}
+
+// A run that starts from a train checkpoint starts with what that run learned: its first loss is
+// well below a random model's (which is the first run's first loss, near ln 256 = 5.55).
+TEST(InitFrom, TrainFromATrainRunDirectoryStartsWithItsLearnedWeights) {
+    TempDir d;
+    std::ofstream(d.file("t.yaml"))
+        << "name: t\nbackend: cpu\nmodel: { preset: tiny }\n"
+           "data: { source: synthetic, batch_size: 4, seq_len: 32 }\noptim: { lr: 3.0e-3 }\n"
+           "run: { threads: 1 }\ntrain: { steps: 60, eval_every: 0, checkpoint_every: 0 }\n";
+    const std::string yaml = q(d.file("t.yaml"));
+    CliResult r = run_microtrain("train " + yaml + " --out-dir " + q(d.file("base")));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    r = run_microtrain("train " + yaml + " --steps 1 --init-from " + q(d.file("base")) +
+                       " --out-dir " + q(d.file("next")));
+    ASSERT_EQ(r.rc, 0) << r.output;
+    EXPECT_LT(first_loss(d.file("next")), first_loss(d.file("base")) - 0.5) << r.output;
 }
 
 // `train --init-from` on a resumed run: the run keeps its own weights (init_from applies at step
