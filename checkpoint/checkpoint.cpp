@@ -239,8 +239,10 @@ const TensorEntry& check_parameter_shaped(const SafeTensorsFile& f, const std::s
         if (t->shape.size() == 2 && p.shape.size() == 2 && t->shape[0] == p.shape[1] &&
             t->shape[1] == p.shape[0])
             hint =
-                "; it looks transposed (Hugging Face GPT-2 stores Conv1D weights as "
-                "(in, out): transpose them to PyTorch Linear's (out, in))";
+                "; it looks transposed: Hugging Face GPT-2 stores Conv1D weights as (in, out), "
+                "and a file whose every Linear weight is so is read as one by model.init_from, "
+                "`microtrain sample` and `export --hf` (checkpoint/pretrained.h), but a "
+                "checkpoint holds PyTorch Linear's (out, in)";
         fail(path, "tensor '" + name + "' has shape " + shape_string(t->shape) + ", expected " +
                        expect + hint);
     }
@@ -597,6 +599,19 @@ CheckpointLoadInfo load_checkpoint(const SafeTensorsFile& f, GPT& model, AdamW* 
     return info;
 }
 
+std::vector<float> read_checkpoint_weights(const SafeTensorsFile& f, const GPTConfig& c,
+                                           const TrainableOptions& trainable) {
+    const ParameterTable table(c, trainable);
+    check_config_matches_model(f, c);
+    check_lora_matches_model(f, trainable.lora);
+    check_every_tensor_is_known(f, table, c);
+    int64_t wte_rows = 0;
+    std::vector<float> params = read_parameters(f, table, c.vocab_size, &wte_rows);
+    check_lm_head_is_tied(f, params.data() + table.at(kWteName).offset, c.n_embd);
+    check_causal_mask_buffers(f, c);
+    return params;
+}
+
 void check_checkpoint_layout(const SafeTensorsFile& f, const GPTConfig& c,
                              const TrainableOptions& trainable, bool with_optimizer) {
     const ParameterTable table(c, trainable);
@@ -605,7 +620,8 @@ void check_checkpoint_layout(const SafeTensorsFile& f, const GPTConfig& c,
     const bool has_moments = check_every_tensor_is_known(f, table, c);
     for (const auto& p : table.tensors()) check_parameter_shaped(f, p.name, p, c.vocab_size);
     check_causal_mask_buffers(f, c);
-    if (with_optimizer && !has_moments) refuse_missing_moments(f);
+    if (!with_optimizer) return;
+    if (!has_moments) refuse_missing_moments(f);
     read_optimizer_state(f, table, c.vocab_size, has_moments, /*read_values=*/false);
 }
 

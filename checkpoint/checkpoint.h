@@ -90,12 +90,21 @@ struct CheckpointLoadInfo {
 CheckpointLoadInfo load_checkpoint(const SafeTensorsFile& file, GPT& model, AdamW* opt = nullptr);
 CheckpointLoadInfo load_checkpoint(const std::string& path, GPT& model, AdamW* opt = nullptr);
 
-// Whether load_checkpoint of `file` into a model of `config` with `trainable` (and, when
-// `with_optimizer`, its AdamW) would pass its checks of the file's layout: the config and LoRA
-// metadata, every tensor known, every parameter and moment present with its shape, the causal
-// masks. Builds no model and reads no value (lm_head's tie to wte, a value check, stays with
-// the load). Throws CheckpointError like load_checkpoint: `train --resume` skips such a
-// checkpoint for the previous one before it builds anything.
+// The weights alone, checked as load_checkpoint checks them (the config and LoRA metadata, every
+// tensor known, every parameter present with its shape, the tied head, the causal masks; AdamW
+// moments are allowed and not read), in the host layout of ParameterTable(config, trainable):
+// what a run that starts from a checkpoint (checkpoint/pretrained.h) takes from it.
+std::vector<float> read_checkpoint_weights(const SafeTensorsFile& file, const GPTConfig& config,
+                                           const TrainableOptions& trainable);
+
+// Whether load_checkpoint of `file` into a model of `config` with `trainable` and its AdamW
+// (`with_optimizer`; without it, whether read_checkpoint_weights would) would pass its checks of
+// the file's layout: the config and LoRA metadata, every tensor known, every parameter (and with
+// the optimizer every moment) present with its shape, the causal masks. Without the optimizer
+// the moments are not looked at: a run that froze tensors has none for them, and a start from
+// its weights needs none. Builds no model and reads no value (lm_head's tie to wte, a value
+// check, stays with the load). Throws CheckpointError like load_checkpoint: `train --resume` skips
+// such a checkpoint for the previous one before it builds anything.
 void check_checkpoint_layout(const SafeTensorsFile& file, const GPTConfig& config,
                              const TrainableOptions& trainable, bool with_optimizer);
 

@@ -10,11 +10,19 @@
 //   microtrain export ADAPTERS --base BASE --merged OUT  applies an adapters file to its base
 //       checkpoint again (the same merge).
 //
-// CKPT is any checkpoint of a model with adapters: a `microtrain train` checkpoint of a
-// model.lora run (its optimizer state is ignored), or a file with the adapters beside the base
-// weights. Under model.quantize_frozen: int8 the checkpoint's base weights are the dequantised
-// int8 values the adapters were trained against, and the merge is onto them. Every file is
-// written atomically (io/atomic_file); nothing is written when any check fails.
+//   microtrain export CKPT --hf DIR                     a Hugging Face GPT-2 folder:
+//   DIR/config.json
+//       and DIR/model.safetensors as GPT2LMHeadModel.save_pretrained writes them (Conv1D weights
+//       (in, out), wte of vocab_size rows, the head tied), which GPT2LMHeadModel.from_pretrained
+//       loads. CKPT is anything model.init_from takes (checkpoint/pretrained.h): a train
+//       checkpoint (its LoRA adapters merged) or run directory, nanoGPT weights, a Hugging Face
+//       model. With --merged / --adapters / --base, the merged weights of those are written.
+//
+// For --merged and --adapters, CKPT is any checkpoint of a model with adapters: a `microtrain
+// train` checkpoint of a model.lora run (its optimizer state is ignored), or a file with the
+// adapters beside the base weights. Under model.quantize_frozen: int8 the checkpoint's base weights
+// are the dequantised int8 values the adapters were trained against, and the merge is onto them.
+// Every file is written atomically (io/atomic_file); nothing is written when any check fails.
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -25,6 +33,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/pretrained.h"
 #include "cli/commands.h"
 #include "kernels/backend.h"
 
@@ -119,17 +128,21 @@ LoraWeights read_adapters_with_base(const std::string& adapters_path,
 }
 
 struct ExportArgs {
-    std::string input, base, merged, adapters;
+    std::string input, base, merged, adapters, hf;
+    // --hf alone: the input is any starting point, not necessarily one with adapters.
+    bool hf_only() const {
+        return !hf.empty() && merged.empty() && adapters.empty() && base.empty();
+    }
 };
 
 // An output must not replace an input (same device and inode: a symlink or another spelling
 // of the same path counts), nor the other output.
 void check_outputs(const ExportArgs& a) {
-    if (a.merged.empty() && a.adapters.empty())
+    if (a.merged.empty() && a.adapters.empty() && a.hf.empty())
         fail(
             "nothing to export: give --merged OUT.safetensors (the adapters merged into the "
-            "weights, a plain GPT-2 checkpoint) and/or --adapters OUT.safetensors (the adapters "
-            "alone)");
+            "weights, a plain GPT-2 checkpoint), --adapters OUT.safetensors (the adapters "
+            "alone) and/or --hf DIR (a Hugging Face GPT-2 folder)");
     if (!a.merged.empty() && a.merged == a.adapters)
         fail("--merged and --adapters are both '" + a.merged + "'; give two different files");
     auto same_file = [](const std::string& x, const std::string& y) {
@@ -138,7 +151,11 @@ void check_outputs(const ExportArgs& a) {
         return ::stat(x.c_str(), &sx) == 0 && ::stat(y.c_str(), &sy) == 0 &&
                sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino;
     };
-    for (const auto& [flag, out] : {std::pair{"--merged", a.merged}, {"--adapters", a.adapters}}) {
+    const std::string hf_weights = a.hf.empty() ? "" : a.hf + "/model.safetensors";
+    for (const auto& [flag, out] : {std::pair{"--merged", a.merged},
+                                    {"--adapters", a.adapters},
+                                    {"--hf", a.hf},
+                                    {"--hf", hf_weights}}) {
         if (out.empty()) continue;
         for (const auto& [name, in] : {std::pair{"CHECKPOINT", a.input}, {"--base", a.base}})
             if (!in.empty() && same_file(out, in))
@@ -147,8 +164,20 @@ void check_outputs(const ExportArgs& a) {
     }
 }
 
+// --hf alone: any starting point (a LoRA checkpoint's adapters merged) as a Hugging Face folder.
+int export_hugging_face(const ExportArgs& a) {
+    const PretrainedInfo info = inspect_pretrained(a.input);
+    save_hugging_face(a.hf, info.config, read_pretrained_params(info));
+    std::printf(
+        "wrote %s/config.json and %s/model.safetensors: %s as a Hugging Face GPT-2 "
+        "(GPT2LMHeadModel.from_pretrained loads it)\n",
+        a.hf.c_str(), a.hf.c_str(), info.describe().c_str());
+    return 0;
+}
+
 int run_export(const ExportArgs& a) {
     check_outputs(a);
+    if (a.hf_only()) return export_hugging_face(a);
     const LoraWeights w = a.base.empty() ? read_checkpoint_weights(a.input)
                                          : read_adapters_with_base(a.input, a.base);
     const std::map<std::string, std::string> source = {
@@ -167,6 +196,11 @@ int run_export(const ExportArgs& a) {
         std::printf("wrote %s: %s with the adapters (%s) merged into the weights\n",
                     a.merged.c_str(), w.config.describe().c_str(), what);
     }
+    if (!a.hf.empty()) {
+        save_hugging_face(a.hf, w.config, merge_lora(*w.table, w.lora, w.params, w.config));
+        std::printf("wrote %s: %s with the adapters (%s) merged, as a Hugging Face GPT-2\n",
+                    a.hf.c_str(), w.config.describe().c_str(), what);
+    }
     return 0;
 }
 
@@ -176,13 +210,17 @@ void register_export_command(CLI::App& app, int& exit_code) {
     auto a = std::make_shared<ExportArgs>();
     CLI::App* cmd = app.add_subcommand(
         "export",
-        "Export the LoRA adapters of a checkpoint: merged into the weights (a plain GPT-2 "
-        "checkpoint that loads into PyTorch) and/or alone");
+        "Export a checkpoint as a Hugging Face GPT-2 folder (--hf), or the LoRA adapters of "
+        "one: merged into the weights (a plain GPT-2 checkpoint that loads into PyTorch) and/or "
+        "alone");
     cmd->add_option("checkpoint", a->input,
                     "CHECKPOINT.safetensors of a model.lora run (or, with --base, an adapters "
-                    "file)")
+                    "file); with --hf alone anything model.init_from takes")
         ->required()
-        ->check(CLI::ExistingFile);
+        ->check(CLI::ExistingPath);
+    cmd->add_option("--hf", a->hf,
+                    "Write DIR/config.json and DIR/model.safetensors: a Hugging Face GPT-2 that "
+                    "GPT2LMHeadModel.from_pretrained(DIR) loads");
     cmd->add_option("--merged", a->merged,
                     "Write OUT.safetensors: the weights with W + (alpha/rank) B A, nanoGPT names, "
                     "no adapters, no optimizer state");

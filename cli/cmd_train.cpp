@@ -26,7 +26,7 @@ constexpr int kMaxSeqLen = 1 << 20;
 
 struct TrainArgs {
     // The training run (FILE given).
-    std::string file, variant, out_dir, resume;
+    std::string file, variant, out_dir, resume, init_from;
     std::vector<std::string> overrides;
     bool one_batch = false;
     // The one-batch smoke test (no FILE, or --one-batch).
@@ -112,6 +112,7 @@ int run_file(const TrainArgs& a, const CLI::App& cmd) {
     o.out_dir = a.out_dir;
     o.resume_dir = a.resume;
     o.overrides = a.overrides;
+    if (!a.init_from.empty()) o.overrides.push_back("model.init_from=" + a.init_from);
     if (cmd.count("--steps") > 0) o.steps = a.steps;
     if (cmd.count("--threads") > 0)
         o.overrides.push_back("run.threads=" + std::to_string(a.threads));
@@ -121,7 +122,7 @@ int run_file(const TrainArgs& a, const CLI::App& cmd) {
 
 // The one-batch smoke test refuses the training run's flags rather than ignoring them.
 int run_one_batch_checked(const TrainArgs& a, const CLI::App& cmd) {
-    for (const char* flag : {"--variant", "--out-dir", "--resume", "--set"})
+    for (const char* flag : {"--variant", "--out-dir", "--resume", "--set", "--init-from"})
         if (cmd.count(flag) > 0) {
             std::fprintf(stderr,
                          "microtrain train: %s needs an experiment file: microtrain train "
@@ -158,6 +159,10 @@ void register_train_command(CLI::App& app, int& exit_code) {
                     "Run directory (default <report.out_dir>/<name>-train[-<variant>])");
     cmd->add_option("--resume", args->resume,
                     "Continue the run in DIR from its newest valid checkpoint");
+    cmd->add_option("--init-from", args->init_from,
+                    "Start from these weights (model.init_from): a train checkpoint or run "
+                    "directory, nanoGPT weights, or a Hugging Face GPT-2 model.safetensors or "
+                    "folder; a --resume keeps its own");
     add_set_option(cmd, args->overrides, "Override a key: --set optim.lr=1e-3 (repeatable)");
     cmd->add_option("--preset", args->preset, "Model preset (one-batch test)")
         ->capture_default_str()

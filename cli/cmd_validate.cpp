@@ -8,12 +8,26 @@
 #include <tuple>
 #include <vector>
 
+#include "checkpoint/pretrained.h"
 #include "cli/commands.h"
 #include "engine/data.h"
 #include "experiment/spec.h"
 
 namespace mt {
 namespace {
+
+// model.init_from of the base and of each variant that changes it: what will be loaded (the
+// spec has read and checked its headers already; this reads them again to describe them).
+void print_starting_points(const ExperimentSpec& spec) {
+    std::set<std::string> shown;
+    auto show = [&](const RunConfig& c) {
+        if (c.init_from.empty() || !shown.insert(c.init_from).second) return;
+        std::printf("\nmodel.init_from %s:\n  %s\n", c.init_from.c_str(),
+                    inspect_pretrained(c.init_from).describe().c_str());
+    };
+    show(spec.base);
+    for (const RunConfig& v : spec.variants) show(v);
+}
 
 struct ValidateArgs {
     std::string file;
@@ -90,6 +104,8 @@ int run_validate(const ValidateArgs& a) {
     std::printf("\nbase config:\n");
     for (const auto& [key, value] : flatten(spec.base))
         std::printf("  %-24s %s\n", key.c_str(), value.empty() ? "-" : value.c_str());
+
+    print_starting_points(spec);
 
     std::printf("\nvariants:\n");
     int multi_knob = 0;

@@ -121,6 +121,10 @@ struct RunConfig {
     BackendChoice backend = BackendChoice::auto_;
     std::string model_preset;  // empty when explicit dims were given
     GPTConfig model;
+    // model.init_from: the weights the run starts from (checkpoint/pretrained.h: a train
+    // checkpoint, nanoGPT weights, a Hugging Face GPT-2); `model` is then the file's. Empty:
+    // random weights from run.seed. A resumed `train` run takes its own checkpoint instead.
+    std::string init_from;
     DataConfig data;
     AdamWConfig optim;
     RunSettings run;

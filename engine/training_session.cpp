@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "checkpoint/pretrained.h"
 #include "engine/cpu_load.h"
 #include "engine/signals.h"
 #include "kernels/collectives.h"
@@ -46,6 +47,8 @@ std::unique_ptr<Backend> host_optimizer_backend(const RunConfig& cfg) {
 GPT& prepare_model(GPT& model, const RunConfig& cfg, const TrainingInputs& inputs) {
     if (inputs.load_weights)
         inputs.load_weights(model);
+    else if (!cfg.init_from.empty())
+        load_pretrained(inspect_pretrained(cfg.init_from), model, cfg.run.seed);
     else
         model.init_weights(cfg.run.seed);
     model.allocate_activations(cfg.data.batch_size, cfg.data.seq_len);

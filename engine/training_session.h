@@ -91,8 +91,9 @@ void check_memory_fits(const RunConfig& cfg, Backend& backend, MemoryEstimate* e
 
 // What a session takes beyond the RunConfig; every field has the runner's default.
 struct TrainingInputs {
-    // Initial weights: empty = GPT::init_weights(cfg.run.seed); otherwise called once on the new
-    // model (e.g. load_checkpoint from a safetensors file) instead.
+    // Initial weights: empty = cfg.init_from's (load_pretrained), or without one
+    // GPT::init_weights(cfg.run.seed); otherwise called once on the new model (e.g.
+    // load_checkpoint from a safetensors file, a resumed run's own checkpoint) instead.
     std::function<void(GPT& model)> load_weights;
     // Batches: null = a DataLoader over cfg.data seeded with cfg.run.seed; otherwise this source,
     // whose batches must be (cfg.data.batch_size, cfg.data.seq_len) (T at most seq_len under

@@ -27,6 +27,7 @@
 #include <set>
 #include <sstream>
 
+#include "checkpoint/pretrained.h"
 #include "engine/data.h"
 #include "experiment/spec_text.h"
 #include "io/regular_file.h"
@@ -423,6 +424,13 @@ void add_backend_and_model_keys(std::vector<KeyDef>& t) {
         "2^24 tokens, the trainer's bound; GPT-2 has 50257",
         [](RunConfig& c) -> int& { return c.model.vocab_size; },
         "a vocabulary needs at least 2 tokens"));
+    // model.init_from: the model's dimensions then come from the file (resolve_init_from).
+    {
+        KeyDef k{"model.init_from", Kind::string, {}, nullptr, nullptr, nullptr};
+        k.set = [](RunConfig& c, const Value& v) { c.init_from = v.s; };
+        k.get = [](const RunConfig& c) { return c.init_from; };
+        t.push_back(std::move(k));
+    }
 }
 
 // data.*: the batch source and the loader.
@@ -1376,13 +1384,14 @@ struct Resolver {
             if (key == "model.preset") continue;
             const KeyDef& def = *find_knob(key);
             Value v = parse_value(def, setting.node, setting.where, context);
-            if (key == "data.path" || key == "data.val_path") {
+            if (key == "data.path" || key == "data.val_path" || key == "model.init_from") {
                 fs::path p(v.s);
                 if (p.is_relative() && !setting.base_dir.empty())
                     v.s = (fs::path(setting.base_dir) / p).lexically_normal().string();
             }
             def.set(c, v);
         }
+        resolve_init_from(c);
         if (preset && !(*preset == c.model)) c.model_preset.clear();
         check_ignored_keys(c);
         check_validation_split(c);
@@ -1394,6 +1403,37 @@ struct Resolver {
             c.data.seq_len = std::min(c.data.seq_len, c.model.max_seq_len);
         check(c);
         return c;
+    }
+
+    // model.init_from: the file (checkpoint/pretrained.h) decides the model's dimensions; any the
+    // experiment gives (or its model.preset implies) must be the file's.
+    void resolve_init_from(RunConfig& c) const {
+        if (c.init_from.empty()) return;
+        PretrainedInfo info;
+        try {
+            info = inspect_pretrained(c.init_from);
+        } catch (const std::exception& e) {
+            error("model.init_from", e.what());
+        }
+        const GPTConfig& file = info.config;
+        const std::pair<const char*, int GPTConfig::*> dims[] = {
+            {"model.n_layer", &GPTConfig::n_layer},
+            {"model.n_head", &GPTConfig::n_head},
+            {"model.n_embd", &GPTConfig::n_embd},
+            {"model.max_seq_len", &GPTConfig::max_seq_len},
+            {"model.vocab_size", &GPTConfig::vocab_size}};
+        for (const auto& [key, field] : dims) {
+            const bool given = s.count(key) > 0;
+            if ((!given && !s.count("model.preset")) || c.model.*field == file.*field) continue;
+            const std::string by = given ? std::string(key) : "model.preset";
+            error(by, std::string("expected ") + key + " " + std::to_string(file.*field) +
+                          ", the value of model.init_from's " + info.weights_path + " (" +
+                          file.describe() + "), got " + std::to_string(c.model.*field) +
+                          (given ? "" : " from model.preset") +
+                          "; the model's dimensions come from the file: remove " + by +
+                          " or make it agree");
+        }
+        c.model = file;
     }
 
     // A written key that another key's value makes meaningless (ignored_under). Not when the

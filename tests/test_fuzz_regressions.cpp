@@ -64,6 +64,10 @@ TEST(FuzzRegressions, TrainCheckpointInputsAreReadOrRejectedWithSafeTensorsError
     replay("train_checkpoint", mt::fuzz::train_checkpoint, 2);
 }
 
+TEST(FuzzRegressions, PretrainedFoldersAreLoadedOrRejectedWithCheckpointError) {
+    replay("pretrained", mt::fuzz::pretrained, 3);
+}
+
 TEST(FuzzRegressions, ResultsInputsAreComparedOrRejectedWithReportError) {
     replay("results", mt::fuzz::results, 2);
 }

@@ -18,7 +18,7 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake --preset fuzz "${launcher[@]}" >/dev/null
 cmake --build --preset fuzz -j "${MT_FUZZ_JOBS:-2}"
 
-targets=(safetensors batch tokens experiment train_checkpoint results)
+targets=(safetensors batch tokens experiment train_checkpoint results pretrained)
 # Fail on the first UBSan report too; leaks are findings (libFuzzer's -detect_leaks=1).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"

@@ -26,6 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_LABS = ["kernel_ladder", "layernorm", "data_bound", "data_cache", "shape_jitter", "optimizer", "finetune",
             "int8_frozen", "host_sync", "noisy_machine", "data_parallel"]
 MIB = 1024.0 * 1024.0
+# Labs whose model.init_from names a base to train first: the train config and its run directory
+# (relative to the repository root, where the lab's init_from points).
+BASES = {"finetune": ("finetune_base.yaml", "runs/lab-finetune-base-train")}
 
 
 def cpu_name():
@@ -46,6 +49,13 @@ def run_labs(out, build, labs):
                "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
                "load_before": open("/proc/loadavg").read().split()[:3]}
     for lab in labs:
+        # A lab that starts from trained weights (model.init_from) trains its base first, once.
+        if lab in BASES and not os.path.isdir(os.path.join(ROOT, BASES[lab][1])):
+            base = [binary, "train", os.path.join(ROOT, "configs", "labs", BASES[lab][0]),
+                    "--out-dir", os.path.join(ROOT, BASES[lab][1])]
+            with open(os.path.join(out, lab + "_base.log"), "w") as log:
+                rc = subprocess.call(base, stdout=log, stderr=subprocess.STDOUT)
+            print(f"{lab}: its base ({BASES[lab][0]}): exit {rc}", flush=True)
         cfg = os.path.join(ROOT, "configs", "labs", lab + ".yaml")
         folder = os.path.join(out, lab)
         cmd = [binary, "run", cfg, "--set", "report.out_dir=" + folder]
@@ -154,8 +164,10 @@ EXTRA = {
         ("backward ms", lambda v, r: f"{phase_median(v, 'backward'):.1f}"),
         ("optimizer ms", lambda v, r: f"{phase_median(v, 'optimizer'):.2f}"),
         ("GFLOP/step", lambda v, r: f"{v['flops']['per_step'] / 1e9:.2f}"),
-        ("grads MiB", lambda v, r: mib(v["memory"]["tracked_peak"]["grads"])),
-        ("optimizer MiB", lambda v, r: mib(v["memory"]["tracked_peak"]["optimizer"])),
+        ("params / grads / optimizer MiB", lambda v, r: " / ".join(
+            mib(v["memory"]["tracked_peak"][k]) for k in ("params", "grads", "optimizer"))),
+        ("first loss", lambda v, r: f"{v['loss']['first']:.4f}"),
+        ("mean loss", lambda v, r: f"{v['loss']['mean_measured']:.4f}"),
         ("final loss", lambda v, r: f"{v['loss']['final']:.4f}"),
     ],
     "int8_frozen": [

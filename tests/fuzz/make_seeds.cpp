@@ -7,15 +7,18 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/pretrained.h"
 #include "engine/data.h"
 #include "io/safetensors.h"
 #include "kernels/backend.h"
 #include "optim/adamw.h"
 #include "report/results.h"
+#include "tests/fuzz/targets.h"
 #include "tests/hand_made_run.h"
 
 namespace fs = std::filesystem;
@@ -178,14 +181,38 @@ void results_seeds(const fs::path& dir) {
 
 }  // namespace
 
+// A Hugging Face GPT-2 folder as one input (targets.h pretrained): with its config.json, without
+// one, and with a config of another architecture.
+void pretrained_seeds(const fs::path& dir) {
+    auto backend = create_backend(BackendKind::cpu);
+    GPT model(*backend, tiny_config());
+    model.init_weights(1);
+    const fs::path folder = dir / "folder.tmp";
+    save_hugging_face(folder.string(), tiny_config(), model.get_params());
+    auto slurp = [](const fs::path& p) {
+        std::ifstream in(p, std::ios::binary);
+        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    };
+    const std::string config = slurp(folder / "config.json");
+    const std::string weights = slurp(folder / "model.safetensors");
+    fs::remove_all(folder);
+    std::string relu = config;
+    relu.replace(relu.find("gelu_new"), 8, "relu");
+    std::ofstream(dir / "folder", std::ios::binary)
+        << config << mt::fuzz::kPretrainedSeparator << weights;
+    std::ofstream(dir / "no_config", std::ios::binary) << weights;
+    std::ofstream(dir / "relu_config", std::ios::binary)
+        << relu << mt::fuzz::kPretrainedSeparator << weights;
+}
+
 int main(int argc, char** argv) {
     if (argc != 2 && argc != 3) {
         std::fprintf(stderr, "usage: %s CORPUS_DIR [CONFIGS_DIR]\n", argv[0]);
         return 2;
     }
     const fs::path root = argv[1];
-    for (const char* t :
-         {"safetensors", "batch", "tokens", "experiment", "train_checkpoint", "results"})
+    for (const char* t : {"safetensors", "batch", "tokens", "experiment", "train_checkpoint",
+                          "results", "pretrained"})
         fs::create_directories(root / t);
     safetensors_seeds(root / "safetensors");
     batch_seeds(root / "batch");
@@ -193,6 +220,7 @@ int main(int argc, char** argv) {
     experiment_seeds(root / "experiment", argc == 3 ? argv[2] : "configs");
     train_checkpoint_seeds(root / "train_checkpoint");
     results_seeds(root / "results");
+    pretrained_seeds(root / "pretrained");
     std::printf("seeds written under %s\n", root.c_str());
     return 0;
 }

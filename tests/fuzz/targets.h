@@ -10,11 +10,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/pretrained.h"
 #include "cli/commands.h"
 #include "cli/training_run.h"
 #include "engine/data.h"
@@ -74,6 +79,45 @@ inline void safetensors(const std::string& path) {
         read_every_tensor(f);
         load_into_model(f);
     } catch (const SafeTensorsError&) {  // = CheckpointError
+    }
+}
+
+// ---- starting points: a Hugging Face GPT-2 folder, as model.init_from / sample / export read it
+// --
+
+// One input is a whole folder: config.json's text, the line kPretrainedSeparator, then
+// model.safetensors' bytes (no separator: all of it is model.safetensors, with no config.json).
+// Both files go into a private temporary folder, rewritten for every input.
+inline const std::string kPretrainedSeparator = "\n#model.safetensors\n";
+
+inline void pretrained(const std::string& path) {
+    static const std::string dir = [] {
+        std::string t =
+            (std::filesystem::temp_directory_path() / "mt_fuzz_pretrained_XXXXXX").string();
+        if (!mkdtemp(t.data())) std::abort();
+        return t;
+    }();
+    std::ifstream in(path, std::ios::binary);
+    const std::string input((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t cut = input.find(kPretrainedSeparator);
+    std::filesystem::remove(dir + "/config.json");
+    if (cut != std::string::npos)
+        std::ofstream(dir + "/config.json", std::ios::binary) << input.substr(0, cut);
+    const size_t weights = cut == std::string::npos ? 0 : cut + kPretrainedSeparator.size();
+    std::ofstream(dir + "/model.safetensors", std::ios::binary) << input.substr(weights);
+    try {
+        const PretrainedInfo info = inspect_pretrained(dir);
+        // The file's tensors were checked against the config: the model is no larger than the
+        // input; this bound only keeps each execution fast.
+        if (ParameterTable(info.config).total_count() > (size_t{1} << 20)) return;
+        static const auto backend = [] {
+            BackendOptions o;
+            o.num_threads = 1;
+            return create_backend(BackendKind::cpu, o);
+        }();
+        GPT model(*backend, info.config);
+        load_pretrained(info, model, 1);
+    } catch (const CheckpointError&) {
     }
 }
 
