@@ -74,8 +74,9 @@ TEST_F(CgroupTree, AQuotaOnAGroupAboveCapsTheCount) {
     write("sys/job/step/cpu.max", "max 100000\n");
     const UsableCores u = cores();
     EXPECT_EQ(u.count, 1);
-    if (mask_cpus() > 1)
+    if (mask_cpus() > 1) {
         EXPECT_EQ(u.source.rfind("cgroup cpu.max 1 CPU (affinity mask: ", 0), 0u) << u.source;
+    }
 }
 
 // 1.5 CPUs round up to 2 threads (where the mask has 2 or more CPUs); a looser quota elsewhere
@@ -86,7 +87,9 @@ TEST_F(CgroupTree, AFractionalQuotaRoundsUpAndTheTightestWins) {
     write("sys/a/b/cpu.max", "150000 100000\n");
     const UsableCores u = cores();
     EXPECT_EQ(u.count, std::min(2, mask_cpus()));
-    if (mask_cpus() > 2) EXPECT_EQ(u.source.rfind("cgroup cpu.max 1.5 CPUs", 0), 0u) << u.source;
+    if (mask_cpus() > 2) {
+        EXPECT_EQ(u.source.rfind("cgroup cpu.max 1.5 CPUs", 0), 0u) << u.source;
+    }
 }
 
 TEST_F(CgroupTree, CgroupV1CpuControllerQuotaIsRead) {
@@ -95,8 +98,9 @@ TEST_F(CgroupTree, CgroupV1CpuControllerQuotaIsRead) {
     write("sys/cpu,cpuacct/x/cpu.cfs_period_us", "100000\n");
     const UsableCores u = cores();
     EXPECT_EQ(u.count, 1);
-    if (mask_cpus() > 1)
+    if (mask_cpus() > 1) {
         EXPECT_EQ(u.source.rfind("cgroup cpu.cfs_quota_us 1 CPU", 0), 0u) << u.source;
+    }
 }
 
 // A quota above the mask's CPUs changes nothing: the mask is the tighter limit.
