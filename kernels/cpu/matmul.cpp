@@ -15,7 +15,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_LEVEL_NS {
 namespace {
 
 // out (N,OC) = inp (N,C) W(OC,C)^T   (overwrites)
@@ -141,4 +141,4 @@ void lora_backward(float* dinp, float* dA, float* dB, float* du, const float* do
     if (dinp) gemm(N, C, R, {du, R, false}, {A, C, false}, dinp, C, /*accumulate=*/true);  // du A
 }
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_LEVEL_NS
