@@ -19,7 +19,10 @@
 //   segment is loaded and stored for every k (no register tile: bound by L1 load/store ports,
 //   not FMAs), and B is read with its own stride (TLB and prefetcher misses).
 //
-// gemm_packed — the BLIS/GotoBLAS recipe, written for AVX-512 (32 zmm registers, 16 floats each):
+// gemm_packed — the BLIS/GotoBLAS recipe, one driver for two register tiles: this file is
+//   compiled once per CPU ISA level (cpu_isa.h), and the avx512 level's tile (below, for 32 zmm
+//   registers of 16 floats) or the avx2 level's (6x16 in 12 ymm accumulators, see "the avx2
+//   level") is the one its compilation gets; the baseline level has none. For AVX-512:
 //
 //   for each M block of MC rows                      (A block, MC x KC, shared: lives in L3)
 //     for each K chunk of KC                         (the only split of the sum over k)
@@ -50,8 +53,8 @@
 // gemm_eigen — Eigen's GEMM (itself cache-blocked and packed, with a generic SIMD kernel) on
 //   shape-determined pieces of C, one single-threaded Eigen GEMM per piece. Eigen's own parallel
 //   GEMM makes the threads share packed panels and spin at every panel, which on 2 cores measured
-//   1.3-1.7x slower for the LM-head shapes. The portable fallback where AVX-512 is not compiled,
-//   and the peer bench/cpu_gemm.cpp compares gemm_packed with.
+//   1.3-1.7x slower for the LM-head shapes. The baseline level's GEMM, and the peer
+//   bench/cpu_gemm.cpp compares gemm_packed with (Eigen compiled for the same level).
 #include "kernels/cpu/gemm.h"
 
 #include <omp.h>
@@ -538,12 +541,19 @@ void micro_kernel_6x16(int kc, const float* __restrict ap, const float* __restri
         }
         return;
     }
-    for (int i = 0; i < mr; i++) {  // an edge tile: through a buffer, the same adds per element
-        alignas(32) float t[kNR];
-        _mm256_store_ps(t, acc[i][0]);
-        _mm256_store_ps(t + 8, acc[i][1]);
+    // An edge tile: through a buffer, the same adds per element. Every accumulator is stored
+    // with a constant index (an unrolled loop), so the compiler keeps them all in registers in
+    // the k loop; an acc[i] read with a run-time i would make it keep a copy on the stack and
+    // store all 12 there on every k (measured: half the speed).
+    alignas(32) float t[kMR][kNR];
+#pragma GCC unroll 6
+    for (int i = 0; i < kMR; i++) {
+        _mm256_store_ps(t[i], acc[i][0]);
+        _mm256_store_ps(t[i] + 8, acc[i][1]);
+    }
+    for (int i = 0; i < mr; i++) {
         float* row = c + i * ldc;
-        for (int j = 0; j < nr; j++) row[j] = accumulate ? row[j] + t[j] : t[j];
+        for (int j = 0; j < nr; j++) row[j] = accumulate ? row[j] + t[i][j] : t[i][j];
     }
 }
 
