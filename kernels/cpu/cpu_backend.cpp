@@ -198,8 +198,6 @@ class CpuBackend final : public Backend {
             omp_set_num_threads(o.num_threads);
         }
         threads_ = omp_get_max_threads();
-        // The GEMM implementation is part of the name: it decides the step time and the
-        // measured sgemm peak, which engine/profile.cpp caches per device name.
         // The op table's entries, each calling this class's kernel() for that op.
 #define MT_BIND_CPU_KERNEL(table_name, Op)                  \
     kernels_.table_name = [](Backend& b, const op::Op& a) { \
@@ -207,6 +205,8 @@ class CpuBackend final : public Backend {
     };
         MT_OPS(MT_BIND_CPU_KERNEL)
 #undef MT_BIND_CPU_KERNEL
+        // The ISA level and the GEMM implementation are part of the name: they decide the step
+        // time and the measured sgemm peak, which engine/profile.cpp caches per device name.
         name_ = "CPU: " + cpu_model_name() + " (" + std::to_string(threads_) +
                 (threads_ == 1 ? " thread, " : " threads, ") + cpu::to_string(isa_) + " kernels, " +
                 cpu_.gemm_impl_name() + " GEMM)";
@@ -320,8 +320,8 @@ class CpuBackend final : public Backend {
     }
 
     // ---- kernels: one per op of the op table (kernels/ops.h), fp32 ----
-    // Each binds an op's typed arguments to the mt::cpu kernel (kernels.h) or, where the op has
-    // variants, to the variant it asks for.
+    // Each binds an op's typed arguments to its kernel (kernels.h) in this backend's ISA level
+    // (cpu_, the level's KernelTable) or, where the op has variants, to the variant it asks for.
     void kernel(const op::EncoderForward& a) {
         cpu_.encoder_forward(f(a.out), a.inp, f(a.wte), f(a.wpe), a.B, a.T, a.C);
     }
@@ -475,7 +475,7 @@ class CpuBackend final : public Backend {
 
     int threads_ = 1;
     cpu::CpuIsa isa_;              // the ISA level this backend's kernels were compiled for
-    const cpu::KernelTable& cpu_;  // that level's kernels
+    const cpu::KernelTable& cpu_;  // that level's kernels: every kernel() below calls them
     std::string name_;
     std::mutex mu_;
     std::unordered_map<void*, AllocInfo> allocs_;
