@@ -1,6 +1,7 @@
 // CpuBackend: the Backend interface on the host, fp32 only. Memory is plain aligned host
 // memory (tracked per category), copies are memcpy, ops run synchronously and forward to the
-// mt::cpu kernels (ops.h), events read std::chrono::steady_clock.
+// kernels (ops.h) of the CPU ISA level chosen at construction (cpu_isa.h), events read
+// std::chrono::steady_clock.
 #include "kernels/cpu/cpu_backend.h"
 
 #include <omp.h>
