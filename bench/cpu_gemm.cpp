@@ -357,6 +357,12 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 1000));
     CLI11_PARSE(app, argc, argv);
 
+    try {  // MT_CPU_ISA naming no level, or one this CPU lacks: say so, do not abort
+        mt::cpu::cpu_isa_from_environment();
+    } catch (const mt::BackendError& e) {
+        std::fprintf(stderr, "cpu_gemm: %s\n", e.what());
+        return 2;
+    }
     if (!mt::cpu::gemm_packed_available()) {
         std::fprintf(stderr,
                      "cpu_gemm: the process's CPU ISA level (%s) has no packed GEMM: "
