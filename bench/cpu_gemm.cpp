@@ -1,7 +1,8 @@
-// cpu_gemm: microtrain's own packed AVX-512 GEMM (kernels/cpu/gemm.cpp, gemm_packed) side by
-// side with Eigen's GEMM (gemm_eigen, the portable fallback and the peer) on the GEMMs a
-// training step really runs, in one process, alternating which goes first. A benchmark, not a
-// test: it prints numbers and asserts nothing about them.
+// cpu_gemm: microtrain's own packed GEMMs (kernels/cpu/gemm.cpp, gemm_packed) of every CPU ISA
+// level this CPU runs (packed-avx512, packed-avx2; kernels/cpu/cpu_isa.h) side by side with
+// Eigen's GEMM (gemm_eigen of the process's level: MT_CPU_ISA, else the best; the baseline
+// level's GEMM and the peer) on the GEMMs a training step really runs, in one process, rotating
+// which goes first. A benchmark, not a test: it prints numbers and asserts nothing about them.
 //
 //   cpu_gemm [--threads 2] [--reps 7] [--preset gpt2-124M -B 4 -T 128] [--json out.json]
 //            [--ladder [--ladder-reps 3]]
@@ -11,20 +12,23 @@
 //                                  dinp     (N,C)  += dout (N,OC) W,
 //                                  dweight  (OC,C) += dout^T (OC,N) inp (N,C)  — with N = B*T,
 // plus a square 1024^3. Each (shape, impl) is timed `reps` times after one warm-up; the table
-// gives the median ms, GFLOP/s (2 M N K per call) and the spread (min..max), and the ratio
-// packed / Eigen of the medians (< 1 = packed faster).
+// gives the median ms, GFLOP/s (2 M N K per call) and the spread (min..max) of each, and the
+// ratio of each packed GEMM to Eigen's, of the medians (< 1 = packed faster).
 //
 // Then the int8 weight (model.quantize_frozen: int8): the forward and dinp GEMMs of each linear
 // layer with the weight as an int8 operand (gemm_int8: dequantised while gemm_packed packs it)
-// beside the same GEMM on the fp32 weight, alternating; ratio int8 / fp32 of the medians.
+// beside the same GEMM on the fp32 weight, alternating; ratio int8 / fp32 of the medians (the
+// process's level: MT_CPU_ISA=avx2 times the avx2 one).
 //
-// --ladder: then the whole kernels.matmul ladder (naive, blocked, packed, eigen = blas) on the
-// same shapes, each step timed `--ladder-reps` times (naive is slow: 3 by default), rotating
-// which step goes first; GFLOP/s per step and each step's speed-up over the one before.
+// --ladder: then the whole kernels.matmul ladder of the process's level (naive, blocked, packed,
+// eigen = blas) on the same shapes, each step timed `--ladder-reps` times (naive is slow: 3 by
+// default), rotating which step goes first; GFLOP/s per step and each step's speed-up over the one
+// before.
 //
-// The compute roof: before the GEMMs, an FMA probe runs 12 independent chains of AVX-512 FMAs
-// per thread on registers only (no memory traffic at all: the most any fp32 kernel can issue on
-// these cores), best of 3; the step line gives each GEMM's rate as a share of it.
+// The compute roof: before the GEMMs, an FMA probe runs 12 independent chains of FMAs of the
+// widest vectors the CPU has (AVX-512, else AVX2) per thread on registers only (no memory
+// traffic at all: the most any fp32 kernel can issue on these cores), best of 3; the step line
+// gives each GEMM's rate as a share of it.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -39,7 +43,7 @@
 #include <vector>
 
 #include "io/atomic_file.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/quantize.h"
 #include "model/gpt.h"
 
@@ -75,11 +79,16 @@ void add_linear(std::vector<Shape>& shapes, const std::string& layer, int N, int
     shapes.push_back({layer + " dW", OC, C, N, true, false, true, OC, C});
 }
 
-// Register-only FMA throughput of all threads, GFLOP/s. 12 accumulators hide the FMA latency
-// (4 cycles x 2 pipes needs >= 8 chains); each FMA on 16 lanes is 32 flops. Compiled for
-// AVX-512F whatever the bench's flags: only called when gemm_packed (AVX-512) is available.
-__attribute__((target("avx512f"))) double fma_peak_gflops() {
-    constexpr long kIters = 20'000'000;
+// Register-only FMA throughput of all threads, GFLOP/s: 12 accumulators hide the FMA latency
+// (4 cycles x 2 pipes needs >= 8 chains); each FMA on 16 (AVX-512) or 8 (AVX2) lanes is 32 or
+// 16 flops. Each is compiled for its ISA whatever the bench's flags, and called only where the
+// CPU has it. kFmaIters FMAs per chain; the flops of a run of `lanes`-wide FMAs over `seconds`:
+constexpr long kFmaIters = 20'000'000;
+double fma_gflops(int lanes, double seconds) {
+    return 2.0 * lanes * 12 * kFmaIters * omp_get_max_threads() / seconds * 1e-9;
+}
+
+__attribute__((target("avx512f"))) double fma_peak_avx512() {
     double best = 0;
     for (int rep = 0; rep < 3; ++rep) {
         const auto t0 = Clock::now();
@@ -89,7 +98,7 @@ __attribute__((target("avx512f"))) double fma_peak_gflops() {
             __m512 acc[12];
             for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(1.0f + 1e-7f * i);
             const __m512 b = _mm512_set1_ps(0.9999999f), c = _mm512_set1_ps(1e-7f);
-            for (long it = 0; it < kIters; ++it)
+            for (long it = 0; it < kFmaIters; ++it)
                 for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], b, c);
             __m512 s = acc[0];
             for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
@@ -98,10 +107,42 @@ __attribute__((target("avx512f"))) double fma_peak_gflops() {
             for (float x : lanes) sink += x;  // keeps the loop alive
         }
         const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-        const double flops = 2.0 * 16 * 12 * kIters * omp_get_max_threads();
-        if (sink != 0) best = std::max(best, flops / s * 1e-9);
+        if (sink != 0) best = std::max(best, fma_gflops(16, s));
     }
     return best;
+}
+
+__attribute__((target("avx2,fma"))) double fma_peak_avx2() {
+    double best = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+        const auto t0 = Clock::now();
+        float sink = 0;
+#pragma omp parallel reduction(+ : sink)
+        {
+            __m256 acc[12];
+            for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(1.0f + 1e-7f * i);
+            const __m256 b = _mm256_set1_ps(0.9999999f), c = _mm256_set1_ps(1e-7f);
+            for (long it = 0; it < kFmaIters; ++it)
+                for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], b, c);
+            __m256 s = acc[0];
+            for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+            alignas(32) float lanes[8];
+            _mm256_store_ps(lanes, s);
+            for (float x : lanes) sink += x;  // keeps the loop alive
+        }
+        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (sink != 0) best = std::max(best, fma_gflops(8, s));
+    }
+    return best;
+}
+
+// The widest FMA the CPU has (0 without AVX2+FMA: no packed GEMM to compare then).
+double fma_peak_gflops() {
+    const mt::cpu::CpuFeatures cpu = mt::cpu::detect_cpu_features();
+    if (mt::cpu::missing_cpu_features(mt::cpu::CpuIsa::avx512, cpu).empty())
+        return fma_peak_avx512();
+    if (mt::cpu::missing_cpu_features(mt::cpu::CpuIsa::avx2, cpu).empty()) return fma_peak_avx2();
+    return 0;
 }
 
 // The int8-weight table: for each forward / dinp shape (B is the weight), gemm_packed on the
@@ -201,6 +242,101 @@ nlohmann::json time_ladder(const std::vector<Shape>& shapes, int reps) {
     return rows;
 }
 
+// The GEMMs compared in the main table: for every level this CPU runs that has a packed GEMM,
+// best first, that packed GEMM and Eigen's compiled for the same level (its peer: the same
+// vector width), e.g. packed-avx512, eigen-avx512, packed-avx2, eigen-avx2.
+struct Contender {
+    std::string name;
+    void (*fn)(int, int, int, GemmOperand, GemmOperand, float*, long, bool);
+    int peer = -1;  // the index of the Eigen GEMM a packed one is compared with (-1: is Eigen)
+};
+std::vector<Contender> packed_per_level() {
+    std::vector<Contender> out;
+    const mt::cpu::CpuFeatures cpu = mt::cpu::detect_cpu_features();
+    for (mt::cpu::CpuIsa isa : {mt::cpu::CpuIsa::avx512, mt::cpu::CpuIsa::avx2}) {
+        if (!mt::cpu::missing_cpu_features(isa, cpu).empty()) continue;
+        const mt::cpu::KernelTable& level = mt::cpu::kernel_table(isa);
+        const int packed = static_cast<int>(out.size());
+        out.push_back(
+            {std::string("packed-") + mt::cpu::to_string(isa), level.gemm_packed, packed + 1});
+        out.push_back({std::string("eigen-") + mt::cpu::to_string(isa), level.gemm_eigen});
+    }
+    return out;
+}
+
+// The main table's results: a JSON row per shape, and per contender the GEMM time of one
+// training step (every layer's GEMMs once per layer, the LM head once) and its flops.
+struct LevelTable {
+    nlohmann::json rows = nlohmann::json::array();
+    std::vector<double> step_ms;
+    double step_flops = 0;
+    nlohmann::json step_json(const std::vector<Contender>& contenders) const {
+        nlohmann::json j;
+        for (size_t i = 0; i < contenders.size(); ++i) j[contenders[i].name] = step_ms[i];
+        return j;
+    }
+};
+
+// Times every contender on every shape, `reps` rounds after a warm-up, rotating which goes
+// first so a slow-then-fast machine favours none; prints the table.
+LevelTable time_levels(const std::vector<Shape>& shapes, const std::vector<Contender>& contenders,
+                       int reps, int n_layer) {
+    const size_t n = contenders.size();
+    std::printf("%-18s %6s %6s %6s |", "gemm", "M", "N", "K");
+    for (const Contender& c : contenders)
+        std::printf(" %13s ms GFLOP/s %13s |", c.name.c_str(), "spread ms");
+    for (const Contender& c : contenders)
+        if (c.peer >= 0) std::printf(" %s/eigen", c.name.c_str());
+    std::printf("\n");
+    std::mt19937 rng(1234);
+    std::uniform_real_distribution<float> uni(-1.f, 1.f);
+    LevelTable table;
+    table.step_ms.assign(n, 0.0);
+    for (const Shape& s : shapes) {
+        std::vector<float> a(static_cast<size_t>(s.M) * s.K), b(static_cast<size_t>(s.K) * s.N);
+        for (float& x : a) x = uni(rng);
+        for (float& x : b) x = uni(rng);
+        std::vector<float> c(static_cast<size_t>(s.M) * s.N, 0.f);
+        const GemmOperand A{a.data(), s.lda, s.a_transposed}, Bop{b.data(), s.ldb, s.b_transposed};
+        std::vector<Series> series(n);
+        auto time_one = [&](size_t i) {
+            const auto t0 = Clock::now();
+            contenders[i].fn(s.M, s.N, s.K, A, Bop, c.data(), s.N, s.accumulate);
+            return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        };
+        for (size_t i = 0; i < n; ++i) time_one(i);  // warm-up: page in, fill the pack buffers
+        for (int r = 0; r < reps; ++r)
+            for (size_t k = 0; k < n; ++k) {
+                const size_t i = (k + static_cast<size_t>(r)) % n;
+                series[i].ms.push_back(time_one(i));
+            }
+        const double flops = 2.0 * s.M * s.N * s.K;
+        std::printf("%-18s %6d %6d %6d |", s.name.c_str(), s.M, s.N, s.K);
+        nlohmann::json row = {{"gemm", s.name}, {"M", s.M}, {"N", s.N}, {"K", s.K}};
+        for (size_t i = 0; i < n; ++i) {
+            const double m = series[i].median();
+            std::printf(" %16.2f %7.1f %6.2f..%-7.2f |", m, flops / m * 1e-6, series[i].min(),
+                        series[i].max());
+            row[contenders[i].name + "_ms"] = series[i].ms;
+            row[contenders[i].name + "_median_ms"] = m;
+        }
+        for (size_t i = 0; i < n; ++i) {
+            if (contenders[i].peer < 0) continue;
+            const double ratio = series[i].median() / series[contenders[i].peer].median();
+            std::printf(" %*.3f", static_cast<int>(contenders[i].name.size() + 6), ratio);
+            row["ratio_" + contenders[i].name + "_over_eigen"] = ratio;
+        }
+        std::printf("\n");
+        table.rows.push_back(row);
+        if (s.name.rfind("square", 0) != 0) {
+            const int times = s.name.rfind("lm_head", 0) == 0 ? 1 : n_layer;
+            for (size_t i = 0; i < n; ++i) table.step_ms[i] += times * series[i].median();
+            table.step_flops += times * flops;
+        }
+    }
+    return table;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -221,11 +357,17 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 1000));
     CLI11_PARSE(app, argc, argv);
 
+    try {  // MT_CPU_ISA naming no level, or one this CPU lacks: say so, do not abort
+        mt::cpu::cpu_isa_from_environment();
+    } catch (const mt::BackendError& e) {
+        std::fprintf(stderr, "cpu_gemm: %s\n", e.what());
+        return 2;
+    }
     if (!mt::cpu::gemm_packed_available()) {
         std::fprintf(stderr,
-                     "cpu_gemm: this build does not target AVX-512F, so only Eigen's GEMM is "
-                     "compiled; nothing to compare (build with -DMT_NATIVE=ON on an AVX-512 "
-                     "machine)\n");
+                     "cpu_gemm: the process's CPU ISA level (%s) has no packed GEMM: "
+                     "this CPU lacks AVX2+FMA, or MT_CPU_ISA=baseline; nothing to compare\n",
+                     mt::cpu::to_string(mt::cpu::cpu_isa_from_environment()));
         return 2;
     }
     omp_set_num_threads(threads);
@@ -248,91 +390,34 @@ int main(int argc, char** argv) {
     add_linear(shapes, "lm_head", N, C, Vp);
     shapes.push_back({"square 1024^3", 1024, 1024, 1024, false, false, false, 1024, 1024});
 
-    std::mt19937 rng(1234);
-    std::uniform_real_distribution<float> uni(-1.f, 1.f);
-    auto random_buffer = [&](size_t n) {
-        std::vector<float> v(n);
-        for (float& x : v) x = uni(rng);
-        return v;
-    };
-
+    const std::vector<Contender> contenders = packed_per_level();
     const double fma_peak = fma_peak_gflops();
-    std::printf("cpu_gemm: preset %s B%d T%d (N = %d tokens), %d threads, %d reps, packed = %s\n",
-                preset.c_str(), B, T, N, threads, reps, mt::cpu::gemm_impl_name());
-    std::printf("FMA peak (registers only, %d threads): %.1f GFLOP/s\n", threads, fma_peak);
-    std::printf("%-18s %6s %6s %6s | %9s %7s %15s | %9s %7s %15s | %6s\n", "gemm", "M", "N", "K",
-                "packed ms", "GFLOP/s", "spread ms", "eigen ms", "GFLOP/s", "spread ms", "ratio");
-    nlohmann::json rows = nlohmann::json::array();
-    double total_packed = 0, total_eigen = 0, step_flops = 0;
-    for (const Shape& s : shapes) {
-        const size_t a_size = static_cast<size_t>(s.M) * s.K,
-                     b_size = static_cast<size_t>(s.K) * s.N;
-        const std::vector<float> a = random_buffer(a_size), b = random_buffer(b_size);
-        std::vector<float> c(static_cast<size_t>(s.M) * s.N, 0.f);
-        const GemmOperand A{a.data(), s.lda, s.a_transposed}, Bop{b.data(), s.ldb, s.b_transposed};
-        auto time_one = [&](bool packed) {
-            const auto t0 = Clock::now();
-            if (packed)
-                mt::cpu::gemm_packed(s.M, s.N, s.K, A, Bop, c.data(), s.N, s.accumulate);
-            else
-                mt::cpu::gemm_eigen(s.M, s.N, s.K, A, Bop, c.data(), s.N, s.accumulate);
-            return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-        };
-        time_one(true), time_one(false);  // warm-up: page in, fill the pack buffers
-        Series packed, eigen;
-        for (int r = 0; r < reps; ++r) {
-            // Alternate which goes first so a slow-then-fast machine favours neither.
-            if (r % 2 == 0) {
-                packed.ms.push_back(time_one(true));
-                eigen.ms.push_back(time_one(false));
-            } else {
-                eigen.ms.push_back(time_one(false));
-                packed.ms.push_back(time_one(true));
-            }
-        }
-        const double flops = 2.0 * s.M * s.N * s.K;
-        const double pm = packed.median(), em = eigen.median();
-        std::printf(
-            "%-18s %6d %6d %6d | %9.2f %7.1f %6.2f..%-7.2f | %9.2f %7.1f %6.2f..%-7.2f | %6.3f\n",
-            s.name.c_str(), s.M, s.N, s.K, pm, flops / pm * 1e-6, packed.min(), packed.max(), em,
-            flops / em * 1e-6, eigen.min(), eigen.max(), pm / em);
-        rows.push_back({{"gemm", s.name},
-                        {"M", s.M},
-                        {"N", s.N},
-                        {"K", s.K},
-                        {"packed_ms", packed.ms},
-                        {"eigen_ms", eigen.ms},
-                        {"packed_median_ms", pm},
-                        {"eigen_median_ms", em},
-                        {"ratio_packed_over_eigen", pm / em}});
-        if (s.name.rfind("square", 0) != 0) {
-            // Per training step: every transformer layer's GEMMs once per layer, the LM head once.
-            const int times = s.name.rfind("lm_head", 0) == 0 ? 1 : cfg.n_layer;
-            total_packed += times * pm;
-            total_eigen += times * em;
-            step_flops += times * flops;
-        }
-    }
     std::printf(
-        "step's GEMMs (x%d layers + LM head): packed %.1f ms (%.1f GFLOP/s, %.0f%% of FMA peak), "
-        "eigen %.1f ms (%.1f GFLOP/s, %.0f%%), ratio %.3f\n",
-        cfg.n_layer, total_packed, step_flops / total_packed * 1e-6,
-        100 * step_flops / total_packed * 1e-6 / fma_peak, total_eigen,
-        step_flops / total_eigen * 1e-6, 100 * step_flops / total_eigen * 1e-6 / fma_peak,
-        total_packed / total_eigen);
+        "cpu_gemm: preset %s B%d T%d (N = %d tokens), %d threads, %d reps, process level %s\n",
+        preset.c_str(), B, T, N, threads, reps,
+        mt::cpu::to_string(mt::cpu::cpu_isa_from_environment()));
+    std::printf("FMA peak (registers only, %d threads): %.1f GFLOP/s\n", threads, fma_peak);
+    const LevelTable table = time_levels(shapes, contenders, reps, cfg.n_layer);
+    std::printf("step's GEMMs (x%d layers + LM head):", cfg.n_layer);
+    for (size_t i = 0; i < contenders.size(); ++i)
+        std::printf(" %s %.1f ms (%.1f GFLOP/s, %.0f%% of FMA peak)%s", contenders[i].name.c_str(),
+                    table.step_ms[i], table.step_flops / table.step_ms[i] * 1e-6,
+                    100 * table.step_flops / table.step_ms[i] * 1e-6 / fma_peak,
+                    i + 1 < contenders.size() ? "," : "\n");
     time_int8_weights(shapes, reps);
     const nlohmann::json ladder_rows = ladder ? time_ladder(shapes, ladder_reps) : nlohmann::json();
     if (!json_path.empty()) {
-        nlohmann::json out = {{"preset", preset},
-                              {"B", B},
-                              {"T", T},
-                              {"threads", threads},
-                              {"reps", reps},
-                              {"gemms", rows},
-                              {"fma_peak_gflops", fma_peak},
-                              {"step_gemm_ms_packed", total_packed},
-                              {"step_gemm_ms_eigen", total_eigen},
-                              {"ladder", ladder_rows}};
+        nlohmann::json out = {
+            {"preset", preset},
+            {"B", B},
+            {"T", T},
+            {"threads", threads},
+            {"reps", reps},
+            {"process_level", mt::cpu::to_string(mt::cpu::cpu_isa_from_environment())},
+            {"gemms", table.rows},
+            {"fma_peak_gflops", fma_peak},
+            {"step_gemm_ms", table.step_json(contenders)},
+            {"ladder", ladder_rows}};
         mt::write_file_atomic(json_path, out.dump(2) + "\n");
     }
     return 0;

@@ -23,7 +23,7 @@ enum class AdamWImpl { unfused, multi_tensor, fused };
 enum class LayerNormImpl { separate, fused_residual };  // fused_residual: residual add + LN
 enum class MatmulEpilogue { none, gelu };               // gelu: out = gelu(x W^T + b)
 // The GEMM under the matmul ops (kernels.matmul), a ladder per backend. auto: the backend's
-// fastest (packed on the CPU where AVX-512 is compiled, else blas; cublaslt on CUDA).
+// fastest (packed on the CPU's avx512 and avx2 ISA levels, blas on baseline; cublaslt on CUDA).
 // CPU: naive | blocked | packed | blas.  CUDA: naive | tiled | cublas | cublaslt.
 enum class MatmulImpl { auto_, naive, blocked, packed, blas, tiled, cublas, cublaslt };
 // How the LayerNorm forward computes a row's statistics (kernels.layernorm_forward).

@@ -13,6 +13,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/kernels.h"
+#include "tests/cpu_isa_environment.h"
 
 namespace {
 

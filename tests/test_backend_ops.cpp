@@ -32,6 +32,7 @@
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "kernels/quantize.h"
+#include "tests/cpu_isa_environment.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace mt {

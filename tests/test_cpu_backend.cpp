@@ -11,8 +11,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/cpu_isa.h"
 
 // Under AddressSanitizer (the asan preset) an impossible request must come back as nullptr,
 // as from the real allocator, so the backend can report OutOfMemoryError (ImpossibleAllocation
@@ -151,7 +150,7 @@ TEST(CpuBackend, EventsMeasureNonNegativeElapsedTime) {
     EXPECT_THROW(unrecorded->elapsed_ms_since(*start), mt::BackendError);
 }
 
-TEST(CpuBackend, DeviceNameNamesTheCpuThreadCountAndGemm) {
+TEST(CpuBackend, DeviceNameNamesTheCpuThreadCountIsaLevelAndGemm) {
     const int saved_threads = omp_get_max_threads();
     mt::BackendOptions o;
     o.num_threads = 1;
@@ -160,8 +159,12 @@ TEST(CpuBackend, DeviceNameNamesTheCpuThreadCountAndGemm) {
     omp_set_num_threads(saved_threads);
     const auto name = be->device_name();
     EXPECT_EQ(name.rfind("CPU: ", 0), 0u) << name;
-    EXPECT_NE(name.find("(1 thread, " + std::string(mt::cpu::gemm_impl_name()) + " GEMM)"),
-              std::string::npos)
+    const std::string level = mt::cpu::to_string(mt::cpu::cpu_isa_from_environment());
+    EXPECT_NE(
+        name.find("(1 thread, " + level + " kernels, " +
+                  mt::cpu::kernel_table(mt::cpu::cpu_isa_from_environment()).gemm_impl_name() +
+                  " GEMM)"),
+        std::string::npos)
         << name;
     o.num_threads = -2;
     EXPECT_NE(construction_error(o).find("num_threads"), std::string::npos);

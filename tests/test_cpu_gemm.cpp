@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "tests/cpu_isa_environment.h"
 
 namespace {
 
@@ -109,7 +110,8 @@ void check_against_reference(const char* name, GemmFn fn, const Shape& s) {
             }
 }
 
-// Edges of the packed GEMM's blocking (MR 12, NR 32, KC <= 384, NC <= 384, MC <= 1536).
+// Edges of the packed GEMMs' blocking (avx512: MR 12, NR 32, NC <= 384; avx2: MR 6, NR 16,
+// NC <= 256; both KC <= 384, MC <= 1536).
 const Shape kShapes[] = {
     {1, 1, 1},     {5, 7, 3},      {12, 32, 16},   {13, 33, 17}, {11, 31, 15},
     {24, 64, 385}, {37, 100, 800}, {64, 770, 40},  {100, 45, 9}, {1600, 40, 20},
@@ -121,7 +123,9 @@ TEST(CpuGemm, EigenMatchesDoubleReferenceForEveryLayout) {
 }
 
 TEST(CpuGemm, PackedMatchesDoubleReferenceForEveryLayout) {
-    if (!mt::cpu::gemm_packed_available()) GTEST_SKIP() << "this build does not target AVX-512F";
+    if (!mt::cpu::gemm_packed_available())
+        GTEST_SKIP() << "this CPU ISA level has no packed GEMM (" << mt::cpu::gemm_impl_name()
+                     << ")";
     for (const Shape& s : kShapes) check_against_reference("gemm_packed", mt::cpu::gemm_packed, s);
 }
 
@@ -204,8 +208,10 @@ TEST(CpuGemm, ResultIsBitwiseTheSameForAnyThreadCount) {
 // different orders, so a wrong dispatch or a wrong name shows up as differing bits).
 TEST(CpuGemm, ImplementationNameSaysWhatRuns) {
     const std::string name = mt::cpu::gemm_impl_name();
-    ASSERT_TRUE(name == "packed-avx512" || name == "eigen" || name == "eigen+blas") << name;
-    const GemmFn named = name == "packed-avx512" ? mt::cpu::gemm_packed : mt::cpu::gemm_eigen;
+    const bool packed = name == "packed-avx512" || name == "packed-avx2";
+    ASSERT_TRUE(packed || name == "eigen" || name == "eigen+blas") << name;
+    EXPECT_EQ(packed, mt::cpu::gemm_packed_available()) << name;
+    const GemmFn named = packed ? mt::cpu::gemm_packed : mt::cpu::gemm_eigen;
     std::mt19937 rng(99);
     const int M = 37, N = 70, K = 1000;
     const Vec a = random_vec(static_cast<size_t>(M) * K, rng);

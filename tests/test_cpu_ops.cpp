@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/math.h"
+#include "tests/cpu_isa_environment.h"
 
 namespace {
 

@@ -38,6 +38,7 @@
 #include "kernels/backend.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
+#include "tests/cpu_isa_environment.h"
 
 namespace mt {
 namespace {

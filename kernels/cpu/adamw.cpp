@@ -29,7 +29,7 @@
 
 #include "kernels/cpu/kernels.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_LEVEL_NS {
 namespace {
 
 // math::adamw_update over n contiguous elements. The decay flag is a template argument so that
@@ -132,4 +132,4 @@ void adamw_fused(float* params, const float* grads, float* m, float* v,
     }
 }
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_LEVEL_NS

@@ -39,7 +39,7 @@
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/kernels.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_LEVEL_NS {
 namespace {
 
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -268,4 +268,4 @@ void attention_backward_flash(float* dqkv, const float* dout, const float* qkv, 
     }
 }
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_LEVEL_NS

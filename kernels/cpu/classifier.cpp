@@ -23,7 +23,7 @@
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/kernels.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_LEVEL_NS {
 namespace {
 
 // Clear error for a target outside [0, V) (the op would read outside the row otherwise).
@@ -115,4 +115,4 @@ void crossentropy_softmax_backward(float* dlogits, const float* probs, const int
     }
 }
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_LEVEL_NS

@@ -1,6 +1,7 @@
 // CpuBackend: the Backend interface on the host, fp32 only. Memory is plain aligned host
 // memory (tracked per category), copies are memcpy, ops run synchronously and forward to the
-// mt::cpu kernels (ops.h), events read std::chrono::steady_clock.
+// kernels (ops.h) of the CPU ISA level chosen at construction (cpu_isa.h), events read
+// std::chrono::steady_clock.
 #include "kernels/cpu/cpu_backend.h"
 
 #include <omp.h>
@@ -20,8 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/ops.h"
 #include "kernels/text.h"
 
@@ -168,7 +168,10 @@ size_t total_bytes() {
 
 class CpuBackend final : public Backend {
   public:
-    explicit CpuBackend(const BackendOptions& o) : Backend(o) {
+    // The ISA level first: MT_CPU_ISA, else the best level this CPU has (a level the CPU lacks
+    // throws BackendError naming the missing features).
+    explicit CpuBackend(const BackendOptions& o)
+        : Backend(o), isa_(cpu::cpu_isa_from_environment()), cpu_(cpu::kernel_table(isa_)) {
         if (o.precision == Precision::bf16)
             throw BackendError(
                 "the CPU backend runs fp32 only; precision bf16 needs backend: cuda");
@@ -196,8 +199,6 @@ class CpuBackend final : public Backend {
             omp_set_num_threads(o.num_threads);
         }
         threads_ = omp_get_max_threads();
-        // The GEMM implementation is part of the name: it decides the step time and the
-        // measured sgemm peak, which engine/profile.cpp caches per device name.
         // The op table's entries, each calling this class's kernel() for that op.
 #define MT_BIND_CPU_KERNEL(table_name, Op)                  \
     kernels_.table_name = [](Backend& b, const op::Op& a) { \
@@ -205,8 +206,11 @@ class CpuBackend final : public Backend {
     };
         MT_OPS(MT_BIND_CPU_KERNEL)
 #undef MT_BIND_CPU_KERNEL
+        // The ISA level and the GEMM implementation are part of the name: they decide the step
+        // time and the measured sgemm peak, which engine/profile.cpp caches per device name.
         name_ = "CPU: " + cpu_model_name() + " (" + std::to_string(threads_) +
-                (threads_ == 1 ? " thread, " : " threads, ") + cpu::gemm_impl_name() + " GEMM)";
+                (threads_ == 1 ? " thread, " : " threads, ") + cpu::to_string(isa_) + " kernels, " +
+                cpu_.gemm_impl_name() + " GEMM)";
     }
     ~CpuBackend() override {
         // Whatever is still allocated (the unfused AdamW workspace, anything leaked) is freed.
@@ -218,18 +222,19 @@ class CpuBackend final : public Backend {
     }
     MatmulImpl matmul_impl() const override {
         const MatmulImpl m = options_.kernels.matmul;
-        return m == MatmulImpl::auto_ ? cpu::gemm_fastest() : m;
+        return m == MatmulImpl::auto_ ? cpu_.gemm_fastest() : m;
     }
     // kernels.matmul and kernels.layernorm_forward: the CPU steps of each ladder.
-    static void check_ladder_steps(const KernelChoice& k) {
+    void check_ladder_steps(const KernelChoice& k) const {
         if (!is_cpu_matmul(k.matmul))
             throw BackendError(std::string("kernels.matmul: ") + to_string(k.matmul) +
                                " is a CUDA implementation; the CPU backend's ladder is naive, "
                                "blocked, packed, blas (or auto)");
-        if (k.matmul == MatmulImpl::packed && !cpu::gemm_packed_available())
-            throw BackendError(
-                "kernels.matmul: packed needs a build for AVX-512F (configure with MT_NATIVE=ON on "
-                "an AVX-512 machine); this build has naive, blocked and blas");
+        if (k.matmul == MatmulImpl::packed && !cpu_.gemm_packed_available())
+            throw BackendError(std::string("kernels.matmul: packed needs the CPU ISA level avx2 or "
+                                           "avx512 (AVX2+FMA or AVX-512); this run uses ") +
+                               cpu::to_string(isa_) +
+                               " (MT_CPU_ISA or the CPU), which has naive, blocked and blas");
         if (k.layernorm_forward == LayerNormForwardImpl::thread_per_row)
             throw BackendError(
                 "kernels.layernorm_forward: thread_per_row is a CUDA thread layout; the CPU "
@@ -316,115 +321,115 @@ class CpuBackend final : public Backend {
     }
 
     // ---- kernels: one per op of the op table (kernels/ops.h), fp32 ----
-    // Each binds an op's typed arguments to the mt::cpu kernel (kernels.h) or, where the op has
-    // variants, to the variant it asks for.
+    // Each binds an op's typed arguments to its kernel (kernels.h) in this backend's ISA level
+    // (cpu_, the level's KernelTable) or, where the op has variants, to the variant it asks for.
     void kernel(const op::EncoderForward& a) {
-        cpu::encoder_forward(f(a.out), a.inp, f(a.wte), f(a.wpe), a.B, a.T, a.C);
+        cpu_.encoder_forward(f(a.out), a.inp, f(a.wte), f(a.wpe), a.B, a.T, a.C);
     }
     void kernel(const op::EncoderBackward& a) {
-        cpu::encoder_backward(a.dwte, a.dwpe, f(a.dout), a.inp, a.B, a.T, a.C);
+        cpu_.encoder_backward(a.dwte, a.dwpe, f(a.dout), a.inp, a.B, a.T, a.C);
     }
     void kernel(const op::LayerNormForward& a) {
-        cpu::layernorm_forward(f(a.out), a.mean, a.rstd, f(a.inp), f(a.weight), f(a.bias), a.N, a.C,
+        cpu_.layernorm_forward(f(a.out), a.mean, a.rstd, f(a.inp), f(a.weight), f(a.bias), a.N, a.C,
                                layernorm_forward_impl());
     }
     void kernel(const op::LayerNormBackward& a) {
-        cpu::layernorm_backward(f(a.dinp), a.dweight, a.dbias, f(a.dout), f(a.inp), f(a.weight),
+        cpu_.layernorm_backward(f(a.dinp), a.dweight, a.dbias, f(a.dout), f(a.inp), f(a.weight),
                                 a.mean, a.rstd, a.N, a.C);
     }
     void kernel(const op::FusedResidualLayerNormForward& a) {
-        cpu::fused_residual_layernorm_forward(f(a.residual), f(a.out), a.mean, a.rstd, f(a.inp1),
+        cpu_.fused_residual_layernorm_forward(f(a.residual), f(a.out), a.mean, a.rstd, f(a.inp1),
                                               f(a.inp2), f(a.weight), f(a.bias), a.N, a.C,
                                               layernorm_forward_impl());
     }
     void kernel(const op::MatmulForward& a) {
         if (a.epilogue == MatmulEpilogue::gelu)
-            cpu::matmul_forward_gelu(f(a.out), f(a.pre_act), f(a.inp), f(a.weight), f(a.bias), a.N,
+            cpu_.matmul_forward_gelu(f(a.out), f(a.pre_act), f(a.inp), f(a.weight), f(a.bias), a.N,
                                      a.C, a.OC, matmul_impl());
         else
-            cpu::matmul_forward(f(a.out), f(a.inp), f(a.weight), f(a.bias), a.N, a.C, a.OC,
+            cpu_.matmul_forward(f(a.out), f(a.inp), f(a.weight), f(a.bias), a.N, a.C, a.OC,
                                 matmul_impl());
     }
     void kernel(const op::MatmulBackward& a) {
-        cpu::matmul_backward(f(a.dinp), a.dweight, a.dbias, f(a.dout), f(a.inp), f(a.weight), a.N,
+        cpu_.matmul_backward(f(a.dinp), a.dweight, a.dbias, f(a.dout), f(a.inp), f(a.weight), a.N,
                              a.C, a.OC, matmul_impl());
     }
     void kernel(const op::MatmulInt8Forward& a) {
-        cpu::matmul_int8_forward(f(a.out), f(a.inp), a.weight, a.scale, f(a.bias), a.N, a.C, a.OC);
+        cpu_.matmul_int8_forward(f(a.out), f(a.inp), a.weight, a.scale, f(a.bias), a.N, a.C, a.OC);
     }
     void kernel(const op::MatmulInt8Backward& a) {
-        cpu::matmul_int8_backward(f(a.dinp), a.dbias, f(a.dout), a.weight, a.scale, a.N, a.C, a.OC);
+        cpu_.matmul_int8_backward(f(a.dinp), a.dbias, f(a.dout), a.weight, a.scale, a.N, a.C, a.OC);
     }
     void kernel(const op::LoraForward& a) {
-        cpu::lora_forward(f(a.out), f(a.u), f(a.inp), f(a.A), f(a.B), a.N, a.C, a.OC, a.R, a.scale);
+        cpu_.lora_forward(f(a.out), f(a.u), f(a.inp), f(a.A), f(a.B), a.N, a.C, a.OC, a.R, a.scale);
     }
     void kernel(const op::LoraBackward& a) {
-        cpu::lora_backward(f(a.dinp), a.dA, a.dB, f(a.du), f(a.dout), f(a.inp), f(a.u), f(a.A),
+        cpu_.lora_backward(f(a.dinp), a.dA, a.dB, f(a.du), f(a.dout), f(a.inp), f(a.u), f(a.A),
                            f(a.B), a.N, a.C, a.OC, a.R, a.scale);
     }
     void kernel(const op::AttentionForward& a) {
         if (a.impl == AttentionImpl::flash)
-            cpu::attention_forward_flash(f(a.out), a.saved, f(a.qkv), a.B, a.T, a.C, a.NH);
+            cpu_.attention_forward_flash(f(a.out), a.saved, f(a.qkv), a.B, a.T, a.C, a.NH);
         else if (a.impl == AttentionImpl::naive)
-            cpu::attention_forward_naive(f(a.out), a.saved, f(a.qkv), a.B, a.T, a.C, a.NH);
+            cpu_.attention_forward_naive(f(a.out), a.saved, f(a.qkv), a.B, a.T, a.C, a.NH);
         else
             throw_no_cudnn();
     }
     void kernel(const op::AttentionBackward& a) {
         if (a.impl == AttentionImpl::flash)
-            cpu::attention_backward_flash(f(a.dqkv), f(a.dout), f(a.qkv), f(a.out), a.saved, a.B,
+            cpu_.attention_backward_flash(f(a.dqkv), f(a.dout), f(a.qkv), f(a.out), a.saved, a.B,
                                           a.T, a.C, a.NH);
         else if (a.impl == AttentionImpl::naive)
-            cpu::attention_backward_naive(f(a.dqkv), f(a.dout), f(a.qkv), f(a.out), a.saved, a.B,
+            cpu_.attention_backward_naive(f(a.dqkv), f(a.dout), f(a.qkv), f(a.out), a.saved, a.B,
                                           a.T, a.C, a.NH);
         else
             throw_no_cudnn();
     }
     void kernel(const op::GeluForward& a) {
-        cpu::gelu_forward(f(a.out), f(a.inp), a.n);
+        cpu_.gelu_forward(f(a.out), f(a.inp), a.n);
     }
     void kernel(const op::GeluBackward& a) {
-        cpu::gelu_backward(f(a.dinp), f(a.inp), f(a.dout), a.n);
+        cpu_.gelu_backward(f(a.dinp), f(a.inp), f(a.dout), a.n);
     }
     void kernel(const op::ResidualForward& a) {
-        cpu::residual_forward(f(a.out), f(a.inp1), f(a.inp2), a.n);
+        cpu_.residual_forward(f(a.out), f(a.inp1), f(a.inp2), a.n);
     }
     void kernel(const op::ResidualBackward& a) {
-        cpu::residual_backward(f(a.dinp1), f(a.dinp2), f(a.dout), a.n);
+        cpu_.residual_backward(f(a.dinp1), f(a.dinp2), f(a.dout), a.n);
     }
     void kernel(const op::ClassifierFused& a) {
-        cpu::classifier_fused(a.losses, f(a.logits), a.targets, a.N, a.V, a.Vp, a.dloss);
+        cpu_.classifier_fused(a.losses, f(a.logits), a.targets, a.N, a.V, a.Vp, a.dloss);
     }
     void kernel(const op::SoftmaxForward& a) {
-        cpu::softmax_forward(a.probs, f(a.logits), a.N, a.V, a.Vp);
+        cpu_.softmax_forward(a.probs, f(a.logits), a.N, a.V, a.Vp);
     }
     void kernel(const op::CrossEntropyForward& a) {
-        cpu::crossentropy_forward(a.losses, a.probs, a.targets, a.N, a.V, a.Vp);
+        cpu_.crossentropy_forward(a.losses, a.probs, a.targets, a.N, a.V, a.Vp);
     }
     void kernel(const op::CrossEntropySoftmaxBackward& a) {
-        cpu::crossentropy_softmax_backward(f(a.dlogits), a.probs, a.targets, a.N, a.V, a.Vp,
+        cpu_.crossentropy_softmax_backward(f(a.dlogits), a.probs, a.targets, a.N, a.V, a.Vp,
                                            a.dloss);
     }
     void kernel(const op::LossMean& a) {
-        cpu::sum_scaled(a.loss, a.losses, static_cast<size_t>(a.N), 1.0f / static_cast<float>(a.N));
+        cpu_.sum_scaled(a.loss, a.losses, static_cast<size_t>(a.N), 1.0f / static_cast<float>(a.N));
     }
     void kernel(const op::GlobalNormClip& a) {
-        cpu::global_norm_squared(a.norm_sq, a.grads, a.n);
-        cpu::clip_scale(a.clip_scale, a.norm_sq, a.max_norm);
+        cpu_.global_norm_squared(a.norm_sq, a.grads, a.n);
+        cpu_.clip_scale(a.clip_scale, a.norm_sq, a.max_norm);
     }
     void kernel(const op::AdamWUpdate& a) {
         const math::AdamWScalars s = adamw_scalars(a.hp);
         const float scale = a.grad_scale ? a.grad_scale[0] : 1.0f;
         switch (a.impl) {
             case AdamWImpl::unfused:
-                cpu::adamw_unfused(a.params, a.grads, a.m, a.v, adamw_unfused_workspace(a.tensors),
+                cpu_.adamw_unfused(a.params, a.grads, a.m, a.v, adamw_unfused_workspace(a.tensors),
                                    a.tensors, s, scale);
                 break;
             case AdamWImpl::multi_tensor:
-                cpu::adamw_multi_tensor(a.params, a.grads, a.m, a.v, a.tensors, s, scale);
+                cpu_.adamw_multi_tensor(a.params, a.grads, a.m, a.v, a.tensors, s, scale);
                 break;
             case AdamWImpl::fused:
-                cpu::adamw_fused(a.params, a.grads, a.m, a.v, a.tensors, a.total, s, scale);
+                cpu_.adamw_fused(a.params, a.grads, a.m, a.v, a.tensors, a.total, s, scale);
                 break;
         }
     }
@@ -458,7 +463,7 @@ class CpuBackend final : public Backend {
     // tensor, tracked as `workspace`, reused by every later step (the kernel itself never
     // allocates).
     float* adamw_unfused_workspace(std::span<const TensorSlice> tensors) {
-        const size_t need = cpu::adamw_unfused_workspace_elems(tensors);
+        const size_t need = cpu_.adamw_unfused_workspace_elems(tensors);
         if (need > adamw_tmp_elems_) {
             if (adamw_tmp_) deallocate(adamw_tmp_);
             adamw_tmp_ = nullptr;
@@ -470,6 +475,8 @@ class CpuBackend final : public Backend {
     }
 
     int threads_ = 1;
+    cpu::CpuIsa isa_;              // the ISA level this backend's kernels were compiled for
+    const cpu::KernelTable& cpu_;  // that level's kernels: every kernel() below calls them
     std::string name_;
     std::mutex mu_;
     std::unordered_map<void*, AllocInfo> allocs_;

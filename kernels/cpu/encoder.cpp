@@ -11,7 +11,7 @@
 
 #include "kernels/cpu/kernels.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_LEVEL_NS {
 
 // Plain gather, parallel over tokens.
 void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
@@ -54,4 +54,4 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* in
     }
 }
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_LEVEL_NS

@@ -1,6 +1,6 @@
 // Vectorised elementwise math for the CPU kernels: GELU forward/backward and exp over spans,
-// built on Eigen's packet math (pexp: Cody-Waite range reduction + polynomial, ~1 ulp; AVX-512
-// or AVX2 with -march=native), so no element goes through scalar libm.
+// built on Eigen's packet math (pexp: Cody-Waite range reduction + polynomial, ~1 ulp; AVX-512,
+// AVX2 or SSE2 packets by the ISA level's flags), so no element goes through scalar libm.
 //
 // GELU without tanhf. With u = sqrt(2/pi) (x + 0.044715 x^3) and s = sigmoid(2u):
 //   0.5 (1 + tanh u) = s                     (tanh u = 2 sigmoid(2u) - 1)
@@ -16,6 +16,12 @@
 // epilogue give bitwise identical results.
 #pragma once
 
+// Inline code compiled into each ISA level with that level's instructions: it must live in the
+// level's namespace (see kernel_table.h), so only the level's own translation units include it.
+#if !defined(MT_CPU_LEVEL_NS)
+#error "fast_math.h belongs to the CPU kernels of one ISA level (MT_CPU_LEVEL_NS)"
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -23,7 +29,7 @@
 #include "kernels/cpu/eigen_core.h"
 #include "kernels/math.h"
 
-namespace mt::cpu::fast {
+namespace mt::cpu::MT_CPU_LEVEL_NS::fast {
 
 inline constexpr int kLanes = 16;
 using Block = Eigen::Array<float, kLanes, 1>;
@@ -140,4 +146,4 @@ inline float max_of(const float* x, size_t n) {
     return Eigen::Map<const Eigen::ArrayXf>(x, static_cast<Eigen::Index>(n)).maxCoeff();
 }
 
-}  // namespace mt::cpu::fast
+}  // namespace mt::cpu::MT_CPU_LEVEL_NS::fast

@@ -19,7 +19,10 @@
 //   segment is loaded and stored for every k (no register tile: bound by L1 load/store ports,
 //   not FMAs), and B is read with its own stride (TLB and prefetcher misses).
 //
-// gemm_packed — the BLIS/GotoBLAS recipe, written for AVX-512 (32 zmm registers, 16 floats each):
+// gemm_packed — the BLIS/GotoBLAS recipe, one driver for two register tiles: this file is
+//   compiled once per CPU ISA level (cpu_isa.h), and the avx512 level's tile (below, for 32 zmm
+//   registers of 16 floats) or the avx2 level's (6x16 in 12 ymm accumulators, see "the avx2
+//   level") is the one its compilation gets; the baseline level has none. For AVX-512:
 //
 //   for each M block of MC rows                      (A block, MC x KC, shared: lives in L3)
 //     for each K chunk of KC                         (the only split of the sum over k)
@@ -50,8 +53,8 @@
 // gemm_eigen — Eigen's GEMM (itself cache-blocked and packed, with a generic SIMD kernel) on
 //   shape-determined pieces of C, one single-threaded Eigen GEMM per piece. Eigen's own parallel
 //   GEMM makes the threads share packed panels and spin at every panel, which on 2 cores measured
-//   1.3-1.7x slower for the LM-head shapes. The portable fallback where AVX-512 is not compiled,
-//   and the peer bench/cpu_gemm.cpp compares gemm_packed with.
+//   1.3-1.7x slower for the LM-head shapes. The baseline level's GEMM, and the peer
+//   bench/cpu_gemm.cpp compares gemm_packed with (Eigen compiled for the same level).
 #include "kernels/cpu/gemm.h"
 
 #include <omp.h>
@@ -65,11 +68,11 @@
 // First: it keeps GCC 12's false uninitialized warnings out of the intrinsic headers.
 #include "kernels/cpu/eigen_core.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_LEVEL_NS {
 namespace {
 
 // Zeroes C (M,N) for the K = 0 product.
@@ -234,6 +237,11 @@ void gemm_blocked(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, l
 // ---- gemm_packed --------------------------------------------------------------------------------
 
 #if defined(__AVX512F__)
+
+// ---- the avx512 level: 12x32 tile, 24 zmm accumulators ---------------------------------------
+
+#define MT_GEMM_PACKED_NAME "packed-avx512"
+
 namespace {
 
 constexpr int kMR = 12;       // rows of the register tile (A broadcasts)
@@ -242,35 +250,6 @@ constexpr int kKCMax = 384;   // K chunk: an A panel is 12*384*4 = 18 KiB (L1 is
 constexpr int kNCMax = 384;   // N block: a packed B block is 384*384*4 = 576 KiB (L2 is 1 MiB)
 constexpr int kMCMax = 1536;  // M block: a packed A block is 1536*384*4 = 2.25 MiB (in L3)
 static_assert(kMCMax % kMR == 0 && kNCMax % kNR == 0);
-
-// A 64-byte aligned float buffer of a fixed size, obtained on first use. One per thread.
-class PackBuffer {
-  public:
-    explicit PackBuffer(size_t floats) : floats_(floats) {}
-    PackBuffer(const PackBuffer&) = delete;
-    PackBuffer& operator=(const PackBuffer&) = delete;
-    ~PackBuffer() { std::free(p_); }
-    float* get() {
-        if (!p_) {
-            p_ = static_cast<float*>(std::aligned_alloc(64, floats_ * sizeof(float)));
-            if (!p_) throw std::bad_alloc();
-        }
-        return p_;
-    }
-
-  private:
-    size_t floats_;
-    float* p_ = nullptr;
-};
-
-float* a_pack_buffer() {
-    thread_local PackBuffer buf(static_cast<size_t>(kMCMax) * kKCMax);
-    return buf.get();
-}
-float* b_pack_buffer() {
-    thread_local PackBuffer buf(static_cast<size_t>(kKCMax) * kNCMax);
-    return buf.get();
-}
 
 // Lanes [0, n) set; none for n <= 0, all for n >= 16.
 inline __mmask16 first_lanes(int n) {
@@ -457,6 +436,168 @@ void micro_kernel_12x32(int kc, const float* __restrict ap, const float* __restr
     }
 }
 
+constexpr auto micro_kernel = micro_kernel_12x32;
+
+}  // namespace
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+// ---- the avx2 level: 6x16 tile, 12 ymm accumulators -----------------------------------------
+// The same recipe on 16 ymm registers of 8 floats (BLIS's Haswell kernel shape): a 6x16 tile of C
+// in 12 accumulators + 2 B vectors + 1 broadcast = 15 of the 16 registers; per k, 2 loads of B,
+// 6 broadcasts of A and 12 FMAs. 12 independent chains cover the FMA latency (4-5 cycles) of 2
+// FMA pipes. The packing loops are plain C++ the compiler vectorises: packing is O(K(M+N)) work
+// against the micro-kernel's O(MNK), and each loop reads its source unit-stride.
+
+#define MT_GEMM_PACKED_NAME "packed-avx2"
+
+namespace {
+
+constexpr int kMR = 6;        // rows of the register tile (A broadcasts)
+constexpr int kNR = 16;       // columns of the register tile (two ymm of B)
+constexpr int kKCMax = 384;   // K chunk: an A panel is 6*384*4 = 9 KiB, a B panel 24 KiB (L1)
+constexpr int kNCMax = 256;   // N block: a packed B block is 384*256*4 = 384 KiB (L2: 512 KiB+)
+constexpr int kMCMax = 1536;  // M block: a packed A block is 1536*384*4 = 2.25 MiB (in L3)
+static_assert(kMCMax % kMR == 0 && kNCMax % kNR == 0);
+
+// Packs rows [i0, i0+mr) x k [p0, p0+kc) of logical A into one panel: dst[k*6 + i], rows beyond
+// mr zero (the micro-kernel always computes 6 rows; the store drops the padding).
+void pack_a_panel(float* dst, GemmOperand A, int i0, int mr, int p0, int kc) {
+    if (A.transposed) {  // A stored (K,M): the 6 values for one k are contiguous
+        for (int k = 0; k < kc; k++) {
+            const float* src = A.data + static_cast<long>(p0 + k) * A.ld + i0;
+            for (int i = 0; i < kMR; i++) dst[k * kMR + i] = i < mr ? src[i] : 0.0f;
+        }
+        return;
+    }
+    for (int i = 0; i < kMR; i++) {  // A stored (M,K): each row read unit-stride
+        const float* src = A.data + static_cast<long>(i0 + i) * A.ld + p0;
+        for (int k = 0; k < kc; k++) dst[k * kMR + i] = i < mr ? src[k] : 0.0f;
+    }
+}
+
+// Packs columns [j0, j0+nr) x k [p0, p0+kc) of logical B into one panel: dst[k*16 + j] (dst is
+// 32-byte aligned), columns beyond nr zero. `at(k, j)` reads logical B (k, j within the panel);
+// `by_rows_of_k` says which loop order reads the source unit-stride.
+template <class At>
+void pack_b_panel_with(float* dst, int nr, int kc, bool by_rows_of_k, At at) {
+    if (by_rows_of_k) {  // B stored (K,N): the 16 values for one k are contiguous
+        for (int k = 0; k < kc; k++)
+            for (int j = 0; j < kNR; j++) dst[k * kNR + j] = j < nr ? at(k, j) : 0.0f;
+        return;
+    }
+    for (int j = 0; j < kNR; j++)  // B stored (N,K), a weight read as W^T: row j unit-stride
+        for (int k = 0; k < kc; k++) dst[k * kNR + j] = j < nr ? at(k, j) : 0.0f;
+}
+
+void pack_b_panel(float* dst, GemmOperand B, int j0, int nr, int p0, int kc) {
+    pack_b_panel_with(dst, nr, kc, !B.transposed, [&](int k, int j) {
+        const long kk = p0 + k, jj = j0 + j;
+        return B.transposed ? B.data[jj * B.ld + kk] : B.data[kk * B.ld + jj];
+    });
+}
+
+// The int8 B: the same panel, each value converted to fp32 and scaled as it is packed (the scale
+// of the stored row: per k for S (K,N), per column j for S (N,K)).
+void pack_b_panel(float* dst, GemmInt8Operand B, int j0, int nr, int p0, int kc) {
+    pack_b_panel_with(dst, nr, kc, !B.transposed, [&](int k, int j) {
+        const long kk = p0 + k, jj = j0 + j;
+        const long row = B.transposed ? jj : kk, col = B.transposed ? kk : jj;
+        return static_cast<float>(B.q[row * B.ld + col]) * B.scale[row];
+    });
+}
+
+// The register tile: C[0..mr) x [0..nr) (+)= Ap (6 x kc) Bp (kc x 16), summed in k order from
+// zero, then added to C: the same order as the avx512 kernel's, whatever the tile's position.
+void micro_kernel_6x16(int kc, const float* __restrict ap, const float* __restrict bp,
+                       float* __restrict c, long ldc, int mr, int nr, bool accumulate) {
+    __m256 acc[kMR][2];
+#pragma GCC unroll 6
+    for (int i = 0; i < kMR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int i = 0; i < mr; i++)  // C's tile is needed at the end: start fetching it now
+        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int k = 0; k < kc; k++) {
+        const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
+#pragma GCC unroll 6
+        for (int i = 0; i < kMR; i++) {
+            const __m256 a = _mm256_broadcast_ss(ap + i);
+            acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+        }
+        ap += kMR;
+        bp += kNR;
+    }
+    if (mr == kMR && nr == kNR) {
+#pragma GCC unroll 6
+        for (int i = 0; i < kMR; i++) {
+            float* row = c + i * ldc;
+            if (accumulate) {
+                acc[i][0] = _mm256_add_ps(_mm256_loadu_ps(row), acc[i][0]);
+                acc[i][1] = _mm256_add_ps(_mm256_loadu_ps(row + 8), acc[i][1]);
+            }
+            _mm256_storeu_ps(row, acc[i][0]);
+            _mm256_storeu_ps(row + 8, acc[i][1]);
+        }
+        return;
+    }
+    // An edge tile: through a buffer, the same adds per element. Every accumulator is stored
+    // with a constant index (an unrolled loop), so the compiler keeps them all in registers in
+    // the k loop; an acc[i] read with a run-time i would make it keep a copy on the stack and
+    // store all 12 there on every k (measured: half the speed).
+    alignas(32) float t[kMR][kNR];
+#pragma GCC unroll 6
+    for (int i = 0; i < kMR; i++) {
+        _mm256_store_ps(t[i], acc[i][0]);
+        _mm256_store_ps(t[i] + 8, acc[i][1]);
+    }
+    for (int i = 0; i < mr; i++) {
+        float* row = c + i * ldc;
+        for (int j = 0; j < nr; j++) row[j] = accumulate ? row[j] + t[i][j] : t[i][j];
+    }
+}
+
+constexpr auto micro_kernel = micro_kernel_6x16;
+
+}  // namespace
+
+#endif
+
+#if defined(MT_GEMM_PACKED_NAME)
+
+// ---- the packed driver, for either level's tile ------------------------------------------------
+
+namespace {
+
+// A 64-byte aligned float buffer of a fixed size, obtained on first use. One per thread.
+class PackBuffer {
+  public:
+    explicit PackBuffer(size_t floats) : floats_(floats) {}
+    PackBuffer(const PackBuffer&) = delete;
+    PackBuffer& operator=(const PackBuffer&) = delete;
+    ~PackBuffer() { std::free(p_); }
+    float* get() {
+        if (!p_) {
+            p_ = static_cast<float*>(std::aligned_alloc(64, floats_ * sizeof(float)));
+            if (!p_) throw std::bad_alloc();
+        }
+        return p_;
+    }
+
+  private:
+    size_t floats_;
+    float* p_ = nullptr;
+};
+
+float* a_pack_buffer() {
+    thread_local PackBuffer buf(static_cast<size_t>(kMCMax) * kKCMax);
+    return buf.get();
+}
+float* b_pack_buffer() {
+    thread_local PackBuffer buf(static_cast<size_t>(kKCMax) * kNCMax);
+    return buf.get();
+}
+
 inline int ceil_div(int a, int b) {
     return (a + b - 1) / b;
 }
@@ -515,10 +656,9 @@ void gemm_packed_impl(int M, int N, int K, GemmOperand A, BOp B, float* C, long 
                     for (int ip = 0; ip < apanels; ip++) {
                         const int i = i0 + ip * kMR;
                         for (int q = 0; q < bpanels; q++)
-                            micro_kernel_12x32(kc, apack + ip * kMR * kc, bpack + q * kNR * kc,
-                                               C + i * ldc + j0 + q * kNR, ldc,
-                                               std::min(kMR, M - i), std::min(kNR, ncur - q * kNR),
-                                               acc);
+                            micro_kernel(kc, apack + ip * kMR * kc, bpack + q * kNR * kc,
+                                         C + i * ldc + j0 + q * kNR, ldc, std::min(kMR, M - i),
+                                         std::min(kNR, ncur - q * kNR), acc);
                     }
                 }
                 // (implicit barrier: nobody still reads the A block when it is repacked)
@@ -533,11 +673,11 @@ void gemm_packed(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, lo
     gemm_packed_impl(M, N, K, A, B, C, ldc, accumulate);
 }
 
-#endif  // __AVX512F__
+#endif  // MT_GEMM_PACKED_NAME
 
 // ---- int8 B ---------------------------------------------------------------------------------
 
-#if defined(__AVX512F__) && !defined(EIGEN_USE_BLAS)
+#if defined(MT_GEMM_PACKED_NAME) && !defined(EIGEN_USE_BLAS)
 void gemm_int8(int M, int N, int K, GemmOperand A, GemmInt8Operand B, float* C, long ldc,
                bool accumulate) {
     gemm_packed_impl(M, N, K, A, B, C, ldc, accumulate);
@@ -572,10 +712,10 @@ void gemm_int8(int M, int N, int K, GemmOperand A, GemmInt8Operand B, float* C, 
 // The packed kernel wherever it is compiled, unless the build asked for a BLAS (MT_USE_BLAS ->
 // EIGEN_USE_BLAS): then gemm() is Eigen's front end over that BLAS, as asked.
 
-#if defined(__AVX512F__) && !defined(EIGEN_USE_BLAS)
+#if defined(MT_GEMM_PACKED_NAME) && !defined(EIGEN_USE_BLAS)
 
 const char* gemm_impl_name() {
-    return "packed-avx512";
+    return MT_GEMM_PACKED_NAME;
 }
 
 MatmulImpl gemm_fastest() {
@@ -628,7 +768,7 @@ void gemm(MatmulImpl impl, int M, int N, int K, GemmOperand A, GemmOperand B, fl
     }
 }
 
-#if !defined(__AVX512F__)
+#if !defined(MT_GEMM_PACKED_NAME)
 
 bool gemm_packed_available() {
     return false;
@@ -636,10 +776,10 @@ bool gemm_packed_available() {
 
 void gemm_packed(int, int, int, GemmOperand, GemmOperand, float*, long, bool) {
     throw std::logic_error(
-        "gemm_packed: this build does not target AVX-512F (configure with MT_NATIVE=ON on an "
-        "AVX-512 machine); use gemm() or gemm_eigen()");
+        "gemm_packed: the baseline CPU ISA level has no packed GEMM (it needs AVX2+FMA or "
+        "AVX-512; MT_CPU_ISA=baseline or a CPU without them); use gemm() or gemm_eigen()");
 }
 
 #endif
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_LEVEL_NS

@@ -3,10 +3,10 @@
 // The ladder of kernels.matmul, side by side in gemm.cpp, each step what the next one fixes:
 // - gemm_naive: one output at a time, a dot product straight from memory (no reuse);
 // - gemm_blocked: cache-blocked loops the compiler vectorises (reuse from L1/L2, no packing);
-// - gemm_packed: our own packed GEMM with an AVX-512 12x32 register micro-kernel (compiled
-//   where the compiler targets AVX-512F; the default there);
+// - gemm_packed: our own packed GEMM, on the avx512 level with a 12x32 register micro-kernel
+//   (24 zmm accumulators), on the avx2 level with a 6x16 one (12 ymm); the default on both;
 // - gemm_eigen ("blas"): Eigen's GEMM on shape-determined pieces, what a framework would call
-//   (the portable fallback, and the peer bench/cpu_gemm.cpp measures the packed one against).
+//   (the baseline level's GEMM, and the peer bench/cpu_gemm.cpp measures the packed one against).
 // All give results that do not depend on the thread count (the sum over k is split into chunks
 // that depend only on K, and threads split only M and N).
 #pragma once
@@ -16,6 +16,11 @@
 #include "kernels/types.h"
 
 namespace mt::cpu {
+
+// The operand types live in a namespace of their own, not in mt::cpu: argument-dependent lookup
+// would otherwise find the dispatched mt::cpu::gemm* beside a level's own (an ambiguous call
+// inside every level, which declares the same functions in mt::cpu::isa_<level>).
+namespace gemm_operands {
 
 // One GEMM operand: a row-major buffer with leading dimension `ld` (elements between rows),
 // holding either the logical matrix (transposed = false) or its transpose (transposed = true).
@@ -38,37 +43,16 @@ struct GemmInt8Operand {
     bool transposed;
 };
 
-// C (M,N), row-major with leading dimension ldc:  C = A B  (accumulate = false)  or  C += A B.
-// Uses gemm_packed where it is compiled, else gemm_eigen.
-void gemm(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc, bool accumulate);
+}  // namespace gemm_operands
+using gemm_operands::GemmInt8Operand;
+using gemm_operands::GemmOperand;
 
-void gemm_eigen(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
-                bool accumulate);
-void gemm_naive(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
-                bool accumulate);
-void gemm_blocked(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
-                  bool accumulate);
+#include "kernels/cpu/gemm_api.inc"
 
-// The ladder step `impl` (naive, blocked, packed or blas; auto = gemm()). Throws
-// std::logic_error for a CUDA step or packed where it is not compiled.
-void gemm(MatmulImpl impl, int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
-          bool accumulate);
-// What `auto` resolves to in this build: packed where it is compiled (and no BLAS was asked
-// for), else blas.
-MatmulImpl gemm_fastest();
-
-// C (+)= A B with an int8 B, dequantised where B is read: gemm_packed converts int8 to fp32 and
-// applies the scales while packing B's panels (the weight crosses memory at 1 byte per element
-// and the micro-kernel is the fp32 one); the Eigen fallback dequantises B tile by tile.
-void gemm_int8(int M, int N, int K, GemmOperand A, GemmInt8Operand B, float* C, long ldc,
-               bool accumulate);
-
-// False where the build does not target AVX-512F; gemm_packed then throws std::logic_error.
-bool gemm_packed_available();
-void gemm_packed(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, long ldc,
-                 bool accumulate);
-
-// "packed-avx512" or "eigen": what gemm() runs, for reports and probes.
-const char* gemm_impl_name();
+#if defined(MT_CPU_LEVEL_NS)
+namespace MT_CPU_LEVEL_NS {
+#include "kernels/cpu/gemm_api.inc"
+}  // namespace MT_CPU_LEVEL_NS
+#endif
 
 }  // namespace mt::cpu

@@ -27,7 +27,7 @@
 
 #include "kernels/cpu/kernels.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_LEVEL_NS {
 namespace {
 
 // Two passes: the mean, then the variance around it (no cancellation).
@@ -173,4 +173,4 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
     }
 }
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_LEVEL_NS

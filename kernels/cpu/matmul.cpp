@@ -1,7 +1,7 @@
 // Matmul: the PyTorch Linear layer, out = inp W^T + b, where almost all of GPT-2's FLOPs are.
 //
 // The three products are GEMMs of gemm.h: the kernels.matmul ladder step the backend passes
-// (naive, blocked, packed, blas; auto = our packed AVX-512 GEMM where compiled, else Eigen's),
+// (naive, blocked, packed, blas; auto = our packed GEMM on the avx512/avx2 levels, else Eigen's),
 // reading our row-major buffers in place: the forward reads the weight (OC,C) as W^T, dW reads
 // dout (N,OC) as dout^T; the GEMM's packing absorbs both transposes. The backward GEMMs
 // accumulate (beta = 1), exactly the += convention of the backward.
@@ -15,7 +15,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kernels.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_LEVEL_NS {
 namespace {
 
 // out (N,OC) = inp (N,C) W(OC,C)^T   (overwrites)
@@ -141,4 +141,4 @@ void lora_backward(float* dinp, float* dA, float* dB, float* du, const float* do
     if (dinp) gemm(N, C, R, {du, R, false}, {A, C, false}, dinp, C, /*accumulate=*/true);  // du A
 }
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_LEVEL_NS

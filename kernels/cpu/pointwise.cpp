@@ -9,7 +9,7 @@
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/kernels.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_LEVEL_NS {
 namespace {
 constexpr long long kChunk = 4096;  // elements per work item (16 KiB of each operand)
 }
@@ -54,4 +54,12 @@ void residual_backward(float* dinp1, float* dinp2, const float* dout, size_t n) 
     }
 }
 
-}  // namespace mt::cpu
+// fast_math.h's softmax sums, as this level compiles them, for tests/test_cpu_fast_math.cpp.
+float exp_shift_sum(const float* x, size_t n, float shift) {
+    return fast::exp_shift_sum(x, n, shift);
+}
+float exp_shift_sum_inplace(float* x, size_t n, float shift) {
+    return fast::exp_shift_sum_inplace(x, n, shift);
+}
+
+}  // namespace mt::cpu::MT_CPU_LEVEL_NS

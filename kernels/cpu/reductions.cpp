@@ -12,7 +12,7 @@
 
 #include "kernels/cpu/kernels.h"
 
-namespace mt::cpu {
+namespace mt::cpu::MT_CPU_LEVEL_NS {
 namespace {
 
 constexpr int kChunks = 256;  // enough work items to balance 16 threads
@@ -58,4 +58,4 @@ void clip_scale(float* scale_out, const float* norm_sq, float max_norm) {
     scale_out[0] = std::min(1.0f, max_norm / (norm + 1e-6f));
 }
 
-}  // namespace mt::cpu
+}  // namespace mt::cpu::MT_CPU_LEVEL_NS
