@@ -23,8 +23,8 @@
 // step = the step's wall time end to end (it also holds the data and h2d phases: handing out the
 // batch and copying its B*T ids, microseconds).
 //
-// Model FLOPs per step are GPT::training_flops_per_step (6 N_matmul_params B T + 12 L C T B T, the
-// nanoGPT/PaLM count); achieved GFLOP/s = that / median step time. The same formula is evaluated
+// Model FLOPs per step are GPT::training_flops_per_step ((6 N + 6 L C T) B T, N every parameter:
+// llm.c's count); achieved GFLOP/s = that / median step time. The same formula is evaluated
 // independently by the PyTorch script, so both sides are divided by the same work.
 //
 // --probe measures, in this process, after the steps and with the same thread count, with the
