@@ -4,6 +4,11 @@
 //
 //   cpu_step --preset gpt2-mini -B 4 -T 256 --threads 2 --warmup 2 --steps 5 [--json out.json]
 //            [--probe] [--profile]
+//   cpu_step --list-cpu-isa        the CPU ISA levels this CPU runs, best first, one a line
+//
+// The ISA level (kernels/cpu/cpu_isa.h) is the backend's: MT_CPU_ISA, else the best this CPU runs.
+// The JSON names it ("cpu_isa", and the GEMM it brings, "gemm_impl") so a row of
+// bench/run_cpu_bench.sh proves which level it measured.
 //
 // One step is engine/training_session.h's TrainingSession step, run through engine/step_loop.h's
 // StepLoop — the same code `microtrain run` times and the same loop — on one repeated synthetic
@@ -18,8 +23,8 @@
 // step = the step's wall time end to end (it also holds the data and h2d phases: handing out the
 // batch and copying its B*T ids, microseconds).
 //
-// Model FLOPs per step are GPT::training_flops_per_step (6 N_matmul_params B T + 12 L C T B T, the
-// nanoGPT/PaLM count); achieved GFLOP/s = that / median step time. The same formula is evaluated
+// Model FLOPs per step are GPT::training_flops_per_step ((6 N + 6 L C T) B T, N every parameter:
+// llm.c's count); achieved GFLOP/s = that / median step time. The same formula is evaluated
 // independently by the PyTorch script, so both sides are divided by the same work.
 //
 // --probe measures, in this process, after the steps and with the same thread count, with the
@@ -62,6 +67,7 @@
 #include "engine/timing.h"
 #include "engine/training_session.h"
 #include "io/atomic_file.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/enum_names.h"
 
@@ -185,6 +191,9 @@ json step_json(const Args& a, const mt::RunConfig& cfg, mt::TrainingSession& ses
     out["warmup"] = a.warmup;
     out["steps"] = a.steps;
     out["device"] = device;
+    // The level the backend chose at construction: the same call, on the same environment.
+    out["cpu_isa"] = mt::cpu::to_string(mt::cpu::cpu_isa_from_environment());
+    out["gemm_impl"] = mt::cpu::gemm_impl_name();
     out["cpu_model"] = mt::cpu_model_of(device);
     out["kernels"] = {{"attention", a.attention},
                       {"classifier", a.classifier},
@@ -370,6 +379,15 @@ int run(const Args& a) {
     return 0;
 }
 
+// Prints the levels this CPU runs, best first (what MT_CPU_ISA accepts here).
+void print_cpu_isa_levels() {
+    using mt::cpu::CpuIsa;
+    const mt::cpu::CpuFeatures cpu = mt::cpu::detect_cpu_features();
+    for (CpuIsa isa : {CpuIsa::avx512, CpuIsa::avx2, CpuIsa::baseline})
+        if (mt::cpu::missing_cpu_features(isa, cpu).empty())
+            std::printf("%s\n", mt::cpu::to_string(isa));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -377,6 +395,14 @@ int main(int argc, char** argv) {
         "cpu_step: times microtrain's CPU training step (forward, backward, optimizer) "
         "for bench/run_cpu_bench.sh"};
     Args a;
+    // Answered before the other options are checked (--preset is not needed for it).
+    app.add_flag_callback(
+        "--list-cpu-isa",
+        [] {
+            print_cpu_isa_levels();
+            throw CLI::Success();
+        },
+        "Print the CPU ISA levels this CPU runs (values of MT_CPU_ISA), best first, and exit");
     app.add_option("--preset", a.preset, "Model preset (tiny, gpt2-mini, gpt2-124M, ...)")
         ->required();
     app.add_option("-B,--batch", a.B, "Batch size")

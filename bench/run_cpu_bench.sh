@@ -1,21 +1,33 @@
 #!/usr/bin/env bash
-# microtrain's CPU training step side by side with PyTorch eager on the same CPU (issue 4).
+# microtrain's CPU training step, once per CPU ISA level, side by side with PyTorch eager on the
+# same CPU (issue 4; the ISA levels: issue 27 item 6).
 #
-#   bash bench/run_cpu_bench.sh
+#   MT_BENCH_PYTHON=/work/pyenv/bin/python bash bench/run_cpu_bench.sh
 #
 # Builds bench/cpu_step (Release, CPU backend only, in build/bench), then for each config —
-# tiny (B4 T32), gpt2-mini (B4 T256), gpt2-124M (B4 T128), fp32, 2 threads — runs ROUNDS rounds,
-# each round one microtrain process (build/bench/cpu_step) and one PyTorch process
-# (bench/torch_cpu_step.py), alternating which goes first. Every process does 2 warm-up + 5
-# measured steps and its own sgemm / copy probes. Then one profiled microtrain run of gpt2-mini
-# (cpu_step --profile) gives the per-op roofline table. Writes
-#   bench/results/cpu-<UTC date-time>-<cpu model>-<N>c.md   (the tables, human-readable)
-#   bench/results/cpu-<UTC date-time>-<cpu model>-<N>c.json (every run's JSON + the summary)
-# and prints the tables. About 6 minutes on 2 cores.
+# tiny (B4 T32), gpt2-mini (B4 T256), gpt2-124M (B4 T128), fp32, 2 threads — runs ROUNDS rounds.
+# A round runs one process per row, in an order that rotates from round to round (microtrain and
+# PyTorch rows interleaved):
+#   microtrain at each ISA level this CPU runs (MT_CPU_ISA=avx512 | avx2 | baseline; the levels
+#     from `cpu_step --list-cpu-isa`; the level each process ran is read back from its JSON);
+#   PyTorch native, and, where the CPU has AVX-512, PyTorch limited to AVX2
+#     (MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2; its JSON must
+#     show ATen's CPU capability AVX2). On an AVX2-only CPU native PyTorch already is AVX2.
+# Every process does 2 warm-up + 5 measured steps and its own sgemm / copy probes. The ratios the
+# goal names (issue 27) are paired per round — AVX2 level / PyTorch-AVX2 (goal <= 0.50), AVX-512
+# level / PyTorch native (goal <= 0.40), baseline / PyTorch native (no goal) — and reported as the
+# median over rounds with their min–max. Then one profiled microtrain run of gpt2-mini at the best
+# level (cpu_step --profile) gives the per-op roofline table. Writes
+#   bench/results/cpu-<UTC date-time>-<cpu model>-<N>c[-smoke].md   (the tables)
+#   bench/results/cpu-<UTC date-time>-<cpu model>-<N>c[-smoke].json (every run's JSON + summary)
+# atomically, and prints the tables. About 20 minutes on 2 idle cores with AVX-512 (5 rows).
 #
 # Environment (all optional):
 #   MT_BENCH_ROUNDS=3                     rounds per config
 #   MT_BENCH_CONFIGS="tiny gpt2-mini gpt2-124M"
+#   MT_BENCH_LEVELS="avx512 avx2 baseline"  microtrain's levels (default: all this CPU runs)
+#   MT_BENCH_PYTHON=/usr/bin/python3      the interpreter with PyTorch (the PyPI wheel:
+#                                         /work/pyenv/bin/python)
 #   MT_BENCH_THREADS=2                    threads for both sides (OMP_NUM_THREADS too)
 #   MT_BENCH_BUILD_DIR=build/bench        where cpu_step is built
 #   MT_BENCH_CMAKE_ARGS="-DMT_USE_BLAS=ON"  extra configure flags (e.g. Eigen -> OpenBLAS)
@@ -23,11 +35,22 @@
 #                                         microtrain kernel choices (default: the defaults)
 #   CPU_STEP=/path/to/cpu_step            use this binary, skip the build
 #   MT_BENCH_OUT=bench/results            output directory
+#   MT_BENCH_SMOKE=1                      a check that the script works, not a measurement: the
+#                                         file names end in -smoke and the report says so
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
+# The command that reproduces this run, for the report's first lines: the knobs that were set.
+REPRO=""
+for var in MT_BENCH_ROUNDS MT_BENCH_CONFIGS MT_BENCH_LEVELS MT_BENCH_PYTHON MT_BENCH_THREADS \
+    MT_BENCH_BUILD_DIR MT_BENCH_CMAKE_ARGS MT_BENCH_KERNEL_ARGS CPU_STEP MT_BENCH_OUT MT_BENCH_SMOKE; do
+    if [[ -n "${!var:-}" ]]; then REPRO+="$var=$(printf '%q' "${!var}") "; fi
+done
+REPRO+="bash bench/run_cpu_bench.sh"
+
 THREADS=${MT_BENCH_THREADS:-2}
+PYTHON=${MT_BENCH_PYTHON:-/usr/bin/python3}
 BUILD_DIR=${MT_BENCH_BUILD_DIR:-build/bench}
 if [[ -z "${CPU_STEP:-}" ]]; then
     echo "== building cpu_step in $BUILD_DIR"
@@ -40,23 +63,27 @@ if [[ -z "${CPU_STEP:-}" ]]; then
     CPU_STEP=$BUILD_DIR/cpu_step
 fi
 [[ -x "$CPU_STEP" ]] || { echo "run_cpu_bench: $CPU_STEP is not an executable" >&2; exit 1; }
-/usr/bin/python3 -c "import torch" 2>/dev/null || {
-    echo "run_cpu_bench: /usr/bin/python3 cannot import torch; run: bash tools/setup.sh --torch" >&2
+"$PYTHON" -c "import torch" 2>/dev/null || {
+    echo "run_cpu_bench: $PYTHON (MT_BENCH_PYTHON) cannot import torch; set MT_BENCH_PYTHON to" \
+        "an interpreter with PyTorch (the PyPI wheel: /work/pyenv/bin/python) or run:" \
+        "bash tools/setup.sh --torch" >&2
     exit 1
 }
 
 export OMP_NUM_THREADS=$THREADS
-export CPU_STEP THREADS ROOT
+export CPU_STEP THREADS ROOT PYTHON REPRO
 exec /usr/bin/python3 - <<'PY'
 import datetime, json, os, re, resource, socket, subprocess, sys, tempfile, time
 
 ROOT = os.environ["ROOT"]
 CPU_STEP = os.environ["CPU_STEP"]
+PYTHON = os.environ["PYTHON"]
 THREADS = int(os.environ["THREADS"])
 ROUNDS = int(os.environ.get("MT_BENCH_ROUNDS", "3"))
 CONFIGS = os.environ.get("MT_BENCH_CONFIGS", "tiny gpt2-mini gpt2-124M").split()
 KERNEL_ARGS = os.environ.get("MT_BENCH_KERNEL_ARGS", "").split()
 OUT_DIR = os.environ.get("MT_BENCH_OUT", os.path.join(ROOT, "bench", "results"))
+SMOKE = os.environ.get("MT_BENCH_SMOKE", "") not in ("", "0")
 SHAPES = {"tiny": (4, 32), "gpt2-mini": (4, 256), "gpt2-124M": (4, 128)}
 WARMUP, STEPS = 2, 5
 for c in CONFIGS:
@@ -64,6 +91,45 @@ for c in CONFIGS:
         sys.exit(f"run_cpu_bench: MT_BENCH_CONFIGS has '{c}'; expected some of {list(SHAPES)}")
 if ROUNDS < 1:
     sys.exit(f"run_cpu_bench: MT_BENCH_ROUNDS must be >= 1, got {ROUNDS}")
+
+# The variables that limit an ISA: cleared for every process, set only where a row asks.
+ISA_LIMITS = ("MT_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+TORCH_AVX2 = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+              "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+def cpu_isa_levels():
+    """The levels microtrain runs on this CPU, best first (cpu_step's own detection)."""
+    p = subprocess.run([CPU_STEP, "--list-cpu-isa"], capture_output=True, text=True)
+    if p.returncode != 0 or not p.stdout.split():
+        sys.exit(f"run_cpu_bench: {CPU_STEP} --list-cpu-isa failed (exit {p.returncode}): "
+                 f"{p.stderr.strip()}; is it a cpu_step built from this tree?")
+    return p.stdout.split()
+
+
+def bench_rows():
+    """The rows of every round: microtrain per level, then PyTorch native (+ limited to AVX2).
+    Returns (rows, supported levels, the row the AVX2 ratio divides by, a note on it)."""
+    supported = cpu_isa_levels()
+    wanted = os.environ.get("MT_BENCH_LEVELS", "").split() or supported
+    for level in wanted:
+        if level not in supported:
+            sys.exit(f"run_cpu_bench: MT_BENCH_LEVELS has '{level}'; this CPU runs "
+                     f"{' '.join(supported)} (cpu_step --list-cpu-isa): use some of those")
+    levels = [lv for lv in supported if lv in wanted]  # best first
+    rows = [{"id": f"mt-{lv}", "impl": "microtrain", "label": f"microtrain `{lv}`",
+             "env": {"MT_CPU_ISA": lv}, "expect": lv} for lv in levels]
+    rows.append({"id": "pt-native", "impl": "pytorch", "label": "PyTorch native", "env": {},
+                 "expect": None})
+    if "avx512" in supported:
+        rows.append({"id": "pt-avx2", "impl": "pytorch", "label": "PyTorch limited to AVX2",
+                     "env": dict(TORCH_AVX2), "expect": "AVX2"})
+        return rows, supported, "pt-avx2", ""
+    if "avx2" not in supported:
+        return rows, supported, "pt-native", "this CPU has no AVX2: there is no AVX2 ratio"
+    rows[-1]["expect"] = "AVX2"  # the AVX2 ratio divides by it: it must have run AVX2
+    return rows, supported, "pt-native", ("this CPU has no AVX-512, so PyTorch native already "
+                                          "runs AVX2: the AVX2 ratio divides by the native row")
 
 
 def cpu_busy_seconds():
@@ -74,39 +140,53 @@ def cpu_busy_seconds():
     return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def run_one(impl, preset, B, T, extra=(), tag=""):
+def isa_of(r):
+    """The ISA a process says it ran: microtrain's level, PyTorch's ATen CPU capability."""
+    return r["cpu_isa"] if r["impl"] == "microtrain" else r["isa"]["cpu_capability"]
+
+
+def run_one(row, preset, B, T, extra=(), tag=""):
     """Runs one benchmark process; returns its JSON plus the noise measured around it."""
-    fd, path = tempfile.mkstemp(prefix=f"cpu_bench_{impl}_", suffix=".json")
+    fd, path = tempfile.mkstemp(prefix=f"cpu_bench_{row['id']}_", suffix=".json")
     os.close(fd)
     common = ["--preset", preset, "-B", str(B), "-T", str(T), "--threads", str(THREADS),
               "--warmup", str(WARMUP), "--steps", str(STEPS), "--json", path, "--probe"]
-    if impl == "microtrain":
+    if row["impl"] == "microtrain":
         cmd = [CPU_STEP] + common + KERNEL_ARGS + list(extra)
     else:
-        cmd = ["/usr/bin/python3", os.path.join(ROOT, "bench", "torch_cpu_step.py")] + common
+        cmd = [PYTHON, os.path.join(ROOT, "bench", "torch_cpu_step.py")] + common
+    env = {k: v for k, v in os.environ.items() if k not in ISA_LIMITS}
+    env.update(row["env"])
     load0 = os.getloadavg()[0]
     busy0, child0 = cpu_busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
     wall = time.monotonic() - t0
     busy1, child1 = cpu_busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         sys.stdout.write(p.stdout)
         os.unlink(path)
-        sys.exit(f"run_cpu_bench: {' '.join(cmd)} failed with exit code {p.returncode}")
+        sys.exit(f"run_cpu_bench: {' '.join(f'{k}={v}' for k, v in row['env'].items())} "
+                 f"{' '.join(cmd)} failed with exit code {p.returncode}")
     with open(path) as f:
         r = json.load(f)
     os.unlink(path)
+    if row["expect"] and isa_of(r) != row["expect"]:
+        limits = " ".join(f"{k}={v}" for k, v in row["env"].items()) or "no ISA limit"
+        sys.exit(f"run_cpu_bench: row '{row['label']}' ({limits}) must run {row['expect']}, but "
+                 f"the process reported {isa_of(r)}: its numbers would be mislabelled")
     own = (child1.ru_utime - child0.ru_utime) + (child1.ru_stime - child0.ru_stime)
     # CPU time other processes used while this one ran, as a share of the machine: the noise.
     ncpu = os.cpu_count() or 1
     r["noise"] = {"foreign_cpu_share": max(0.0, (busy1 - busy0 - own) / (wall * ncpu)),
                   "loadavg_1min_before": load0, "process_wall_s": wall}
+    r["row"] = row["id"]
     r["stdout"] = p.stdout
-    print(f"  {preset:10s} {impl:10s}{tag} step {r['step_ms']['median']:9.1f} ms  "
-          f"{r['gflops']:6.1f} GFLOP/s  RSS {r['peak_rss_mib']:6.0f} MiB  "
-          f"(other processes used {100 * r['noise']['foreign_cpu_share']:.0f}% of the CPU)",
-          flush=True)
+    print(f"  {preset:10s} {row['id']:12s}{tag} ({isa_of(r)}) step "
+          f"{r['step_ms']['median']:9.1f} ms  {r['gflops']:6.1f} GFLOP/s  "
+          f"RSS {r['peak_rss_mib']:6.0f} MiB  (other processes used "
+          f"{100 * r['noise']['foreign_cpu_share']:.0f}% of the CPU)", flush=True)
     return r
 
 
@@ -127,6 +207,7 @@ def summarize(runs):
     probe_lm = [r["probe"]["sgemm_model_gflops"] for r in runs]
     copy = [r["probe"]["copy_gbps"] for r in runs]
     return {
+        "isa": sorted({isa_of(r) for r in runs}),
         "step_ms": median(step), "step_ms_min": min(step), "step_ms_max": max(step),
         "forward_ms": median(g("forward_ms")), "backward_ms": median(g("backward_ms")),
         "optimizer_ms": median(g("optimizer_ms")),
@@ -143,6 +224,31 @@ def summarize(runs):
         "quiet_step_ms": median([r["step_ms"]["median"] for r in quiet]) if quiet else None,
         "rounds": len(runs),
     }
+
+
+def paired_ratio(runs, num, den, goal):
+    """num's step / den's step, per round (the two ran in the same round), over the rounds."""
+    if num not in runs or den not in runs:
+        return None
+    per_round = [a["step_ms"]["median"] / b["step_ms"]["median"]
+                 for a, b in zip(runs[num], runs[den])]
+    m = median(per_round)
+    return {"num": num, "den": den, "goal": goal, "median": m, "min": min(per_round),
+            "max": max(per_round), "per_round": per_round,
+            "met": None if goal is None else m <= goal,
+            "rounds_within_goal": None if goal is None else sum(x <= goal for x in per_round)}
+
+
+def round_order(rows, r):
+    """Round r's order: microtrain and PyTorch rows interleaved, rotated by r so that every
+    row takes every position (first, after a PyTorch run, ...) as the rounds go by."""
+    mt = [x for x in rows if x["impl"] == "microtrain"]
+    pt = [x for x in rows if x["impl"] == "pytorch"]
+    base = []
+    for i in range(max(len(mt), len(pt))):
+        base += mt[i:i + 1] + pt[i:i + 1]
+    k = r % len(base)
+    return base[k:] + base[:k]
 
 
 cpu_model = "unknown"
@@ -164,122 +270,158 @@ def git(*args):
 
 commit = git("rev-parse", "--short", "HEAD") or "unknown"
 # Uncommitted edits of the code the benchmark measures (the build compiles the working tree).
-dirty = git("status", "--porcelain", "--", "kernels", "model", "optim", "bench/cpu_step.cpp")
+dirty = git("status", "--porcelain", "--", "kernels", "model", "optim", "engine",
+            "bench/cpu_step.cpp", "bench/torch_cpu_step.py")
 slug = re.sub(r"[^a-z0-9]+", "-", cpu_model.lower()).strip("-") + f"-{os.cpu_count()}c"
-stem = os.path.join(OUT_DIR, f"cpu-{now:%Y-%m-%dT%H%M}-{slug}")
-print(f"== {cpu_model}, {os.cpu_count()} CPUs, {THREADS} threads, {ROUNDS} rounds per config, "
-      f"{WARMUP} warm-up + {STEPS} measured steps per process; load average "
-      f"{os.getloadavg()[0]:.2f} at start")
+stem = os.path.join(OUT_DIR, f"cpu-{now:%Y-%m-%dT%H%M}-{slug}" + ("-smoke" if SMOKE else ""))
+ROWS, SUPPORTED, AVX2_DEN, AVX2_NOTE = bench_rows()
+# The ratios the goal names (issue 27): (name, numerator row, denominator row, goal or None).
+RATIOS = [("AVX2 level / PyTorch limited to AVX2", "mt-avx2", AVX2_DEN, 0.50),
+          ("AVX-512 level / PyTorch native", "mt-avx512", "pt-native", 0.40),
+          ("baseline level / PyTorch native", "mt-baseline", "pt-native", None)]
+ROUNDS_TEXT = f"{ROUNDS} round" + ("s" if ROUNDS != 1 else "")
+print(f"== {cpu_model}, {os.cpu_count()} CPUs, {THREADS} threads, {ROUNDS_TEXT} per config, "
+      f"rows {' '.join(x['id'] for x in ROWS)}, {WARMUP} warm-up + {STEPS} measured steps per "
+      f"process; load average {os.getloadavg()[0]:.2f} at start")
 
 results = {}
 for preset in CONFIGS:
     B, T = SHAPES[preset]
-    runs = {"microtrain": [], "pytorch": []}
+    runs = {x["id"]: [] for x in ROWS}
+    orders = []
     for r in range(ROUNDS):
-        order = ["microtrain", "pytorch"] if r % 2 == 0 else ["pytorch", "microtrain"]
-        for impl in order:
-            runs[impl].append(run_one(impl, preset, B, T, tag=f" r{r + 1}"))
-    s = {impl: summarize(v) for impl, v in runs.items()}
-    fm, fp = s["microtrain"]["flops_per_step"], s["pytorch"]["flops_per_step"]
-    if abs(fm - fp) > 1e-9 * fp:
-        sys.exit(f"run_cpu_bench: {preset}: model FLOPs differ (microtrain {fm}, PyTorch {fp}): "
-                 "the two sides are not the same model")
-    results[preset] = {"B": B, "T": T, "summary": s, "runs": runs}
+        order = round_order(ROWS, r)
+        orders.append([x["id"] for x in order])
+        for row in order:
+            runs[row["id"]].append(run_one(row, preset, B, T, tag=f" r{r + 1}"))
+    s = {rid: summarize(v) for rid, v in runs.items()}
+    f0 = s["pt-native"]["flops_per_step"]
+    for rid, v in s.items():
+        if abs(v["flops_per_step"] - f0) > 1e-9 * f0:
+            sys.exit(f"run_cpu_bench: {preset}: model FLOPs differ ({rid} {v['flops_per_step']}, "
+                     f"pt-native {f0}): the rows are not the same model")
+    ratios = {name: paired_ratio(runs, num, den, goal) for name, num, den, goal in RATIOS}
+    results[preset] = {"B": B, "T": T, "order": orders, "summary": s, "runs": runs,
+                       "ratios": ratios}
 
-print("== profile: gpt2-mini, microtrain, per-op clocks on")
-prof_cmd = f"{os.path.relpath(CPU_STEP, ROOT)} --preset gpt2-mini -B 4 -T 256 --threads {THREADS} " \
-           f"--warmup {WARMUP} --steps {STEPS} --profile {' '.join(KERNEL_ARGS)}".strip()
-profile = run_one("microtrain", "gpt2-mini", 4, 256, extra=["--profile"])
+best = ROWS[0]  # the best level measured (rows are best first)
+print(f"== profile: gpt2-mini, microtrain {best['expect']}, per-op clocks on")
+prof_cmd = f"MT_CPU_ISA={best['expect']} {os.path.relpath(CPU_STEP, ROOT)} --preset gpt2-mini " \
+           f"-B 4 -T 256 --threads {THREADS} --warmup {WARMUP} --steps {STEPS} --profile " \
+           f"{' '.join(KERNEL_ARGS)}".strip()
+profile = run_one(best, "gpt2-mini", 4, 256, extra=["--profile"])
 prof_text = profile["stdout"][profile["stdout"].index("  per-op profile"):]
 prof_text = prof_text[:prof_text.index("  wrote ")] if "  wrote " in prof_text else prof_text
 
 # ---- the report ---------------------------------------------------------------------------------
+first = next(iter(results.values()))["runs"]
+mt0 = first[ROWS[0]["id"]][0]
+pt0 = first["pt-native"][0]
 L = []
-L.append(f"# CPU step: microtrain vs PyTorch eager — {now:%Y-%m-%d %H:%M} UTC\n")
-mt0 = next(iter(results.values()))["runs"]["microtrain"][0]
-pt0 = next(iter(results.values()))["runs"]["pytorch"][0]
+L.append(f"# CPU step: microtrain's ISA levels vs PyTorch eager — {now:%Y-%m-%d %H:%M} UTC\n")
+L.append(f"Reproduce: `{os.environ['REPRO']}`\n")
+if SMOKE:
+    L.append("**Smoke run** (MT_BENCH_SMOKE): a check that the script works, on whatever the "
+             "machine was doing; its numbers are not a measurement.\n")
 L.append(f"- Code: commit `{commit}`" + (
     "; uncommitted changes in the measured code: " + ", ".join(
         f"`{l[3:]}`" for l in dirty.splitlines()) if dirty else ", clean working tree") + ".")
-L.append(f"- Machine: {cpu_model}, {os.cpu_count()} CPUs (`{socket.gethostname()}`); "
-         f"{THREADS} threads on both sides (OMP_NUM_THREADS={THREADS}), fp32.")
+L.append(f"- Machine: {cpu_model}, {os.cpu_count()} CPUs (`{socket.gethostname()}`); microtrain's "
+         f"ISA levels on this CPU: {', '.join(SUPPORTED)}; {THREADS} threads on both sides "
+         f"(OMP_NUM_THREADS={THREADS}), fp32.")
 L.append(f"- microtrain: `{os.path.relpath(CPU_STEP, ROOT)}` "
-         f"(kernels: {', '.join(f'{k}={v}' for k, v in mt0['kernels'].items())}), "
-         f"fused AdamW, sgemm probe = {mt0['probe']['sgemm_impl']}.")
-L.append(f"- PyTorch {pt0['torch_version']} eager, BLAS `{pt0['blas']}`, torch.optim.AdamW "
-         f"(foreach={pt0['adamw']['foreach']}, not fused), sgemm probe = torch.mm (OpenBLAS).")
-L.append(f"- Same model (nanoGPT GPT-2, GELU tanh, tied LM head), same AdamW (lr 3e-4, betas "
-         "0.9/0.95, eps 1e-8, wd 0.1 on 2-D tensors, clip 1.0), synthetic uniform tokens.")
-L.append(f"- {ROUNDS} rounds per config, microtrain and PyTorch alternating (each a separate "
-         f"process: {WARMUP} warm-up + {STEPS} measured steps). Step time = median over rounds "
+         f"(kernels: {', '.join(f'{k}={v}' for k, v in mt0['kernels'].items())}), fused AdamW, "
+         "one row per level (`MT_CPU_ISA=<level>`); the level and GEMM in the table are the ones "
+         "the process reported (cpu_step's JSON `cpu_isa`, `gemm_impl`).")
+isa0 = pt0["isa"]
+L.append(f"- PyTorch {pt0['torch_version']} eager (`{PYTHON}`), BLAS `{pt0['blas']}` "
+         f"({'; '.join(isa0.get('build', [])) or 'build details not reported'}), "
+         f"torch.optim.AdamW (foreach={pt0['adamw']['foreach']}, fused={pt0['adamw']['fused']}). "
+         "The ISA column is ATen's CPU capability as the process reported it "
+         "(`torch.backends.cpu.get_cpu_capability()`)."
+         + (" The AVX2 row also sets " + ", ".join(f"`{k}={v}`" for k, v in TORCH_AVX2.items())
+            + " (MKL's and oneDNN's limits)." if "pt-avx2" in [x["id"] for x in ROWS] else "")
+         + (f" Note: {AVX2_NOTE}." if AVX2_NOTE else ""))
+L.append("- Same model (nanoGPT GPT-2 with explicit causal-mask attention, GELU tanh, tied LM "
+         "head), same AdamW (lr 3e-4, betas 0.9/0.95, eps 1e-8, wd 0.1 on 2-D tensors, clip 1.0), "
+         "synthetic uniform tokens.")
+L.append(f"- {ROUNDS_TEXT} per config; a round runs every row once, each a separate process "
+         f"({WARMUP} warm-up + {STEPS} measured steps), microtrain and PyTorch rows interleaved and "
+         "the order rotated by one each round (the JSON's `order`). Step time = median over rounds "
          "of each process's median step; the range is min–max of those per-process medians.")
-L.append("- Model FLOPs per step: 6 × matmul params × tokens + 12·L·C·T × tokens (nanoGPT's "
-         "estimate_mfu count; identical on both sides, checked). GFLOP/s = that / step time; "
+L.append("- Ratios pair the two rows of one round (the two processes ran minutes apart at most): "
+         "the median of the per-round ratios, with their min–max; a goal is met when that median "
+         "is at or below it.")
+L.append("- Model FLOPs per step: (6 N + 6·L·C·T) × tokens, N every parameter (llm.c's "
+         "count, GPT::training_flops_per_step; identical on every row, checked). GFLOP/s = that / step time; "
          "% probe = GFLOP/s / the 1024³ sgemm probe measured in the same process.")
 noise = max(v["summary"][i]["max_foreign_cpu_share"] for v in results.values() for i in v["summary"])
-L.append(f"- **Noise**: other engineers compile on the same 2 cores. While a benchmark process "
-         f"ran, other processes used up to {100 * noise:.0f}% of the machine's CPU (column "
-         "'other CPU' = the worst run of that row; measured from /proc/stat minus the benchmark "
-         "process's own CPU time). Runs with more than 5% are disturbed — OpenMP barriers stall "
-         "whenever one of the two threads is descheduled — and 'step ms, quiet rounds' is the "
-         "median over the undisturbed runs only.\n")
+L.append(f"- **Noise**: while a benchmark process ran, other processes used up to "
+         f"{100 * noise:.0f}% of the machine's CPU (column 'other CPU' = the worst run of that "
+         "row; /proc/stat busy time minus the benchmark process's own CPU time). Runs with more "
+         "than 5% are disturbed — OpenMP barriers stall whenever one of the threads is "
+         "descheduled — and 'step ms, quiet rounds' is the median over the undisturbed runs "
+         "only.\n")
 
-hdr = ("| config | impl | step ms (min–max) | step ms, quiet rounds | forward | backward | optimizer | tokens/s | "
-       "GFLOP/s | sgemm probe | % probe | peak RSS MiB | init loss | other CPU |")
+hdr = ("| config | row | ISA (reported) | step ms (min–max) | step ms, quiet rounds | forward | "
+       "backward | optimizer | tokens/s | GFLOP/s | % probe | peak RSS MiB | init loss | other CPU |")
 L.append(hdr)
 L.append("|" + "|".join(["---"] * (hdr.count("|") - 1)) + "|")
-ratios = {}
 for preset, v in results.items():
-    for impl in ("microtrain", "pytorch"):
-        s = v["summary"][impl]
-        L.append(f"| {preset} B{v['B']} T{v['T']} | {impl} | {s['step_ms']:.1f} "
+    for row in ROWS:
+        s = v["summary"][row["id"]]
+        r0 = v["runs"][row["id"]][0]
+        isa = "/".join(s["isa"]) + (f", {r0['gemm_impl']} GEMM" if row["impl"] == "microtrain"
+                                    else f", {r0['blas']}")
+        L.append(f"| {preset} B{v['B']} T{v['T']} | {row['label']} | {isa} | {s['step_ms']:.1f} "
                  f"({s['step_ms_min']:.1f}–{s['step_ms_max']:.1f}) | "
                  + (f"{s['quiet_step_ms']:.1f} ({s['quiet_rounds']} of {s['rounds']})"
                     if s["quiet_rounds"] else "none") + f" | {s['forward_ms']:.1f} | "
                  f"{s['backward_ms']:.1f} | {s['optimizer_ms']:.1f} | {s['tokens_per_s']:.0f} | "
-                 f"{s['gflops']:.1f} | {s['sgemm_probe_gflops']:.1f} | "
-                 f"{100 * s['gflops'] / s['sgemm_probe_gflops']:.0f}% | {s['peak_rss_mib']:.0f} | "
-                 f"{s['initial_loss']:.3f} | {100 * s['max_foreign_cpu_share']:.0f}% |")
-    m, p = v["summary"]["microtrain"], v["summary"]["pytorch"]
-    ratios[preset] = m["step_ms"] / p["step_ms"]
+                 f"{s['gflops']:.1f} | {100 * s['gflops'] / s['sgemm_probe_gflops']:.0f}% | "
+                 f"{s['peak_rss_mib']:.0f} | {s['initial_loss']:.3f} | "
+                 f"{100 * s['max_foreign_cpu_share']:.0f}% |")
 L.append("")
-L.append("| config | microtrain / PyTorch step time | target ≤ 0.5 | microtrain % of the best sgemm "
-         "probe, any side, any shape (target ≥ 75%) | RSS microtrain / PyTorch (target ≤ 1) |")
+L.append("| config | ratio of step times | median over rounds (min–max) | goal | verdict |")
 L.append("|---|---|---|---|---|")
 for preset, v in results.items():
-    m, p = v["summary"]["microtrain"], v["summary"]["pytorch"]
-    # The strictest reference: the fastest of the four GEMM probes (1024³ and the LM-head shape,
-    # microtrain's GEMM and torch.mm) measured in this config's runs.
-    best = max(m["sgemm_probe_gflops"], p["sgemm_probe_gflops"],
-               m["sgemm_lm_head_probe_gflops"], p["sgemm_lm_head_probe_gflops"])
-    r = ratios[preset]
-    speed = f"{1 / r:.2f}× faster" if r < 1 else f"{r:.2f}× slower"
-    qm, qp = m["quiet_step_ms"], p["quiet_step_ms"]
-    quiet = f"; quiet rounds only: {qm / qp:.2f}" if qm and qp else ""
-    L.append(f"| {preset} | {r:.2f} ({speed}{quiet}) | {'met' if r <= 0.5 else 'missed'} | "
-             f"{100 * m['gflops'] / best:.0f}% of {best:.0f} GFLOP/s | "
-             f"{m['peak_rss_mib'] / p['peak_rss_mib']:.2f} |")
+    for name, num, den, goal in RATIOS:
+        q = v["ratios"][name]
+        if name.startswith("AVX2") and den == "pt-native":
+            name = "AVX2 level / PyTorch native (= AVX2 here)"
+        if q is None:
+            L.append(f"| {preset} | {name} | not measured (no `{num}` row: MT_BENCH_LEVELS or "
+                     "the CPU) | " + (f"≤ {goal:.2f}" if goal else "—") + " | — |")
+            continue
+        verdict = "shown (no goal)" if goal is None else (
+            f"**{'met' if q['met'] else 'missed'}** ({q['rounds_within_goal']} of "
+            f"{len(q['per_round'])} within)")
+        L.append(f"| {preset} | {name} | {q['median']:.2f} ({q['min']:.2f}–{q['max']:.2f}) | "
+                 + (f"≤ {goal:.2f}" if goal else "—") + f" | {verdict} |")
 L.append("")
 L.append("Probes (median over the rounds, each measured in the benchmark process itself):\n")
-L.append("| config | impl | sgemm 1024³ GFLOP/s | sgemm LM-head shape GFLOP/s | copy GB/s (read+write) |")
+L.append("| config | row | sgemm 1024³ GFLOP/s | sgemm LM-head shape GFLOP/s | copy GB/s (read+write) |")
 L.append("|---|---|---|---|---|")
 for preset, v in results.items():
-    for impl in ("microtrain", "pytorch"):
-        s = v["summary"][impl]
-        shp = v["runs"][impl][0]["probe"]["sgemm_model_shape"]
-        L.append(f"| {preset} | {impl} | {s['sgemm_probe_gflops']:.1f} | "
-                 f"{s['sgemm_lm_head_probe_gflops']:.1f} ({shp[0]}×{shp[1]}×{shp[2]}) | "
-                 f"{s['copy_gbps']:.1f} |")
+    for row in ROWS:
+        s = v["summary"][row["id"]]
+        r0 = v["runs"][row["id"]][0]
+        shp = r0["probe"]["sgemm_model_shape"]
+        L.append(f"| {preset} | {row['label']} ({r0['probe']['sgemm_impl']}) | "
+                 f"{s['sgemm_probe_gflops']:.1f} | {s['sgemm_lm_head_probe_gflops']:.1f} "
+                 f"({shp[0]}×{shp[1]}×{shp[2]}) | {s['copy_gbps']:.1f} |")
 L.append("")
-L.append(f"## Per-op profile, gpt2-mini (microtrain)\n\n`{prof_cmd}` — step with per-op clocks "
-         f"on: {profile['step_ms']['median']:.1f} ms (median); other processes used "
-         f"{100 * profile['noise']['foreign_cpu_share']:.0f}% of the CPU meanwhile.\n")
+L.append(f"## Per-op profile, gpt2-mini (microtrain, level `{best['expect']}`)\n\n`{prof_cmd}` — "
+         f"step with per-op clocks on: {profile['step_ms']['median']:.1f} ms (median); other "
+         f"processes used {100 * profile['noise']['foreign_cpu_share']:.0f}% of the CPU "
+         "meanwhile.\n")
 L.append("```\n" + prof_text.rstrip() + "\n```\n")
 report = "\n".join(L) + "\n"
 
 os.makedirs(OUT_DIR, exist_ok=True)
 def write_atomically(path, text):
     fd, tmp = tempfile.mkstemp(prefix=".cpu_bench.", dir=os.path.dirname(path))
+    os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the results from the other users
     with os.fdopen(fd, "w") as f:
         f.write(text); f.flush(); os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -290,8 +432,11 @@ for v in results.values():
 profile.pop("stdout", None)
 write_atomically(stem + ".json", json.dumps(
     {"date_utc": now.isoformat(), "commit": commit, "uncommitted": dirty.splitlines(),
-     "cpu_model": cpu_model, "threads": THREADS, "rounds": ROUNDS,
-     "configs": results, "ratios": ratios, "profile_gpt2_mini": profile}, indent=1) + "\n")
+     "reproduce": os.environ["REPRO"], "smoke": SMOKE, "cpu_model": cpu_model,
+     "threads": THREADS, "rounds": ROUNDS, "supported_levels": SUPPORTED,
+     "rows": ROWS, "ratio_definitions": [{"name": n, "num": a, "den": b, "goal": g}
+                                         for n, a, b, g in RATIOS],
+     "avx2_note": AVX2_NOTE, "configs": results, "profile_gpt2_mini": profile}, indent=1) + "\n")
 write_atomically(stem + ".md", report)
 print()
 print(report)

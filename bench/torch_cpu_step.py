@@ -1,17 +1,27 @@
 #!/usr/bin/python3
 """PyTorch eager's CPU training step, timed the way bench/cpu_step.cpp times microtrain's.
 
-    /usr/bin/python3 bench/torch_cpu_step.py --preset gpt2-mini -B 4 -T 256 --threads 2 \
+    /work/pyenv/bin/python bench/torch_cpu_step.py --preset gpt2-mini -B 4 -T 256 --threads 2 \
         --warmup 2 --steps 5 [--json out.json] [--probe]
 
-The model is nanoGPT's GPT (model.py, PyTorch 1.13 path: the explicit causal-mask attention,
-no flash kernel) with bias=True, dropout 0, the GELU tanh approximation, LayerNorm eps 1e-5, the
-LM head tied to wte, and the real GPT-2 vocabulary of 50257 (PyTorch does not pad; microtrain pads
-wte to 50304 rows but excludes the padding from the softmax). Init as nanoGPT. The optimizer is
-torch.optim.AdamW grouped as nanoGPT's configure_optimizers (weight decay on tensors with
-dim >= 2), lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, the default single-tensor
-implementation (PyTorch 1.13 has no fused AdamW on the CPU, and foreach defaults off there), and
-clip_grad_norm_(1.0). Everything float32.
+Any PyTorch from 1.13 on: the PyPI wheel of 2.x (BLAS = MKL, statically linked, plus oneDNN)
+or Debian's python3-torch 1.13 (BLAS = the system's libblas, which must be OpenBLAS: the
+reference BLAS would make the comparison meaningless, so the script refuses it).
+
+Which CPU ISA it ran goes into the JSON ("isa"): torch.backends.cpu.get_cpu_capability() (ATen's
+own vectorised kernels: DEFAULT, AVX2, AVX512), the build's BLAS (torch.__config__) and the ISA
+limits of the environment (MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY:
+bench/run_cpu_bench.sh sets all three to AVX2 for its "PyTorch limited to AVX2" row).
+
+The model is nanoGPT's GPT (model.py, its PyTorch 1.13 path on every version, so every version runs
+the same ops: the explicit causal-mask attention, no flash kernel) with bias=True, dropout 0, the
+GELU tanh approximation, LayerNorm eps 1e-5, the LM head tied to wte, and the real GPT-2 vocabulary
+of 50257 (PyTorch does not pad; microtrain pads wte to 50304 rows but excludes the padding from the
+softmax). Init as nanoGPT. The optimizer is torch.optim.AdamW grouped as nanoGPT's
+configure_optimizers (weight decay on tensors with dim >= 2), lr 3e-4, betas (0.9, 0.95), eps 1e-8,
+weight decay 0.1, the version's default implementation on the CPU (single-tensor: foreach and fused
+default off for CPU tensors; the JSON records both as the optimizer holds them, None = that
+default), and clip_grad_norm_(1.0). Everything float32.
 
 Phases (the same cut as cpu_step):
   forward   = logits, loss = model(x, y); loss.item()
@@ -19,19 +29,20 @@ Phases (the same cut as cpu_step):
   optimizer = clip_grad_norm_(params, 1.0); optimizer.step()
 each timed with time.perf_counter (CPU ops are synchronous).
 
-Model FLOPs per step use microtrain's formula (GPT::training_flops_per_step):
-6 * (parameters - wpe) + 12 L C T per token, times B*T, so both sides divide the same work.
+Model FLOPs per step use microtrain's formula (GPT::training_flops_per_step, llm.c's count):
+6 N + 6 L C T per token, times B*T, N every parameter of microtrain's model (PyTorch's plus the
+vocabulary padding rows microtrain's wte has), so both sides divide the same work.
 
---probe, after the steps and with the same threads: torch.mm 1024x1024x1024 and the LM head's
-shape ((B*T, C) x (C, V)), median of 5 after 1 warm-up (this is OpenBLAS's sgemm: the script
-checks that OpenBLAS, not the reference BLAS, is the library loaded), and a 256 MiB tensor copy
-(GB/s counting read + write). Peak RSS (ru_maxrss) is read before the probes.
+--probe, after the steps and with the same threads: torch.mm 1024x1024x1024 and the LM head's shape
+((B*T, C) x (C, V)), median of 5 after 1 warm-up (the BLAS's sgemm: MKL's or OpenBLAS's), and a 256
+MiB tensor copy (GB/s counting read + write). Peak RSS (ru_maxrss) is read before the probes.
 """
 
 import argparse
 import json
 import math
 import os
+import re
 import resource
 import sys
 import tempfile
@@ -135,6 +146,15 @@ class GPT(nn.Module):
         return logits, loss
 
 
+ISA_LIMITS = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+
+
+def build_setting(name):
+    """A value of torch.__config__'s "Build settings" (e.g. BLAS_INFO=mkl), or None."""
+    m = re.search(rf"\b{name}=([^,\s]+)", torch.__config__.show())
+    return m.group(1) if m else None
+
+
 def blas_library():
     """The BLAS shared object this process mapped (after a matmul), or None."""
     libs = set()
@@ -147,6 +167,34 @@ def blas_library():
         if "openblas" in p:
             return p
     return sorted(libs)[0] if libs else None
+
+
+def blas_name():
+    """'mkl' (linked into libtorch), or the OpenBLAS library this process mapped; exits with how
+    to fix it when PyTorch runs neither (the reference BLAS is tens of times slower)."""
+    if build_setting("BLAS_INFO") == "mkl":
+        return "mkl"
+    blas = blas_library()
+    if blas is None or "openblas" not in blas:
+        sys.exit(
+            f"torch_cpu_step: PyTorch {torch.__version__} uses neither MKL nor OpenBLAS (BLAS "
+            f"mapped: {blas}); the reference BLAS would make this comparison meaningless. Fix: "
+            "use the PyPI wheel (MT_BENCH_PYTHON=/work/pyenv/bin/python), or bash tools/setup.sh "
+            "--torch (installs libopenblas0-openmp) and check `update-alternatives --display "
+            "libblas.so.3-x86_64-linux-gnu` points at openblas")
+    return blas
+
+
+def isa_record(blas):
+    """Which ISA this process's kernels use, as PyTorch and the environment say."""
+    rec = {"cpu_capability": torch.backends.cpu.get_cpu_capability()
+           if hasattr(torch.backends, "cpu") else "unknown (PyTorch < 2.0)",
+           "blas": blas, "blas_info": build_setting("BLAS_INFO"),
+           "mkldnn": torch.backends.mkldnn.is_available(),
+           "env": {k: os.environ.get(k) for k in ISA_LIMITS}}
+    rec["build"] = [line.strip("- ").strip() for line in torch.__config__.show().splitlines()
+                    if "Math Kernel" in line or "MKL-DNN" in line or "CPU capability" in line]
+    return rec
 
 
 def median(v):
@@ -213,13 +261,8 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     torch.mm(torch.ones(64, 64), torch.ones(64, 64))  # loads the BLAS
-    blas = blas_library()
-    if blas is None or "openblas" not in blas:
-        sys.exit(
-            f"torch_cpu_step: PyTorch is not using OpenBLAS (BLAS mapped: {blas}); the "
-            "reference BLAS would make this comparison meaningless. Fix: bash tools/setup.sh "
-            "--torch (installs libopenblas0-openmp) and check `update-alternatives --display "
-            "libblas.so.3-x86_64-linux-gnu` points at openblas")
+    blas = blas_name()
+    isa = isa_record(blas)
 
     model = GPT(L, NH, C, maxT, V)
     model.train()
@@ -230,18 +273,22 @@ def main():
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
         lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
-    foreach = opt.defaults.get("foreach")
+    foreach, fused = opt.defaults.get("foreach"), opt.defaults.get("fused")
 
     g = torch.Generator().manual_seed(a.seed)
     tokens = torch.randint(0, V, (B * T + 1,), generator=g, dtype=torch.long)
     x = tokens[:-1].view(B, T).clone()
     y = tokens[1:].view(B, T).clone()
 
-    # microtrain's GPT::training_flops_per_step: matmul parameters exclude wpe (a lookup).
-    flops = (6.0 * (nparams - maxT * C) + 12.0 * L * C * T) * B * T
+    # microtrain's GPT::training_flops_per_step (llm.c's gpt2_estimate_mfu): 6 FLOPs per parameter
+    # and token, N counting wte's rows padded to a multiple of 128 as microtrain stores them, plus
+    # 6 L C T per token for the attention scores and values (forward 2, backward 4).
+    padded_V = (V + 127) // 128 * 128
+    flops = (6.0 * (nparams + (padded_V - V) * C) + 6.0 * L * C * T) * B * T
 
     print(f"torch_cpu_step: PyTorch {torch.__version__} {a.preset} (L{L} C{C} H{NH} T{maxT} "
-          f"V{V}), {nparams} params, B={B} T={T}, {torch.get_num_threads()} threads, BLAS {blas}")
+          f"V{V}), {nparams} params, B={B} T={T}, {torch.get_num_threads()} threads, BLAS {blas}, "
+          f"CPU capability {isa['cpu_capability']}")
     fwd, bwd, optm, step, losses = [], [], [], [], []
     for s in range(a.warmup + a.steps):
         t0 = time.perf_counter()
@@ -270,7 +317,8 @@ def main():
         "impl": "pytorch",
         "torch_version": torch.__version__,
         "blas": blas,
-        "adamw": {"foreach": foreach, "fused": False},
+        "isa": isa,
+        "adamw": {"foreach": foreach, "fused": fused},
         "preset": a.preset,
         "model": {"n_layer": L, "n_head": NH, "n_embd": C, "vocab_size": V,
                   "padded_vocab_size": V, "max_seq_len": maxT, "params": nparams},
