@@ -25,6 +25,7 @@
 #include "engine/training_session.h"
 #include "experiment/rounds.h"
 #include "experiment/worker_process.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/text.h"
 #include "report/json_fields.h"
 #include "report/recording.h"
@@ -150,6 +151,9 @@ std::unique_ptr<TrainingSession> set_up_session(const RunConfig& cfg, BackendKin
     if (modify) modify(*backend);
     v.device_name = backend->device_name();
     v.threads = kind == BackendKind::cpu ? omp_get_max_threads() : 0;
+    // The CPU kernel set the backend runs (kernels/cpu/cpu_isa.h: one per process, as the
+    // backend chose it at construction above).
+    if (kind == BackendKind::cpu) v.cpu_isa = cpu::to_string(cpu::cpu_isa_from_environment());
     if (out) std::fprintf(out, "  device: %s\n", v.device_name.c_str());
 
     // The estimate against the device's memory before anything (the peak probe included) is

@@ -295,6 +295,7 @@ struct JsonFields<VariantResult> {
         json_added_optional("diverged", &S::diverged),
         json_field("backend", &S::backend),
         json_field("device_name", &S::device_name),
+        json_added_optional("cpu_isa", &S::cpu_isa),
         json_field("threads", &S::threads),
         json_field("config", &S::config),
         json_field("changed", &S::changed),

@@ -262,6 +262,9 @@ struct VariantResult {
     // be `ok` (every value finite); its verdict is never "keep".
     std::optional<Divergence> diverged;
     std::string backend, device_name;
+    // The CPU backend's kernel set (kernels/cpu/cpu_isa.h: "avx512", "avx2", "baseline"); nullopt
+    // on CUDA, and in files written before it (added within schema 10).
+    std::optional<std::string> cpu_isa;
     int threads = 0;
     std::map<std::string, std::string> config;   // every dotted key -> its value as text
     std::map<std::string, std::string> changed;  // the keys this variant set

@@ -177,12 +177,17 @@ namespace {
 
 // ---- compute --------------------------------------------------------------------------------
 
+// Whether the variant's kernels have a packed GEMM: not on the CPU's baseline ISA level.
+bool has_packed_gemm(const VariantResult& v) {
+    return v.cpu_isa.value_or("") != "baseline";
+}
+
 // The matmul ladder of `backend` from its first rung, as "naive → blocked → packed → blas"
 // (kernels/types.h: next_matmul_rung is its one definition).
-std::string matmul_ladder_text(BackendKind backend) {
+std::string matmul_ladder_text(BackendKind backend, bool has_packed) {
     std::string t = "naive";
-    for (auto m = next_matmul_rung(backend, MatmulImpl::naive); m;
-         m = next_matmul_rung(backend, *m))
+    for (auto m = next_matmul_rung(backend, MatmulImpl::naive, has_packed); m;
+         m = next_matmul_rung(backend, *m, has_packed))
         t += std::string(" → ") + to_string(*m);
     return t;
 }
@@ -192,7 +197,7 @@ std::optional<MatmulImpl> next_rung_for(const VariantResult& v, const KernelReco
     const auto backend = parse_enum<BackendKind>(v.backend);
     const auto impl = parse_enum<MatmulImpl>(k.impl);
     if (!backend || !impl || k.name.find("matmul") == std::string::npos) return std::nullopt;
-    return next_matmul_rung(*backend, *impl);
+    return next_matmul_rung(*backend, *impl, has_packed_gemm(v));
 }
 
 // What limits the top op, from its measured fraction of its roofline (see kFarBelowRoofline),
@@ -207,8 +212,9 @@ Suggestion top_op_suggestion(const VariantResult& v, const KernelRecord& k) {
     const auto next = next_rung_for(v, k);
     const std::string rung =
         next ? "try the next rung (`kernels.matmul: " + k.impl + " → " + to_string(*next) +
-                   "`; the " + v.backend +
-                   " ladder: " + matmul_ladder_text(cuda ? BackendKind::cuda : BackendKind::cpu) +
+                   "`; the " + v.backend + " ladder: " +
+                   matmul_ladder_text(cuda ? BackendKind::cuda : BackendKind::cpu,
+                                      has_packed_gemm(v)) +
                    ")"
              : std::string("a better implementation of it (or fusing it away) is the lever");
     auto with_rung = [&](std::string text) {

@@ -807,7 +807,8 @@ TEST(SuggestionRules, EachRuleFiresOnTheMeasurementsItReads) {
     // The communication rule and the bucket rule read a data-parallel record: test_report_dist.
 }
 
-std::string top_op_text(const KernelRecord& k, const std::string& backend = "cpu") {
+std::string top_op_text(const KernelRecord& k, const std::string& backend = "cpu",
+                        std::optional<std::string> cpu_isa = std::nullopt) {
     HandMadeExperiment ex;
     ex.name = "s";
     ex.baseline = "b";
@@ -816,6 +817,7 @@ std::string top_op_text(const KernelRecord& k, const std::string& backend = "cpu
     ex.runs.push_back(r);
     VariantResult v = ex.results().variants[0];
     v.kernels = {k};
+    v.cpu_isa = std::move(cpu_isa);
     for (const Suggestion& s : suggestions_of(v))
         if (s.rule == "top-op") return s.text;
     return "";
@@ -836,6 +838,18 @@ TEST(SuggestionRules, AnOpFarBelowItsRooflineIsInefficientAndGetsTheNextRung) {
     // The top rung has no next one.
     const std::string blas = top_op_text(top_op("matmul_backward", "blas", Bound::compute, 10));
     EXPECT_EQ(blas.find("next rung"), std::string::npos) << blas;
+}
+
+// On the CPU's baseline ISA level there is no packed GEMM (kernels.matmul: packed is refused
+// there): the next rung after blocked is blas, and the ladder shown leaves packed out.
+TEST(SuggestionRules, TheBaselineIsaLevelsLadderHasNoPackedRung) {
+    const std::string t =
+        top_op_text(top_op("matmul_backward", "blocked", Bound::compute, 5), "cpu", "baseline");
+    EXPECT_NE(t.find("`kernels.matmul: blocked → blas`"), std::string::npos) << t;
+    EXPECT_NE(t.find("the cpu ladder: naive → blocked → blas)"), std::string::npos) << t;
+    const std::string avx2 =
+        top_op_text(top_op("matmul_backward", "blocked", Bound::compute, 5), "cpu", "avx2");
+    EXPECT_NE(avx2.find("`kernels.matmul: blocked → packed`"), std::string::npos) << avx2;
 }
 
 // The "top ops" line says what limits each op from its measured roofline fraction: the naive
@@ -1094,9 +1108,9 @@ TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
           "knobs_changed",  "model",       "batch",   "warmup_steps", "measure_steps",
           "measured_steps", "setup_ms",    "stats",   "flops",        "roofline",
           "loss",           "memory",      "kernels", "profiled",     "steps",
-          "data_parallel",  "diverged"})
+          "data_parallel",  "diverged",    "cpu_isa"})
         EXPECT_TRUE(v.contains(key)) << key;
-    EXPECT_EQ(v.size(), 27u);  // nothing else: the comparison lives in its own block
+    EXPECT_EQ(v.size(), 28u);  // nothing else: the comparison lives in its own block
     EXPECT_EQ(v["memory"]["phases"].size(), 1u);  // only the phases that ran
     EXPECT_TRUE(v["memory"]["phases"].contains("forward"));
     EXPECT_EQ(v["stats"]["phases_ms"].size(), static_cast<size_t>(kPhaseCount + 1));

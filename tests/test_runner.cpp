@@ -97,6 +97,9 @@ TEST_F(RunnerTest, EndToEndTinyExperimentWritesACompleteRunFolder) {
         EXPECT_GT(r.memory.tracked_peak_total, 0u);
         EXPECT_GT(r.memory.estimate_total, 0u);
         EXPECT_EQ(r.backend, "cpu");
+        // The CPU kernel set it ran, as the device line names it.
+        ASSERT_TRUE(r.cpu_isa.has_value());
+        EXPECT_NE(r.device_name.find(*r.cpu_isa + " kernels"), std::string::npos) << r.device_name;
     }
     // Same seed, same batches, same initial weights: both AdamW implementations are bitwise
     // identical, so the losses must match exactly.
