@@ -252,9 +252,8 @@ struct Contender {
 };
 std::vector<Contender> packed_per_level() {
     std::vector<Contender> out;
-    const mt::cpu::CpuFeatures cpu = mt::cpu::detect_cpu_features();
-    for (mt::cpu::CpuIsa isa : {mt::cpu::CpuIsa::avx512, mt::cpu::CpuIsa::avx2}) {
-        if (!mt::cpu::missing_cpu_features(isa, cpu).empty()) continue;
+    for (mt::cpu::CpuIsa isa : mt::cpu::runnable_cpu_isa_levels(mt::cpu::detect_cpu_features())) {
+        if (isa == mt::cpu::CpuIsa::baseline) continue;  // no packed GEMM: Eigen is its GEMM
         const mt::cpu::KernelTable& level = mt::cpu::kernel_table(isa);
         const int packed = static_cast<int>(out.size());
         out.push_back(

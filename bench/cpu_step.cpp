@@ -381,11 +381,8 @@ int run(const Args& a) {
 
 // Prints the levels this CPU runs, best first (what MT_CPU_ISA accepts here).
 void print_cpu_isa_levels() {
-    using mt::cpu::CpuIsa;
-    const mt::cpu::CpuFeatures cpu = mt::cpu::detect_cpu_features();
-    for (CpuIsa isa : {CpuIsa::avx512, CpuIsa::avx2, CpuIsa::baseline})
-        if (mt::cpu::missing_cpu_features(isa, cpu).empty())
-            std::printf("%s\n", mt::cpu::to_string(isa));
+    for (mt::cpu::CpuIsa isa : mt::cpu::runnable_cpu_isa_levels(mt::cpu::detect_cpu_features()))
+        std::printf("%s\n", mt::cpu::to_string(isa));
 }
 
 }  // namespace

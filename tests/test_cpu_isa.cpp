@@ -77,6 +77,17 @@ TEST(CpuIsa, PicksTheBestLevelTheCpuHas) {
     EXPECT_EQ(cpu::select_cpu_isa("", CpuFeatures{}), CpuIsa::baseline);
 }
 
+TEST(CpuIsa, RunnableLevelsAreListedBestFirstAndEndInBaseline) {
+    EXPECT_EQ(cpu::runnable_cpu_isa_levels(all_features()),
+              (std::vector<CpuIsa>{CpuIsa::avx512, CpuIsa::avx2, CpuIsa::baseline}));
+    EXPECT_EQ(cpu::runnable_cpu_isa_levels(avx2_only()),
+              (std::vector<CpuIsa>{CpuIsa::avx2, CpuIsa::baseline}));
+    EXPECT_EQ(cpu::runnable_cpu_isa_levels(CpuFeatures{}), std::vector<CpuIsa>{CpuIsa::baseline});
+    // This CPU: the first runnable level is the one the backend picks without MT_CPU_ISA.
+    const CpuFeatures here = cpu::detect_cpu_features();
+    EXPECT_EQ(cpu::runnable_cpu_isa_levels(here).front(), cpu::select_cpu_isa("", here));
+}
+
 TEST(CpuIsa, ForcedLevelRunsWhereTheCpuHasIt) {
     for (CpuIsa isa : kLevels)
         EXPECT_EQ(cpu::select_cpu_isa(cpu::to_string(isa), all_features()), isa);

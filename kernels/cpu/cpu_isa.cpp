@@ -80,12 +80,15 @@ std::vector<std::string> missing_cpu_features(CpuIsa isa, const CpuFeatures& cpu
     return missing;
 }
 
+std::vector<CpuIsa> runnable_cpu_isa_levels(const CpuFeatures& cpu) {
+    std::vector<CpuIsa> levels;
+    for (CpuIsa isa : kAllLevels)
+        if (compiled(isa) && missing_cpu_features(isa, cpu).empty()) levels.push_back(isa);
+    return levels;
+}
+
 CpuIsa select_cpu_isa(std::string_view requested, const CpuFeatures& cpu) {
-    if (requested.empty()) {
-        for (CpuIsa isa : kAllLevels)
-            if (compiled(isa) && missing_cpu_features(isa, cpu).empty()) return isa;
-        return CpuIsa::baseline;
-    }
+    if (requested.empty()) return runnable_cpu_isa_levels(cpu).front();
     const std::optional<CpuIsa> isa = parse_cpu_isa(requested);
     if (!isa)
         throw BackendError("MT_CPU_ISA=" + std::string(requested) +

@@ -37,6 +37,10 @@ CpuFeatures detect_cpu_features();
 // The features `isa` needs that `cpu` lacks, by their /proc/cpuinfo names (empty: it runs).
 std::vector<std::string> missing_cpu_features(CpuIsa isa, const CpuFeatures& cpu);
 
+// The levels `cpu` runs in this build, best first (what select_cpu_isa("") picks is the first;
+// MT_CPU_ISA accepts each). Never empty: baseline runs everywhere.
+std::vector<CpuIsa> runnable_cpu_isa_levels(const CpuFeatures& cpu);
+
 // The level to run: `requested` (MT_CPU_ISA's value; empty = the best level `cpu` supports).
 // Throws BackendError for a name that is not a level, or a level `cpu` lacks (naming the missing
 // features). `cpu` is a parameter so tests can pretend to be a CPU without AVX-512.
