@@ -591,7 +591,8 @@ CheckpointLoadInfo load_checkpoint(const SafeTensorsFile& f, GPT& model, AdamW* 
     info.has_optimizer_state = has_moments;
     if (f.metadata_value("step")) info.step = metadata_int(f, "step", 0);
     const OptimizerMoments moments =
-        read_optimizer_state(f, table, vocab_size, has_moments, opt != nullptr);
+        opt ? read_optimizer_state(f, table, vocab_size, has_moments, /*read_values=*/true)
+            : OptimizerMoments{};
 
     // 7. Commit (nothing was changed before every check passed).
     model.set_params(params);

@@ -81,7 +81,9 @@ struct CheckpointLoadInfo {
 
 // Loads parameters into `model` (and, when `opt` is given, the AdamW moments of every tensor
 // the model trains and the step, which must then all be present; moments of a tensor it does
-// not train are then an error, and are ignored when only the weights are loaded). Rejects: a
+// not train are then an error). Without `opt` the moments are not looked at: a run that froze
+// tensors saved none for them, and the weights alone need none (`step --weights` from such a
+// run's checkpoint). Rejects: a
 // config (or LoRA config) in the metadata that differs from the model's; a missing tensor (the
 // model's LoRA adapters too); a wrong shape or a non-floating dtype; an unknown tensor; an
 // lm_head.weight that is not equal to wte (microtrain ties them); a truncated or corrupt file.

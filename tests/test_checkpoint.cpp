@@ -712,6 +712,28 @@ TEST(Checkpoint, AcceptsUnpaddedWteAndPadsItWithZeros) {
                     "or [200, 64] (unpadded)");
 }
 
+// A run with optim.freeze saved moments for the tensors it trained only; a model that trains
+// every tensor (`step --weights`, a start from those weights) loads its weights all the same,
+// and only restoring an optimizer from it is refused.
+TEST(Checkpoint, WeightsOfAFreezeRunLoadIntoAModelThatTrainsEverything) {
+    TempDir dir;
+    const std::string p = dir.file("frozen.safetensors");
+    auto backend = create_backend(BackendKind::cpu);
+    ModelOptions frozen;
+    frozen.trainable.freeze = {"wte", "h.0"};
+    GPT a(*backend, tiny(), frozen);
+    a.init_weights(7);
+    AdamW a_opt(a, AdamWConfig{});
+    save_checkpoint(p, a, &a_opt);
+    ASSERT_EQ(SafeTensorsFile::open(p).find("optim.m.transformer.wte.weight"), nullptr);
+    Rig b(tiny());
+    CheckpointLoadInfo info = load_checkpoint(p, b.model, nullptr);
+    EXPECT_TRUE(info.has_optimizer_state);
+    EXPECT_EQ(b.model.get_params(), a.get_params());
+    std::string msg = error_of([&] { load_checkpoint(p, b.model, &b.opt); });
+    EXPECT_CONTAINS(msg, "missing tensor 'optim.m.transformer.wte.weight'");
+}
+
 TEST(Checkpoint, RejectsPartialOptimizerState) {
     TempDir dir;
     const std::string p = dir.file("partial.safetensors");
