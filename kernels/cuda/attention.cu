@@ -605,6 +605,8 @@ void flash_attention_backward(DType dt, void* dqkv, const void* dout, const void
 // The inner tile (queries per step in dkdv, keys per step in dq) is 64 for HS 64 and 32 for
 // HS 128, which keeps the fp32 accumulators plus the score fragments in registers (no spills).
 // Shared memory: dkdv K, V [64][HS+8] + Q, dO [inner][HS+8] + lse, D; dq the mirror image.
+// Traffic per inner tile: dkdv loads Q and dO (2 x inner x HS bf16) for four 64 x inner x HS
+// products (S^T, dP^T, dV, dK): 128 FLOP per byte; dq loads K and V for three (S, dP, dQ): 96.
 // Like flash, the results are added into dqkv (the op's +=), read and written once per element.
 namespace {
 constexpr int kTcWarps = 4;
