@@ -608,6 +608,10 @@ void flash_attention_backward(DType dt, void* dqkv, const void* dout, const void
 // Traffic per inner tile: dkdv loads Q and dO (2 x inner x HS bf16) for four 64 x inner x HS
 // products (S^T, dP^T, dV, dK): 128 FLOP per byte; dq loads K and V for three (S, dP, dQ): 96.
 // Like flash, the results are added into dqkv (the op's +=), read and written once per element.
+// The forward is __launch_bounds__(128, 1): without the minimum of 1 block, sm_80's ptxas
+// trimmed the HS 64 forward to 96 registers and spilled. The backward kernels keep ptxas's own
+// choice (asking for 1 block there raised the dq kernel from 128 to ~200 registers: half the
+// blocks per SM, for nothing).
 namespace {
 constexpr int kTcWarps = 4;
 constexpr int kTcThreads = 32 * kTcWarps;
@@ -780,7 +784,7 @@ __device__ __forceinline__ void warp_add_rows(bf16* dst, size_t ld, int r0, int 
 }  // namespace
 
 template <int HS>
-__global__ void __launch_bounds__(kTcThreads)
+__global__ void __launch_bounds__(kTcThreads, 1)
     flash_tc_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH,
                             float scale_log2) {
     using Sh = TcShape<HS>;
