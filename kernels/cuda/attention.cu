@@ -1021,20 +1021,40 @@ __global__ void __launch_bounds__(kTcThreads)
 }
 
 namespace {
-// cudaFuncSetAttribute for a kernel that needs more than 48 KB of dynamic shared memory, once per
-// (kernel, device): the first launch on a device pays it, later launches only a lookup.
-template <class K>
-void opt_in_smem_once(K kernel, size_t bytes, const char* name) {
+// What a device needs before its first flash_tc launch, done once per device (later launches pay
+// a lookup): compute capability 8.0+ (bf16 mma.sync), and the opt-in of every kernel above 48 KB
+// of dynamic shared memory (cudaFuncSetAttribute holds per kernel and per device, so each
+// instantiation is set by name here rather than "once per launcher", which could skip one).
+void prepare_device_once() {
     static std::mutex mu;
-    static std::set<int> done;
+    static std::set<int> ready;
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     std::lock_guard<std::mutex> lock(mu);
-    if (done.count(dev)) return;
-    set_smem(kernel, bytes, name);
-    done.insert(dev);
+    if (ready.count(dev)) return;
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major < 8)
+        throw BackendError(
+            "kernels.attention: flash_tc needs bf16 tensor-core MMA, compute "
+            "capability 8.0 or newer; device " +
+            std::to_string(dev) + " has " + std::to_string(major) +
+            ".x; use kernels.attention: flash");
+    set_smem(flash_tc_forward_kernel<64>, TcShape<64>::kForwardSmem, "flash_tc_forward_kernel<64>");
+    set_smem(flash_tc_forward_kernel<128>, TcShape<128>::kForwardSmem,
+             "flash_tc_forward_kernel<128>");
+    set_smem(flash_tc_backward_dkdv_kernel<64>, TcShape<64>::kBackwardSmem,
+             "flash_tc_backward_dkdv_kernel<64>");
+    set_smem(flash_tc_backward_dkdv_kernel<128>, TcShape<128>::kBackwardSmem,
+             "flash_tc_backward_dkdv_kernel<128>");
+    set_smem(flash_tc_backward_dq_kernel<64>, TcShape<64>::kBackwardSmem,
+             "flash_tc_backward_dq_kernel<64>");
+    set_smem(flash_tc_backward_dq_kernel<128>, TcShape<128>::kBackwardSmem,
+             "flash_tc_backward_dq_kernel<128>");
+    ready.insert(dev);
 }
 
+// The shape and alignment a call must have (host arithmetic only), then the device preparation.
 void check_flash_tc_call(const char* what, int C, int NH,
                          std::initializer_list<const void*> pointers) {
     const int hs = C / NH;
@@ -1047,21 +1067,13 @@ void check_flash_tc_call(const char* what, int C, int NH,
             throw BackendError(std::string("flash_tc attention (") + what +
                                "): a tensor is not 16-byte aligned (its 16-byte cp.async loads "
                                "and stores need it); use kernels.attention: flash");
-    int dev = 0, major = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    if (major < 8)
-        throw BackendError(std::string("flash_tc attention (") + what +
-                           "): bf16 tensor-core MMA needs compute capability 8.0 or newer, the "
-                           "device has " +
-                           std::to_string(major) + ".x; use kernels.attention: flash");
+    prepare_device_once();
 }
 
 template <int HS>
 void flash_tc_forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH,
                              cudaStream_t s) {
     constexpr size_t smem = TcShape<HS>::kForwardSmem;
-    opt_in_smem_once(flash_tc_forward_kernel<HS>, smem, "flash_tc_forward_kernel");
     const float scale = 1.0f / sqrtf(static_cast<float>(HS));
     const dim3 grid(ceil_div(T, kTcTile), NH, B);
     flash_tc_forward_kernel<HS>
@@ -1073,8 +1085,6 @@ template <int HS>
 void flash_tc_backward_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                               const float* Dsum, int B, int T, int C, int NH, cudaStream_t s) {
     constexpr size_t smem = TcShape<HS>::kBackwardSmem;
-    opt_in_smem_once(flash_tc_backward_dkdv_kernel<HS>, smem, "flash_tc_backward_dkdv_kernel");
-    opt_in_smem_once(flash_tc_backward_dq_kernel<HS>, smem, "flash_tc_backward_dq_kernel");
     const float scale = 1.0f / sqrtf(static_cast<float>(HS));
     const dim3 grid(ceil_div(T, kTcTile), NH, B);
     flash_tc_backward_dkdv_kernel<HS><<<grid, kTcThreads, smem, s>>>(dqkv, dout, qkv, lse, Dsum, T,
