@@ -689,17 +689,19 @@ __device__ __forceinline__ const bf16* frag_nk(const bf16* tile, int n0, int k0,
 }
 
 // Asynchronous 16-byte global -> shared copy; `valid` false zero-fills (src-size 0: nothing is
-// read, `src` only has to be a legal address).
+// read, `src` only has to be a legal address). The "memory" clobbers keep the compiler from
+// moving ordinary shared-memory accesses across the copy, its commit and its wait.
 __device__ __forceinline__ void cp_async_16(bf16* dst, const bf16* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
+                 "r"(valid ? 16 : 0)
+                 : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");  // the tile is readable after
 }
 
 // Starts copying rows r0..r0+ROWS-1 (columns 0..HS-1) of a row-major matrix with leading
