@@ -1498,6 +1498,33 @@ struct Resolver {
                   "thread already walks whole rows); use backend: cuda");
     }
 
+    // kernels.attention: flash_tc, our tensor-core flash attention: CUDA tensor-core code with
+    // bf16 operands, compiled for head sizes 64 and 128. Each impossible combination is refused
+    // here, before any backend exists, naming the key that set it.
+    void check_flash_tc(const RunConfig& c) const {
+        if (c.backend == BackendChoice::cpu)
+            error(blame({"kernels.attention", "backend"}),
+                  "expected backend: cuda (or auto) with kernels.attention: flash_tc, got backend: "
+                  "cpu; flash_tc runs on the GPU's tensor cores: use backend: cuda, or "
+                  "kernels.attention: flash on the CPU");
+        if (c.run.precision != Precision::bf16)
+            error(
+                blame({"kernels.attention", "run.precision"}),
+                std::string("expected run.precision: bf16 with kernels.attention: flash_tc, got ") +
+                    to_string(c.run.precision) +
+                    "; its tensor-core MMAs take bf16 operands: set run.precision: bf16 or use "
+                    "kernels.attention: flash");
+        const int hs = c.model.n_embd / c.model.n_head;
+        if (!flash_tc_supports_head_size(hs))
+            error(blame({"kernels.attention", "model.n_embd", "model.n_head", "model.preset"}),
+                  "expected a head size (model.n_embd / model.n_head) of 64 or 128 with "
+                  "kernels.attention: flash_tc, got " +
+                      std::to_string(c.model.n_embd) + " / " + std::to_string(c.model.n_head) +
+                      " = " + std::to_string(hs) +
+                      "; choose n_head = n_embd / 64 or n_embd / 128, or use kernels.attention: "
+                      "flash");
+    }
+
     // run.host_sync: none leaves the device running steps ahead of the host, which two other
     // knobs cannot live with (engine/training_session.h).
     void check_host_sync(const RunConfig& c) const {
@@ -1615,6 +1642,7 @@ struct Resolver {
                       to_string(c.run.precision) +
                       "; cuDNN's fused attention computes in 16-bit: set run.precision: bf16 "
                       "or use kernels.attention: flash");
+        if (c.kernels.attention == AttentionImpl::flash_tc) check_flash_tc(c);
         if (c.dist.simulate_link_ratio > 0 && c.dist.simulate_link_gbps > 0)
             error(blame({"dist.simulate_link_ratio", "dist.simulate_link_gbps"}),
                   "expected one simulated bandwidth, got dist.simulate_link_gbps and "
@@ -1806,9 +1834,11 @@ std::vector<std::string> cuda_only_features(const RunConfig& c) {
     if (c.backend == BackendChoice::cuda) f.push_back("backend cuda");
     if (c.run.precision != Precision::fp32)
         f.push_back(std::string("run.precision ") + to_string(c.run.precision));
-    // flash attention has a CPU implementation too; cuDNN's exists only on CUDA. pin_memory is
-    // a no-op on the CPU backend (host memory is already where the compute is), not an error.
+    // flash attention has a CPU implementation too; cuDNN's and flash_tc exist only on CUDA.
+    // pin_memory is a no-op on the CPU backend (host memory is already where the compute is), not
+    // an error.
     if (c.kernels.attention == AttentionImpl::cudnn) f.push_back("kernels.attention cudnn");
+    if (c.kernels.attention == AttentionImpl::flash_tc) f.push_back("kernels.attention flash_tc");
     if (!is_cpu_matmul(c.kernels.matmul))  // naive and auto: both backends have them
         f.push_back(std::string("kernels.matmul ") + to_string(c.kernels.matmul));
     if (c.kernels.layernorm_forward == LayerNormForwardImpl::thread_per_row)

@@ -51,7 +51,8 @@ math::AdamWScalars adamw_scalars(const AdamWParams& hp) {
 
 size_t attention_saved_elems(AttentionImpl impl, int B, int T, int NH) {
     const size_t bnh = static_cast<size_t>(B) * static_cast<size_t>(NH);
-    return impl == AttentionImpl::flash || impl == AttentionImpl::cudnn
+    return impl == AttentionImpl::flash || impl == AttentionImpl::cudnn ||
+                   impl == AttentionImpl::flash_tc
                ? bnh * static_cast<size_t>(T)
                : bnh * static_cast<size_t>(T) * static_cast<size_t>(T);
 }

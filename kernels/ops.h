@@ -100,7 +100,8 @@ struct AdamWParams {
 math::AdamWScalars adamw_scalars(const AdamWParams& hp);
 
 // Elements of fp32 state the attention forward saves for its backward:
-// naive: the softmax probabilities (B,NH,T,T); flash and cudnn: the logsumexp (B,NH,T).
+// naive: the softmax probabilities (B,NH,T,T); flash, flash_tc and cudnn: the logsumexp
+// (B,NH,T).
 size_t attention_saved_elems(AttentionImpl impl, int B, int T, int NH);
 
 namespace op {

@@ -17,7 +17,8 @@ namespace mt {
 
 enum class BackendKind { cpu, cuda };
 enum class Precision { fp32, tf32, bf16 };
-enum class AttentionImpl { naive, flash, cudnn };
+// flash_tc: flash on the tensor cores (CUDA, bf16, head size 64 or 128).
+enum class AttentionImpl { naive, flash, cudnn, flash_tc };
 enum class ClassifierImpl { unfused, fused };
 enum class AdamWImpl { unfused, multi_tensor, fused };
 enum class LayerNormImpl { separate, fused_residual };  // fused_residual: residual add + LN
@@ -47,7 +48,7 @@ struct EnumSpelling<Precision> {
 };
 template <>
 struct EnumSpelling<AttentionImpl> {
-    static constexpr std::array<std::string_view, 3> names{"naive", "flash", "cudnn"};
+    static constexpr std::array<std::string_view, 4> names{"naive", "flash", "cudnn", "flash_tc"};
 };
 template <>
 struct EnumSpelling<ClassifierImpl> {
@@ -98,6 +99,12 @@ struct KernelChoice {
     MatmulImpl matmul = MatmulImpl::auto_;
     LayerNormForwardImpl layernorm_forward = LayerNormForwardImpl::two_pass;
 };
+
+// kernels.attention: flash_tc (the CUDA tensor-core flash attention, bf16) has kernels for these
+// head sizes (n_embd / n_head); the spec refuses the others at validation.
+inline bool flash_tc_supports_head_size(int hs) {
+    return hs == 64 || hs == 128;
+}
 
 // The ladder steps each backend has (the others are refused with the list of these).
 inline bool is_cpu_matmul(MatmulImpl m) {

@@ -179,10 +179,9 @@ class CpuBackend final : public Backend {
             throw BackendError(
                 "the CPU backend runs fp32 only; precision tf32 (TF32 tensor-core matmuls) needs "
                 "backend: cuda, and on the CPU it would silently be fp32; use precision: fp32");
-        if (o.kernels.attention == AttentionImpl::cudnn)
-            throw BackendError(
-                "kernels.attention: cudnn needs backend: cuda; the CPU backend has attention "
-                "naive or flash");
+        if (o.kernels.attention == AttentionImpl::cudnn ||
+            o.kernels.attention == AttentionImpl::flash_tc)
+            throw_cuda_only_attention(o.kernels.attention);
         check_ladder_steps(o.kernels);
         if (const std::string e = thread_count_error("num_threads", o.num_threads); !e.empty())
             throw BackendError(e + "; this machine has " + std::to_string(omp_get_num_procs()) +
@@ -373,7 +372,7 @@ class CpuBackend final : public Backend {
         else if (a.impl == AttentionImpl::naive)
             cpu_.attention_forward_naive(f(a.out), a.saved, f(a.qkv), a.B, a.T, a.C, a.NH);
         else
-            throw_no_cudnn();
+            throw_cuda_only_attention(a.impl);
     }
     void kernel(const op::AttentionBackward& a) {
         if (a.impl == AttentionImpl::flash)
@@ -383,7 +382,7 @@ class CpuBackend final : public Backend {
             cpu_.attention_backward_naive(f(a.dqkv), f(a.dout), f(a.qkv), f(a.out), a.saved, a.B,
                                           a.T, a.C, a.NH);
         else
-            throw_no_cudnn();
+            throw_cuda_only_attention(a.impl);
     }
     void kernel(const op::GeluForward& a) {
         cpu_.gelu_forward(f(a.out), f(a.inp), a.n);
@@ -454,10 +453,10 @@ class CpuBackend final : public Backend {
     static void copy(void* dst, const void* src, size_t bytes) {
         if (bytes && dst != src) std::memcpy(dst, src, bytes);
     }
-    [[noreturn]] static void throw_no_cudnn() {
-        throw BackendError(
-            "kernels.attention: cudnn needs backend: cuda; the CPU backend has attention naive "
-            "or flash");
+    // cudnn (cuDNN's fused attention) and flash_tc (tensor-core MMA) exist only on CUDA.
+    [[noreturn]] static void throw_cuda_only_attention(AttentionImpl impl) {
+        throw BackendError(std::string("kernels.attention: ") + to_string(impl) +
+                           " needs backend: cuda; the CPU backend has attention naive or flash");
     }
     // The unfused AdamW's temporary g: reserved on the first unfused step, sized by the largest
     // tensor, tracked as `workspace`, reused by every later step (the kernel itself never

@@ -11,6 +11,11 @@
 //   streams key/value tiles through shared memory and keeps running (max, sum, output) per
 //   query row, so the T x T matrix never exists. The forward saves only the logsumexp (B,NH,T);
 //   the backward recomputes P tile by tile from it.
+#include <cstdint>
+#include <initializer_list>
+#include <mutex>
+#include <set>
+
 #include "kernels/cuda/matmul.cuh"
 
 namespace mt::cuda {
@@ -528,6 +533,602 @@ void flash_attention_backward(DType dt, void* dqkv, const void* dout, const void
                                    static_cast<const E*>(qkv), lse, Dsum, T, C, NH);
         CUDA_CHECK_LAUNCH("flash_attention_backward_dq_kernel");
     });
+}
+
+// ================================ flash_tc ===================================================
+//
+// The same algorithm as `flash` (online softmax forward, logsumexp saved, P recomputed in the
+// backward), with every product on the tensor cores: warp-level
+//   mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32     D (16x8) += A (16x16) B (16x8)
+// bf16 operands, fp32 accumulators. bf16 only; head sizes 64 and 128 (the kernels are templated
+// on the head size HS so every loop over it unrolls and every fragment lives in registers).
+//
+// ---- The m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16") ----
+// In a warp, lane = 4 g + t (g = lane/4 the "group", 0..7; t = lane%4, 0..3). Each 32-bit
+// register holds two bf16, the lower-indexed element in the low half.
+//   A (16x16, row-major "row"): 4 registers   a0 = A[g  ][2t..2t+1]    a1 = A[g+8][2t..2t+1]
+//                                             a2 = A[g  ][2t+8..2t+9]  a3 = A[g+8][2t+8..2t+9]
+//   B (16x8, "col"):            2 registers   b0 = B[2t..2t+1][g]      b1 = B[2t+8..2t+9][g]
+//   C/D (16x8, fp32):           4 floats      c0,c1 = C[g][2t..2t+1]   c2,c3 = C[g+8][2t..2t+1]
+// So a thread holds two rows (g and g+8) of every 16-row accumulator, and the four lanes of a
+// quad (same g) together hold a whole row: row reductions are two __shfl_xor (1 and 2).
+// The C layout of two adjacent 16x8 tiles (columns 0..7 and 8..15) is exactly the A layout of
+// one 16x16 tile: the scores S = Q K^T, once exponentiated and rounded to bf16, are the A
+// operand of P V without touching shared memory (c0c1 of tile 2k -> a0, c2c3 -> a1, c0c1 of
+// tile 2k+1 -> a2, c2c3 -> a3).
+//
+// ldmatrix.x4 loads four 8x8 bf16 matrices from shared memory; lane l gives the address of row
+// l%8 of matrix l/8 and receives, of each matrix, row l/4, columns 2(l%4)..+1 (with .trans: the
+// transposed matrix, i.e. rows 2(l%4)..+1 of column l/4). Two address patterns serve all our
+// operands (frag_rows / frag_nk below):
+//   - A from a row-major [m][k] tile, and B from a row-major [k][n] tile with .trans (V, dO,
+//     Q, K when they are the right-hand factor of P V, P^T dO, dS^T Q, dS K);
+//   - B from a row-major [n][k] tile without .trans (K in Q K^T, Q in K Q^T, dO in V dO^T, V in
+//     dO V^T): B = X^T with X stored row-major is exactly the "col" layout.
+// Shared-memory rows are HS + 8 bf16 long (16 bytes of padding): the 8 row addresses of one
+// 8x8 matrix then fall 4 banks apart and cover all 32 banks, so ldmatrix is conflict-free.
+//
+// ---- Forward: one block = 64 query rows of one (b, h); 4 warps, warp w owns rows 16w..16w+15 --
+//   shared memory: Q tile [64][HS+8], K tile [64][HS+8], V tile [64][HS+8] (bf16)
+//                  = 27 KB for HS 64, 51 KB for HS 128 (opted in above 48 KB, once per device)
+//   registers:     S / P for the warp's 16 x 64 scores: 8 C fragments = 32 floats per thread;
+//                  O accumulator 16 x HS: HS/8 C fragments = HS/2 floats per thread;
+//                  m (running max) and l (running sum) for the thread's two rows.
+// For each key tile of 64 (cp.async copies K, then V, so V lands while Q K^T runs):
+//   S = Q K^T                    (HS/16 x 8 MMAs per warp)
+//   m_new = max(m, rowmax(S))    scaled into the log2 domain: exp(x) = exp2(x log2 e)
+//   P = exp2(S - m_new), l = l exp2(m - m_new) + rowsum(P), O = O exp2(m - m_new)
+//   O += bf16(P) V               (4 x HS/8 MMAs per warp)
+// and at the end out = O / l, lse = (m + log2 l) ln 2 (natural log, as flash saves it).
+// Causality: key tile k0 is needed only while k0 <= the block's last query, and with square
+// 64 x 64 tiles every tile left of the diagonal is fully visible: only the diagonal tile is
+// masked (key > query -> -inf), and in it warp w skips the 16-key groups entirely above its rows.
+// About half of the T x T square is never loaded or multiplied. The last query/key tile past T
+// is zero-filled by cp.async (src-size 0: no out-of-bounds reads); padded rows are never stored,
+// and padded keys are above the diagonal of every real query, so the mask removes them.
+// Traffic per key tile: K and V, 2 x 64 x HS bf16 (16 / 32 KB) from L2/HBM, for 2 x 64 x 64 x HS
+// multiply-adds per block: 64 FLOP per byte, compute bound on the tensor cores.
+//
+// ---- Backward: P is recomputed, never stored ----
+// Storing P would cost B NH T^2 values per layer (the naive variant's memory); recomputing it
+// from Q, K and the saved logsumexp, P = exp(scale q.k - lse), costs one extra Q K^T per tile
+// on the tensor cores. D_i = rowsum(dO_i * O_i) (= sum_j P_ij dP_ij) comes first (workspace),
+// then two kernels, each owning its outputs so nothing is added atomically (deterministic):
+//   dkdv: one block per 64 keys (warp w owns keys 16w..+15), walks the query tiles from the
+//         diagonal down, in fixed order; per tile (transposed so the keys are the MMA rows):
+//           S^T = K Q^T, P^T = exp2(S^T scale log2e - lse_i log2e), dP^T = V dO^T,
+//           dV += P^T dO, dS^T = P^T (dP^T - D_i), dK += dS^T Q
+//         registers: dK and dV accumulators (2 x HS/2 floats), S^T/P^T and dP^T fragments.
+//   dq:   one block per 64 queries (warp w owns queries 16w..+15), walks the key tiles up to
+//         the diagonal: S = Q K^T, P, dP = dO V^T, dS = P (dP - D), dQ += dS K.
+//   and the scale goes on at the end: dK = scale dS^T Q, dQ = scale dS K.
+// The inner tile (queries per step in dkdv, keys per step in dq) is 64 for HS 64 and 32 for
+// HS 128, which keeps the fp32 accumulators plus the score fragments in registers (no spills).
+// Shared memory: dkdv K, V [64][HS+8] + Q, dO [inner][HS+8] + lse, D; dq the mirror image.
+// Traffic per inner tile: dkdv loads Q and dO (2 x inner x HS bf16) for four 64 x inner x HS
+// products (S^T, dP^T, dV, dK): 128 FLOP per byte; dq loads K and V for three (S, dP, dQ): 96.
+// Like flash, the results are added into dqkv (the op's +=), read and written once per element.
+// The forward is __launch_bounds__(128, 1): without the minimum of 1 block, sm_80's ptxas
+// trimmed the HS 64 forward to 96 registers and spilled. The backward kernels keep ptxas's own
+// choice (asking for 1 block there raised the dq kernel from 128 to ~200 registers: half the
+// blocks per SM, for nothing).
+namespace {
+constexpr int kTcWarps = 4;
+constexpr int kTcThreads = 32 * kTcWarps;
+constexpr int kTcTile = 16 * kTcWarps;  // 64: the rows a block owns (queries or keys)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int HS>
+struct TcShape {
+    static_assert(HS == 64 || HS == 128, "flash_tc: head size 64 or 128");
+    static constexpr int kStride = HS + 8;              // bf16 per shared-memory row
+    static constexpr int kInner = HS == 128 ? 32 : 64;  // backward inner tile
+    static constexpr size_t kTileBytes = size_t(kTcTile) * kStride * sizeof(bf16);
+    static constexpr size_t kInnerBytes = size_t(kInner) * kStride * sizeof(bf16);
+    static constexpr size_t kForwardSmem = 3 * kTileBytes;  // Q, K, V
+    static constexpr size_t kBackwardSmem =
+        2 * kTileBytes + 2 * kInnerBytes + 2 * kInner * sizeof(float);  // + lse, D
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+// d += A B, one m16n8k16 tensor-core MMA (bf16 in, fp32 accumulate).
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();  // bf16 MMA needs sm_80+; the launcher refuses older devices
+#endif
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u;
+}
+// The A operand of a 16-key step of P V (or P^T dO, dS^T Q, dS K) from the C fragments of the
+// two 8-column score tiles 2k and 2k+1 (see the fragment layout above).
+__device__ __forceinline__ void c_pair_to_a(uint32_t (&a)[4], const float (&c0)[4],
+                                            const float (&c1)[4]) {
+    a[0] = pack_bf16x2(c0[0], c0[1]);
+    a[1] = pack_bf16x2(c0[2], c0[3]);
+    a[2] = pack_bf16x2(c1[0], c1[1]);
+    a[3] = pack_bf16x2(c1[2], c1[3]);
+}
+// Lane's ldmatrix address for the 16x16 block at (r0, c0) of a row-major tile: A operands, and
+// with .trans the B operands of two adjacent 8-column n-tiles from a [k][n] tile
+// (r[0], r[1] = b0, b1 of columns c0..c0+7; r[2], r[3] = those of c0+8..c0+15).
+template <int HS>
+__device__ __forceinline__ const bf16* frag_rows(const bf16* tile, int r0, int c0, int lane) {
+    return tile + (r0 + lane % 16) * TcShape<HS>::kStride + c0 + (lane / 16) * 8;
+}
+// Lane's ldmatrix address (no .trans) for the B operands of n-tiles n0..n0+7 and n0+8..n0+15
+// over k0..k0+15, from a row-major [n][k] tile: r[0], r[1] = b0, b1 of the first n-tile, r[2],
+// r[3] of the second.
+template <int HS>
+__device__ __forceinline__ const bf16* frag_nk(const bf16* tile, int n0, int k0, int lane) {
+    return tile + (n0 + lane % 8 + (lane / 16) * 8) * TcShape<HS>::kStride + k0 +
+           ((lane / 8) % 2) * 8;
+}
+
+// Asynchronous 16-byte global -> shared copy; `valid` false zero-fills (src-size 0: nothing is
+// read, `src` only has to be a legal address). The "memory" clobbers keep the compiler from
+// moving ordinary shared-memory accesses across the copy, its commit and its wait.
+__device__ __forceinline__ void cp_async_16(bf16* dst, const bf16* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");  // the tile is readable after
+}
+
+// Starts copying rows r0..r0+ROWS-1 (columns 0..HS-1) of a row-major matrix with leading
+// dimension `ld` into a [ROWS][HS+8] tile; rows at or past T are zero-filled. 16 bytes per
+// thread per step, consecutive threads on consecutive 16-byte chunks of a row (coalesced).
+template <int HS, int ROWS>
+__device__ __forceinline__ void tile_load_async(bf16* dst, const bf16* src, size_t ld, int r0,
+                                                int T) {
+    constexpr int kChunksPerRow = HS / 8;
+    for (int c = threadIdx.x; c < ROWS * kChunksPerRow; c += kTcThreads) {
+        const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+        const bool valid = r0 + r < T;
+        cp_async_16(dst + r * TcShape<HS>::kStride + col,
+                    valid ? src + size_t(r0 + r) * ld + col : src, valid);
+    }
+}
+
+// S (16 x N) = A (16 x HS, rows a_r0.. of tile A) B^T where B is the [N][HS] tile `Bt`: the
+// warp's score block, N/8 C fragments. Only the first `groups` 16-column groups are computed
+// (warp-uniform; the rest stay 0 and are masked by the caller).
+template <int HS, int N>
+__device__ __forceinline__ void warp_scores(float (&s)[N / 8][4], const bf16* A, int a_r0,
+                                            const bf16* Bt, int lane, int groups = N / 16) {
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4(a, frag_rows<HS>(A, a_r0, kk * 16, lane));
+#pragma unroll
+        for (int nn = 0; nn < N / 16; ++nn) {
+            if (nn >= groups) break;
+            uint32_t b[4];
+            ldmatrix_x4(b, frag_nk<HS>(Bt, nn * 16, kk * 16, lane));
+            mma_16816(s[2 * nn], a, b[0], b[1]);
+            mma_16816(s[2 * nn + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// acc (16 x HS) += P (16 x K, C fragments in registers) X (K x HS, the row-major tile X), over
+// the first `groups` 16-row steps of K (warp-uniform; the caller knows the rest of P is 0).
+template <int HS, int K>
+__device__ __forceinline__ void warp_accumulate(float (&acc)[HS / 8][4], const float (&p)[K / 8][4],
+                                                const bf16* X, int lane, int groups = K / 16) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+        if (kk >= groups) break;
+        uint32_t a[4];
+        c_pair_to_a(a, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+        for (int nn = 0; nn < HS / 16; ++nn) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, frag_rows<HS>(X, kk * 16, nn * 16, lane));
+            mma_16816(acc[2 * nn], a, b[0], b[1]);
+            mma_16816(acc[2 * nn + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// dst[row][..] += scale * acc for the warp's 16 rows r0.. (rows at or past T skipped), bf16
+// read-modify-write of two adjacent elements per access. The op's += contract.
+template <int HS>
+__device__ __forceinline__ void warp_add_rows(bf16* dst, size_t ld, int r0, int T,
+                                              const float (&acc)[HS / 8][4], float scale,
+                                              int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = r0 + g + 8 * half;
+        if (row >= T) continue;
+        bf16* p = dst + size_t(row) * ld + 2 * t;
+#pragma unroll
+        for (int j = 0; j < HS / 8; ++j) {
+            __nv_bfloat162* q = reinterpret_cast<__nv_bfloat162*>(p + 8 * j);
+            const float2 old = __bfloat1622float2(*q);
+            *q = __floats2bfloat162_rn(old.x + scale * acc[j][2 * half],
+                                       old.y + scale * acc[j][2 * half + 1]);
+        }
+    }
+}
+}  // namespace
+
+template <int HS>
+__global__ void __launch_bounds__(kTcThreads, 1)
+    flash_tc_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH,
+                            float scale_log2) {
+    using Sh = TcShape<HS>;
+    constexpr int kS = Sh::kStride;
+    extern __shared__ __align__(16) unsigned char tc_smem[];
+    bf16* Qs = reinterpret_cast<bf16*>(tc_smem);  // [64][HS+8]
+    bf16* Ks = Qs + kTcTile * kS;                 // [64][HS+8]
+    bf16* Vs = Ks + kTcTile * kS;                 // [64][HS+8]
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    // The last query tiles have the most key tiles: start them first (less tail imbalance).
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * kTcTile;
+    const int b = blockIdx.z, h = blockIdx.y;
+    const size_t C3 = 3 * size_t(C);
+    const bf16* q_base = qkv + size_t(b) * T * C3 + size_t(h) * HS;
+
+    tile_load_async<HS, kTcTile>(Qs, q_base, C3, q0, T);
+    cp_async_commit();
+
+    float o[HS / 8][4];
+#pragma unroll
+    for (int j = 0; j < HS / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g, g+8 (log2 domain)
+    const int row0 = q0 + 16 * warp;                           // the warp's first query
+
+    for (int k0 = 0; k0 <= q0; k0 += kTcTile) {  // block-uniform: key tiles up to the diagonal
+        __syncthreads();                         // the previous K, V tiles are consumed
+        tile_load_async<HS, kTcTile>(Ks, q_base + C, C3, k0, T);
+        cp_async_commit();
+        tile_load_async<HS, kTcTile>(Vs, q_base + 2 * C, C3, k0, T);
+        cp_async_commit();
+        cp_async_wait<1>();  // Q and K have landed (V may still be in flight)
+        __syncthreads();
+        const bool diagonal = k0 == q0;
+        // In the diagonal tile, keys past k0 + 16 (warp + 1) - 1 follow all of the warp's rows.
+        const int groups = diagonal ? warp + 1 : kTcTile / 16;
+
+        float s[kTcTile / 8][4];
+        warp_scores<HS, kTcTile>(s, Qs, 16 * warp, Ks, lane, groups);
+        // Scale into the log2 domain and mask the diagonal tile (key > query -> -inf).
+#pragma unroll
+        for (int j = 0; j < kTcTile / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + 8 * j + 2 * t + (e & 1), row = row0 + g + 8 * (e / 2);
+                s[j][e] = diagonal && key > row ? -INFINITY : s[j][e] * scale_log2;
+            }
+            // Online softmax, per row: the thread's 16 values, then across the quad.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = m[r];
+#pragma unroll
+            for (int j = 0; j < kTcTile / 8; ++j)
+                mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // Key k0 <= every query of the block is visible: mx is finite. exp2(-inf) = 0 on
+            // the first tile.
+            const float alpha = exp2f(m[r] - mx);
+            m[r] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kTcTile / 8; ++j) {
+                s[j][2 * r] = exp2f(s[j][2 * r] - mx);
+                s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] - mx);
+                sum += s[j][2 * r] + s[j][2 * r + 1];
+            }
+            l[r] = l[r] * alpha + sum;  // the thread's share; the quad adds up at the end
+#pragma unroll
+            for (int j = 0; j < HS / 8; ++j) {
+                o[j][2 * r] *= alpha;
+                o[j][2 * r + 1] *= alpha;
+            }
+        }
+        cp_async_wait<0>();  // V has landed
+        __syncthreads();
+        warp_accumulate<HS, kTcTile>(o, s, Vs, lane, groups);
+    }
+
+    // out = O / l, staged through the warp's own Q rows (no other warp reads them) so the
+    // global stores are 16-byte, coalesced rows.
+    const size_t stat = (size_t(b) * NH + h) * T;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        const int row = row0 + g + 8 * r;
+        if (t == 0 && row < T) lse[stat + row] = m[r] * kLn2 + logf(l[r]);
+        const float inv = 1.0f / l[r];
+        bf16* dst = Qs + (16 * warp + g + 8 * r) * kS + 2 * t;
+#pragma unroll
+        for (int j = 0; j < HS / 8; ++j)
+            *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
+                __floats2bfloat162_rn(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+    }
+    __syncwarp();
+    bf16* o_base = out + size_t(b) * T * C + size_t(h) * HS;
+    constexpr int kChunksPerRow = HS / 8;
+    for (int c = lane; c < 16 * kChunksPerRow; c += 32) {
+        const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8, row = row0 + r;
+        if (row < T)
+            *reinterpret_cast<uint4*>(o_base + size_t(row) * C + col) =
+                *reinterpret_cast<const uint4*>(Qs + (16 * warp + r) * kS + col);
+    }
+}
+
+// dK, dV for 64 keys (see the backward notes above). Every (key, query) pair below the diagonal
+// is visited once, in increasing query order: the sums have a fixed order.
+template <int HS>
+__global__ void __launch_bounds__(kTcThreads)
+    flash_tc_backward_dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+                                  const float* Dsum, int T, int C, int NH, float scale,
+                                  float scale_log2) {
+    using Sh = TcShape<HS>;
+    constexpr int kS = Sh::kStride, kIn = Sh::kInner;
+    extern __shared__ __align__(16) unsigned char tc_smem[];
+    bf16* Ks = reinterpret_cast<bf16*>(tc_smem);               // [64][HS+8]
+    bf16* Vs = Ks + kTcTile * kS;                              // [64][HS+8]
+    bf16* Qs = Vs + kTcTile * kS;                              // [kIn][HS+8]
+    bf16* dOs = Qs + kIn * kS;                                 // [kIn][HS+8]
+    float* lse2_s = reinterpret_cast<float*>(dOs + kIn * kS);  // [kIn] lse log2(e)
+    float* D_s = lse2_s + kIn;                                 // [kIn]
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int j0 = blockIdx.x * kTcTile, b = blockIdx.z, h = blockIdx.y;  // tile 0 is heaviest
+    const size_t C3 = 3 * size_t(C);
+    const bf16* q_base = qkv + size_t(b) * T * C3 + size_t(h) * HS;
+    const bf16* do_base = dout + size_t(b) * T * C + size_t(h) * HS;
+    const size_t stat = (size_t(b) * NH + h) * T;
+    const int key0 = j0 + 16 * warp;  // the warp's first key
+
+    tile_load_async<HS, kTcTile>(Ks, q_base + C, C3, j0, T);
+    tile_load_async<HS, kTcTile>(Vs, q_base + 2 * C, C3, j0, T);
+    cp_async_commit();
+    float dk[HS / 8][4], dv[HS / 8][4];
+#pragma unroll
+    for (int j = 0; j < HS / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.0f;
+
+    for (int i0 = j0; i0 < T; i0 += kIn) {  // block-uniform; queries before j0 see no key here
+        __syncthreads();                    // the previous Q, dO, lse, D are consumed
+        tile_load_async<HS, kIn>(Qs, q_base, C3, i0, T);
+        tile_load_async<HS, kIn>(dOs, do_base, C, i0, T);
+        cp_async_commit();
+        if (threadIdx.x < kIn) {
+            // A padded query gets lse = +inf: its P is exactly 0 (and its dO rows are zero).
+            const int i = i0 + threadIdx.x;
+            lse2_s[threadIdx.x] = i < T ? lse[stat + i] * kLog2e : INFINITY;
+            D_s[threadIdx.x] = i < T ? Dsum[stat + i] : 0.0f;
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+        const bool masked = i0 < j0 + kTcTile - 1;  // some query of the tile precedes some key
+
+        float pt[kIn / 8][4], dpt[kIn / 8][4];  // P^T, dP^T: 16 keys x kIn queries
+        warp_scores<HS, kIn>(pt, Ks, 16 * warp, Qs, lane);
+        warp_scores<HS, kIn>(dpt, Vs, 16 * warp, dOs, lane);
+#pragma unroll
+        for (int j = 0; j < kIn / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int qi = 8 * j + 2 * t + (e & 1), key = key0 + g + 8 * (e / 2);
+                const float p =
+                    masked && key > i0 + qi ? 0.0f : exp2f(pt[j][e] * scale_log2 - lse2_s[qi]);
+                pt[j][e] = p;
+                dpt[j][e] = p * (dpt[j][e] - D_s[qi]);  // dS^T
+            }
+        warp_accumulate<HS, kIn>(dv, pt, dOs, lane);  // dV += P^T dO
+        warp_accumulate<HS, kIn>(dk, dpt, Qs, lane);  // dK += dS^T Q   (scale at the end)
+    }
+    bf16* d_base = dqkv + size_t(b) * T * C3 + size_t(h) * HS;
+    warp_add_rows<HS>(d_base + C, C3, key0, T, dk, scale, lane);
+    warp_add_rows<HS>(d_base + 2 * C, C3, key0, T, dv, 1.0f, lane);
+}
+
+// dQ for 64 queries: the key tiles up to the diagonal, in increasing order.
+template <int HS>
+__global__ void __launch_bounds__(kTcThreads)
+    flash_tc_backward_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+                                const float* Dsum, int T, int C, int NH, float scale,
+                                float scale_log2) {
+    using Sh = TcShape<HS>;
+    constexpr int kS = Sh::kStride, kIn = Sh::kInner;
+    extern __shared__ __align__(16) unsigned char tc_smem[];
+    bf16* Qs = reinterpret_cast<bf16*>(tc_smem);  // [64][HS+8]
+    bf16* dOs = Qs + kTcTile * kS;                // [64][HS+8]
+    bf16* Ks = dOs + kTcTile * kS;                // [kIn][HS+8]
+    bf16* Vs = Ks + kIn * kS;                     // [kIn][HS+8]
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int i0 = (gridDim.x - 1 - blockIdx.x) * kTcTile, b = blockIdx.z, h = blockIdx.y;
+    const size_t C3 = 3 * size_t(C);
+    const bf16* q_base = qkv + size_t(b) * T * C3 + size_t(h) * HS;
+    const bf16* do_base = dout + size_t(b) * T * C + size_t(h) * HS;
+    const size_t stat = (size_t(b) * NH + h) * T;
+    const int row0 = i0 + 16 * warp;  // the warp's first query
+
+    tile_load_async<HS, kTcTile>(Qs, q_base, C3, i0, T);
+    tile_load_async<HS, kTcTile>(dOs, do_base, C, i0, T);
+    cp_async_commit();
+    float lse2[2], Drow[2];  // rows g, g+8; padded rows get P = 0
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + g + 8 * r;
+        lse2[r] = row < T ? lse[stat + row] * kLog2e : INFINITY;
+        Drow[r] = row < T ? Dsum[stat + row] : 0.0f;
+    }
+    float dq[HS / 8][4];
+#pragma unroll
+    for (int j = 0; j < HS / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+
+    const int key_end = min(i0 + kTcTile, T);
+    for (int j0 = 0; j0 < key_end; j0 += kIn) {  // block-uniform
+        __syncthreads();                         // the previous K, V are consumed
+        tile_load_async<HS, kIn>(Ks, q_base + C, C3, j0, T);
+        tile_load_async<HS, kIn>(Vs, q_base + 2 * C, C3, j0, T);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        const bool masked = j0 + kIn - 1 > i0;  // some key of the tile follows some query
+
+        float s[kIn / 8][4], dp[kIn / 8][4];  // S / P / dS and dP: 16 queries x kIn keys
+        warp_scores<HS, kIn>(s, Qs, 16 * warp, Ks, lane);
+        warp_scores<HS, kIn>(dp, dOs, 16 * warp, Vs, lane);
+#pragma unroll
+        for (int j = 0; j < kIn / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e / 2, key = j0 + 8 * j + 2 * t + (e & 1), row = row0 + g + 8 * r;
+                const float p = masked && key > row ? 0.0f : exp2f(s[j][e] * scale_log2 - lse2[r]);
+                s[j][e] = p * (dp[j][e] - Drow[r]);  // dS
+            }
+        warp_accumulate<HS, kIn>(dq, s, Ks, lane);  // dQ += dS K   (scale at the end)
+    }
+    warp_add_rows<HS>(dqkv + size_t(b) * T * C3 + size_t(h) * HS, C3, row0, T, dq, scale, lane);
+}
+
+namespace {
+// What a device needs before its first flash_tc launch, done once per device (later launches pay
+// a lookup): compute capability 8.0+ (bf16 mma.sync), and the opt-in of every kernel above 48 KB
+// of dynamic shared memory (cudaFuncSetAttribute holds per kernel and per device, so each
+// instantiation is set by name here rather than "once per launcher", which could skip one).
+void prepare_device_once() {
+    static std::mutex mu;
+    static std::set<int> ready;
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(mu);
+    if (ready.count(dev)) return;
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major < 8)
+        throw BackendError(
+            "kernels.attention: flash_tc needs bf16 tensor-core MMA, compute "
+            "capability 8.0 or newer; device " +
+            std::to_string(dev) + " has " + std::to_string(major) +
+            ".x; use kernels.attention: flash");
+    set_smem(flash_tc_forward_kernel<64>, TcShape<64>::kForwardSmem, "flash_tc_forward_kernel<64>");
+    set_smem(flash_tc_forward_kernel<128>, TcShape<128>::kForwardSmem,
+             "flash_tc_forward_kernel<128>");
+    set_smem(flash_tc_backward_dkdv_kernel<64>, TcShape<64>::kBackwardSmem,
+             "flash_tc_backward_dkdv_kernel<64>");
+    set_smem(flash_tc_backward_dkdv_kernel<128>, TcShape<128>::kBackwardSmem,
+             "flash_tc_backward_dkdv_kernel<128>");
+    set_smem(flash_tc_backward_dq_kernel<64>, TcShape<64>::kBackwardSmem,
+             "flash_tc_backward_dq_kernel<64>");
+    set_smem(flash_tc_backward_dq_kernel<128>, TcShape<128>::kBackwardSmem,
+             "flash_tc_backward_dq_kernel<128>");
+    ready.insert(dev);
+}
+
+// The shape and alignment a call must have (host arithmetic only), then the device preparation.
+void check_flash_tc_call(const char* what, int C, int NH,
+                         std::initializer_list<const void*> pointers) {
+    const int hs = C / NH;
+    if (!flash_tc_supports_head_size(hs))
+        throw BackendError(std::string("flash_tc attention (") + what +
+                           "): head size n_embd / n_head = " + std::to_string(hs) +
+                           " is not supported (64 or 128); use kernels.attention: flash");
+    for (const void* p : pointers)
+        if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+            throw BackendError(std::string("flash_tc attention (") + what +
+                               "): a tensor is not 16-byte aligned (its 16-byte cp.async loads "
+                               "and stores need it); use kernels.attention: flash");
+    prepare_device_once();
+}
+
+template <int HS>
+void flash_tc_forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH,
+                             cudaStream_t s) {
+    constexpr size_t smem = TcShape<HS>::kForwardSmem;
+    const float scale = 1.0f / sqrtf(static_cast<float>(HS));
+    const dim3 grid(ceil_div(T, kTcTile), NH, B);
+    flash_tc_forward_kernel<HS>
+        <<<grid, kTcThreads, smem, s>>>(out, lse, qkv, T, C, NH, scale * kLog2e);
+    CUDA_CHECK_LAUNCH("flash_tc_forward_kernel");
+}
+
+template <int HS>
+void flash_tc_backward_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+                              const float* Dsum, int B, int T, int C, int NH, cudaStream_t s) {
+    constexpr size_t smem = TcShape<HS>::kBackwardSmem;
+    const float scale = 1.0f / sqrtf(static_cast<float>(HS));
+    const dim3 grid(ceil_div(T, kTcTile), NH, B);
+    flash_tc_backward_dkdv_kernel<HS><<<grid, kTcThreads, smem, s>>>(dqkv, dout, qkv, lse, Dsum, T,
+                                                                     C, NH, scale, scale * kLog2e);
+    CUDA_CHECK_LAUNCH("flash_tc_backward_dkdv_kernel");
+    flash_tc_backward_dq_kernel<HS><<<grid, kTcThreads, smem, s>>>(dqkv, dout, qkv, lse, Dsum, T, C,
+                                                                   NH, scale, scale * kLog2e);
+    CUDA_CHECK_LAUNCH("flash_tc_backward_dq_kernel");
+}
+}  // namespace
+
+size_t flash_tc_attention_workspace_bytes(int B, int T, int C, int NH) {
+    return flash_attention_workspace_bytes(B, T, C, NH);  // D (B,NH,T) fp32, as flash
+}
+
+void flash_tc_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
+                                cudaStream_t s) {
+    check_flash_tc_call("forward", C, NH, {out, qkv});
+    auto* o = static_cast<bf16*>(out);
+    const auto* x = static_cast<const bf16*>(qkv);
+    if (C / NH == 64)
+        flash_tc_forward_launch<64>(o, lse, x, B, T, C, NH, s);
+    else
+        flash_tc_forward_launch<128>(o, lse, x, B, T, C, NH, s);
+}
+
+void flash_tc_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                                 const float* lse, int B, int T, int C, int NH, void* workspace,
+                                 cudaStream_t s) {
+    check_flash_tc_call("backward", C, NH, {dqkv, dout, qkv});
+    float* Dsum = static_cast<float*>(workspace);
+    const auto* dO = static_cast<const bf16*>(dout);
+    const size_t rows = size_t(B) * NH * T;
+    flash_backward_preprocess_kernel<bf16>
+        <<<ceil_div(rows, 8), 256, 0, s>>>(Dsum, dO, static_cast<const bf16*>(out), B, T, C, NH);
+    CUDA_CHECK_LAUNCH("flash_backward_preprocess_kernel");
+    auto* d = static_cast<bf16*>(dqkv);
+    const auto* x = static_cast<const bf16*>(qkv);
+    if (C / NH == 64)
+        flash_tc_backward_launch<64>(d, dO, x, lse, Dsum, B, T, C, NH, s);
+    else
+        flash_tc_backward_launch<128>(d, dO, x, lse, Dsum, B, T, C, NH, s);
 }
 
 }  // namespace mt::cuda

@@ -101,7 +101,7 @@ const CudaStreamEvent& cuda_event(const StreamEvent& e) {
 constexpr const char* kCudnnNotBuilt =
     "kernels.attention: cudnn is not available in this build: configure with "
     "-DMT_ENABLE_CUDNN=ON (cmake --preset cudnn, after tools/fetch-cudnn-frontend.sh fetches "
-    "the cudnn-frontend headers; needs cuDNN 9); or use naive or flash";
+    "the cudnn-frontend headers; needs cuDNN 9); or use naive, flash or flash_tc";
 #endif
 
 class CudaBackend final : public Backend {
@@ -446,6 +446,8 @@ class CudaBackend final : public Backend {
         if (impl == AttentionImpl::cudnn)
             return cudnn_plan_bytes(B, T, C, NH) + size_t(B) * T * 3 * C * sizeof(cuda::bf16);
 #endif
+        if (impl == AttentionImpl::flash_tc)
+            return cuda::flash_tc_attention_workspace_bytes(B, T, C, NH);
         return impl == AttentionImpl::flash
                    ? cuda::flash_attention_workspace_bytes(B, T, C, NH)
                    : cuda::naive_attention_workspace_bytes(dt, B, T, C, NH);
@@ -467,6 +469,7 @@ class CudaBackend final : public Backend {
     // workspace policy at the top of this file).
     void reserve_attention_workspace(AttentionImpl impl, int B, int T, int C, int NH) override {
         check_attention_impl(impl);
+        if (impl == AttentionImpl::flash_tc) check_flash_tc_head_size(C, NH);
         const size_t need = attention_workspace_needed(impl, dt(), B, T, C, NH);
         if (need <= attn_ws_bytes_) return;
         synchronize();
@@ -487,7 +490,18 @@ class CudaBackend final : public Backend {
                                "(GPT::allocate_activations does) so ops never allocate");
         return attn_ws_;
     }
+    // flash_tc: the tensor-core kernels take bf16 operands only (the spec refuses the rest at
+    // validation; this catches a backend made another way).
     void check_attention_impl(AttentionImpl impl) const {
+        if (impl == AttentionImpl::flash_tc) {
+            if (options_.precision != Precision::bf16)
+                throw BackendError(
+                    std::string("kernels.attention: flash_tc needs run.precision bf16 (its "
+                                "tensor-core MMAs take bf16 operands), got ") +
+                    to_string(options_.precision) +
+                    "; set run.precision: bf16 or use kernels.attention: flash");
+            return;
+        }
         if (impl != AttentionImpl::cudnn) return;
 #if defined(MT_HAVE_CUDNN)
         if (options_.precision != Precision::bf16)
@@ -499,8 +513,19 @@ class CudaBackend final : public Backend {
         throw BackendError(kCudnnNotBuilt);
 #endif
     }
+    static void check_flash_tc_head_size(int C, int NH) {
+        if (!flash_tc_supports_head_size(C / NH))
+            throw BackendError(
+                "kernels.attention: flash_tc has kernels for head size 64 or 128, "
+                "got n_embd / n_head = " +
+                std::to_string(C / NH) + "; use kernels.attention: flash");
+    }
     void kernel(const op::AttentionForward& a) {
         check_attention_impl(a.impl);
+        if (a.impl == AttentionImpl::flash_tc) {
+            cuda::flash_tc_attention_forward(a.out, a.saved, a.qkv, a.B, a.T, a.C, a.NH, stream());
+            return;
+        }
 #if defined(MT_HAVE_CUDNN)
         if (a.impl == AttentionImpl::cudnn) {
             void* ws = attention_workspace(a.impl, a.B, a.T, a.C, a.NH, "attention_forward");
@@ -534,7 +559,10 @@ class CudaBackend final : public Backend {
             return;
         }
 #endif
-        if (a.impl == AttentionImpl::flash)
+        if (a.impl == AttentionImpl::flash_tc)
+            cuda::flash_tc_attention_backward(a.dqkv, a.dout, a.qkv, a.out, a.saved, a.B, a.T, a.C,
+                                              a.NH, ws, stream());
+        else if (a.impl == AttentionImpl::flash)
             cuda::flash_attention_backward(dt(), a.dqkv, a.dout, a.qkv, a.out, a.saved, a.B, a.T,
                                            a.C, a.NH, ws, stream());
         else

@@ -102,5 +102,15 @@ void flash_attention_forward(DType dt, void* out, float* lse, const void* qkv, i
 void flash_attention_backward(DType dt, void* dqkv, const void* dout, const void* qkv,
                               const void* out, const float* lse, int B, int T, int C, int NH,
                               void* workspace, cudaStream_t s);
+// flash_tc: flash on the tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate); bf16 only, head
+// size 64 or 128 (flash_tc_supports_head_size), 16-byte aligned tensors, compute capability 8.0+
+// (each launcher throws BackendError otherwise). saved = logsumexp (B,NH,T), as flash. Workspace:
+// D = rowsum(dO * O) (B,NH,T) fp32. The backward adds into dqkv, deterministically.
+size_t flash_tc_attention_workspace_bytes(int B, int T, int C, int NH);
+void flash_tc_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
+                                cudaStream_t s);
+void flash_tc_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                                 const float* lse, int B, int T, int C, int NH, void* workspace,
+                                 cudaStream_t s);
 
 }  // namespace mt::cuda

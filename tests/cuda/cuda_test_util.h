@@ -87,7 +87,11 @@ class Mirror {
     Mirror(Precision precision, KernelChoice kernels = {}) {
         BackendOptions co;
         co.kernels = kernels;
+        // The CUDA-only variants: the CPU oracle is built with one it has (tests run the CPU's
+        // ops with naive or flash explicitly).
         if (kernels.attention == AttentionImpl::cudnn) co.kernels.attention = AttentionImpl::naive;
+        if (kernels.attention == AttentionImpl::flash_tc)
+            co.kernels.attention = AttentionImpl::flash;
         cpu = create_backend(BackendKind::cpu, co);
         BackendOptions go;
         go.precision = precision;

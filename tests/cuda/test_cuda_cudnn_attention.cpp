@@ -1,7 +1,8 @@
 // kernels.attention: cudnn (cuDNN 9's fused SDPA, kernels/cuda/attention_cudnn.cpp) against our
 // flash kernels on the same GPU, bf16: forward output, the saved logsumexp, the accumulated
 // input gradient (bitwise the same on a second run), for shapes with T not a multiple of any tile
-// and head sizes 64 (GPT-2's) and 32; and a short training run whose losses track flash's. Built in
+// and head sizes 64 (GPT-2's) and 32; the same against our tensor-core flash_tc (head sizes 64
+// and 128); and a short training run whose losses track flash's. Built in
 // every CUDA build; the GPU cases need a device AND a build configured with MT_ENABLE_CUDNN=ON (the
 // `cudnn` preset), and skip naming which one is missing. The build/config checks run without a
 // device: the backend refuses cudnn before it looks for one.
@@ -135,6 +136,26 @@ TEST_P(CudnnAttention, ForwardStatsAndAccumulatedBackwardMatchFlashAndRepeatBitw
     const Result again = run_attention(AttentionImpl::cudnn, s, seed);
     EXPECT_EQ(again.out, c.out);
     EXPECT_EQ(again.dqkv, c.dqkv);
+}
+
+// Our tensor-core flash (kernels.attention: flash_tc) against cuDNN's fused attention, for the
+// head sizes flash_tc has kernels for (64 and 128), T not a multiple of either's tiles. Same
+// tolerances as against flash (see the top of this file).
+class CudnnAttentionVsFlashTc : public ::testing::TestWithParam<int> {
+  protected:
+    void SetUp() override { MT_SKIP_WITHOUT_CUDNN(); }
+};
+const Shape kTcShapes[] = {{2, 100, 256, 4}, {1, 130, 256, 2}};  // head size 64, 128
+INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttentionVsFlashTc, ::testing::Values(0, 1));
+
+TEST_P(CudnnAttentionVsFlashTc, ForwardStatsAndAccumulatedBackwardMatch) {
+    const Shape s = kTcShapes[GetParam()];
+    const uint32_t seed = 70 + 10 * static_cast<uint32_t>(GetParam());
+    const Result tc = run_attention(AttentionImpl::flash_tc, s, seed);
+    const Result c = run_attention(AttentionImpl::cudnn, s, seed);
+    EXPECT_TRUE(close(c.out, tc.out, test::kBf16Tol, "cudnn vs flash_tc out"));
+    EXPECT_TRUE(close(c.saved, tc.saved, test::Tol{0, 1e-2}, "cudnn stats vs flash_tc logsumexp"));
+    EXPECT_TRUE(close(c.dqkv, tc.dqkv, test::kBf16Tol, "cudnn vs flash_tc dqkv (accumulated)"));
 }
 
 // A head size cuDNN cannot load (not a multiple of 8) is a clear error naming the other

@@ -1,10 +1,10 @@
 // A GPU run with a fixed seed is bitwise reproducible: two TrainingSessions built from the same
 // RunConfig (each with its own CUDA backend: seeded init, synthetic batches) give the same loss
 // and gradient norm at every step and the same parameters after it, bit for bit, for fp32 and
-// bf16 and both attention kernels. What makes it so: every CUDA reduction has a fixed order and
-// the wte gradient sorts its positions by token instead of adding with atomics
-// (kernels/cuda/encoder.cu). The batches repeat tokens (vocabulary 64, 256 positions per step),
-// so the scatter-add has collisions. Skips without a device.
+// bf16 and our attention kernels (naive, flash, flash_tc). What makes it so: every CUDA reduction
+// has a fixed order and the wte gradient sorts its positions by token instead of adding with
+// atomics (kernels/cuda/encoder.cu). The batches repeat tokens (vocabulary 64, 256 positions per
+// step), so the scatter-add has collisions. Skips without a device.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -44,6 +44,7 @@ RunConfig gpu_config(const Case& c) {
     r.run.seed = 1234;
     r.run.precision = c.precision;
     r.kernels.attention = c.attention;
+    if (c.attention == AttentionImpl::flash_tc) r.model.n_head = 1;  // its head size 64
     r.profile.trace = false;
     return r;
 }
@@ -52,7 +53,8 @@ INSTANTIATE_TEST_SUITE_P(
     Variants, CudaDeterminism,
     ::testing::Values(Case{"fp32_naive", Precision::fp32, AttentionImpl::naive},
                       Case{"fp32_flash", Precision::fp32, AttentionImpl::flash},
-                      Case{"bf16_flash", Precision::bf16, AttentionImpl::flash}),
+                      Case{"bf16_flash", Precision::bf16, AttentionImpl::flash},
+                      Case{"bf16_flash_tc", Precision::bf16, AttentionImpl::flash_tc}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 TEST_P(CudaDeterminism, TwoRunsWithTheSameSeedAreBitwiseIdentical) {
