@@ -156,7 +156,7 @@ def microtrain_rows(path):
 
 
 def peer_name(p):
-    dry = " (DRY: fixture, not a run)" if p.get("dry") else ""
+    dry = (f", round {p['round']}" if p.get("round") else "") + (" (DRY: fixture, not a run)" if p.get("dry") else "")
     if p.get("impl") == "llm.c":
         return f"llm.c {p.get('commit', '')[:7]}, {p.get('attention', '?')} attention{dry}".replace("llm.c ,", "llm.c,")
     return f"PyTorch {p.get('torch', '')} {'torch.compile' if p.get('compile') else 'eager'}, {p.get('attention')}{dry}"
