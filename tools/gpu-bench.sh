@@ -19,7 +19,7 @@
 # Both are rewritten after every stage: a call stopped by its limit still returns what it
 # measured. The working files live in MT_GB_WORK (default: a fresh folder under /tmp).
 #
-# Budget: the whole script stays within MT_GB_BUDGET_S seconds (default 450, under the 8 minutes
+# Budget: the whole script stays within MT_GB_BUDGET_S seconds (default 420, under the 8 minutes
 # of issue 26; the machine's own start comes on top). Every stage has its own limit and is cut
 # to what is left of the budget, and a stage that would start with under 10 s left is skipped and
 # says so. Order, most important first, so that the budget cuts the least useful runs:
@@ -28,7 +28,7 @@
 #   shards (microtrain write-tokens), then per batch size: microtrain (its variants in
 #   interleaved rounds; at B 32 without `naive`, the slowest, whose lesson B 16 shows), PyTorch
 #   eager, PyTorch compiled, llm.c; then the peers' second round at each batch size.
-# Environment: MT_GB_BATCHES ("16 32"), MT_GB_BUDGET_S (450), MT_GB_ARCH (90), MT_GB_WORK,
+# Environment: MT_GB_BATCHES ("16 32"), MT_GB_BUDGET_S (420), MT_GB_ARCH (90), MT_GB_WORK,
 # MT_GB_PEER_ROUNDS (2), PYTHON (python3).
 set -uo pipefail
 
@@ -37,7 +37,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$OUT" || { echo "gpu-bench: cannot create $OUT" >&2; exit 2; }
 OUT="$(cd "$OUT" && pwd)"
 T0=$(date +%s)
-BUDGET="${MT_GB_BUDGET_S:-450}"
+BUDGET="${MT_GB_BUDGET_S:-420}"
 DEPS="$ROOT/.deps"
 DRY="${MT_GB_DRY_RUN:-0}"
 ARCH="${MT_GB_ARCH:-90}"
