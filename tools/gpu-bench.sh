@@ -240,7 +240,7 @@ torch_run() {  # torch_run eager|compile B ROUND
 # (-n 0, no -o), one validation batch (-m 1: llm.c evaluates at the first and last step, outside
 # its timed section). 13 steps: 3 warm-up (cuBLAS/cuDNN set-up) and 10 timed.
 llmc_run() {  # llmc_run VARIANT(plain|cudnn) B ROUND
-    local bin="$LLMC_BIN/train_gpt2cu" label="its own" log="$WORK/llmc-$1-b$2-r$3.log" commit=""
+    local bin="$LLMC_BIN/train_gpt2cu" label="its own" log="$WORK/llmc-$1-b$2-r$3.stdout" commit=""
     [[ $1 == cudnn ]] && bin="$LLMC_BIN/train_gpt2cu-cudnn" label="cuDNN"
     [[ -f "$DEPS/llm.c/COMMIT" ]] && commit="$(cat "$DEPS/llm.c/COMMIT")"
     local args=(-i "$WORK/shards/train_*.bin" -j "$WORK/shards/val_*.bin" -e d12 -b "$2" -t "$T"
@@ -254,9 +254,15 @@ llmc_run() {  # llmc_run VARIANT(plain|cudnn) B ROUND
         return
     fi
     local rc=0
+    echo "LD_LIBRARY_PATH=$LLMC_LD_PATH $bin ${args[*]}"
     if [[ -x $bin ]]; then
         # llm.c looks for its tokenizer and HellaSwag files relative to the working directory.
-        (cd "$WORK" && LD_LIBRARY_PATH="$LLMC_LD_PATH" "$bin" "${args[@]}") > "$log" 2>&1 || rc=$?
+        # Line-buffered (stdbuf): a run cut by its time limit keeps the steps it printed.
+        local line_buffered=()
+        command -v stdbuf > /dev/null && line_buffered=(stdbuf -oL)
+        # Its own limit, inside the stage's 60 s, so that a hung run still leaves a row saying so.
+        (cd "$WORK" && LD_LIBRARY_PATH="$LLMC_LD_PATH" timeout --kill-after=5 45 \
+            "${line_buffered[@]}" "$bin" "${args[@]}") > "$log" 2>&1 || rc=$?
     else
         echo "no $bin (see the llm.c stage's log)" > "$log"
         rc=1
