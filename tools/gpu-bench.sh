@@ -302,15 +302,27 @@ for v in plain cudnn; do
 done
 [[ $DRY == 1 ]] && llmc_variants=(plain)  # one parsed fixture row is enough for the dry run
 
+# A peer that failed once is not run again: the same failure would only spend the budget (a
+# torch.compile that breaks can take its whole 150 s each time). Its first failure is in the table.
+declare -A gave_up=()
+peer_stage() {  # peer_stage KIND NAME LIMIT CMD...
+    local kind="$1"
+    shift
+    if [[ -n ${gave_up[$kind]:-} ]]; then
+        echo "- $1: not run, $kind failed in ${gave_up[$kind]}" >> "$STAGES"
+        return 1
+    fi
+    stage "$@" || gave_up[$kind]="$1"
+}
 peers() {  # peers B ROUND
     if [[ $DRY != 1 ]]; then
-        stage "torch-eager-b$1-r$2" 60 torch_run eager "$1" "$2"
-        stage "torch-compile-b$1-r$2" 150 torch_run compile "$1" "$2"
+        peer_stage torch-eager "torch-eager-b$1-r$2" 60 torch_run eager "$1" "$2"
+        peer_stage torch-compile "torch-compile-b$1-r$2" 150 torch_run compile "$1" "$2"
     fi
     local v
     # The dry run parses the one fixture (B 16) once: more copies of it would show nothing more.
     [[ $DRY == 1 && ($1 != "${BATCHES%% *}" || $2 != 1) ]] && return 0
-    for v in "${llmc_variants[@]}"; do stage "llmc-$v-b$1-r$2" 60 llmc_run "$v" "$1" "$2"; done
+    for v in "${llmc_variants[@]}"; do peer_stage "llmc-$v" "llmc-$v-b$1-r$2" 60 llmc_run "$v" "$1" "$2"; done
 }
 for B in $BATCHES; do
     ((B >= 32)) && echo "- microtrain-b$B: without \`naive\` (the slowest variant; B 16 shows it)" >> "$STAGES"

@@ -172,9 +172,10 @@ def peer_rows(path, peak):
             continue
         p = json.loads(line)
         if p.get("error"):
-            first = p["error"].strip().splitlines()
+            # Its first line (what went wrong) and the log's last three (why, usually).
+            lines = [x.strip() for x in p["error"].strip().splitlines() if x.strip()]
             rows.append({"name": peer_name(p), "B": p.get("B"),
-                         "note": "no numbers: " + " / ".join(x.strip() for x in first[:4] if x.strip())})
+                         "note": "no numbers: " + " / ".join(lines[:1] + lines[1:][-3:])})
             continue
         tps = p["tokens_per_s"]
         mfu = tps * flops_per_token(p["preset"], p["T"]) / peak if (peak and p.get("preset") in PRESETS) else None
