@@ -27,7 +27,8 @@
 #   binaries prebuilt into .deps/llm.c-bin when they load here, else built from .deps/llm.c),
 #   shards (microtrain write-tokens), then per batch size: microtrain (its variants in
 #   interleaved rounds; at B 32 without `naive`, the slowest, whose lesson B 16 shows), PyTorch
-#   eager, PyTorch compiled, llm.c; then the peers' second round at each batch size.
+#   eager, PyTorch compiled, llm.c; then the peers' second round at each batch size. A peer that
+#   failed once is not run again (its first failure is in the summary).
 # Environment: MT_GB_BATCHES ("16 32"), MT_GB_BUDGET_S (420), MT_GB_ARCH (90), MT_GB_WORK,
 # MT_GB_PEER_ROUNDS (2), PYTHON (python3).
 set -uo pipefail
