@@ -182,10 +182,25 @@ llmc_prepare() {
 # llm.c's train and val shards (its -i and -j patterns): uniform synthetic tokens over GPT-2's
 # 50257 ids, as microtrain's yaml and the PyTorch peer train on. The loader wraps around, so one
 # shard of 2^20 + 1 tokens serves any number of steps; the val shard needs one batch (B*T + 1).
+# Should microtrain not have built, a few lines of Python write the same format (other tokens,
+# the same distribution), so that the peers are still measured; the summary says so.
 shards() {
     mkdir -p "$WORK/shards"
-    "$BUILD/microtrain" write-tokens "$WORK/shards/train_000000.bin" --count 1048577 --seed 1 &&
-        "$BUILD/microtrain" write-tokens "$WORK/shards/val_000000.bin" --count 65537 --seed 2
+    if [[ -x $BUILD/microtrain ]]; then
+        "$BUILD/microtrain" write-tokens "$WORK/shards/train_000000.bin" --count 1048577 --seed 1 &&
+            "$BUILD/microtrain" write-tokens "$WORK/shards/val_000000.bin" --count 65537 --seed 2
+        return
+    fi
+    echo "no $BUILD/microtrain: the shards are written by gpu-bench.sh's Python fallback"
+    touch "$WORK/shards/FALLBACK"
+    "$PY" - "$WORK/shards" <<'PYEOF'
+import random, struct, sys
+for name, n, seed in (("train_000000.bin", 1048577, 1), ("val_000000.bin", 65537, 2)):
+    r = random.Random(seed)
+    with open(f"{sys.argv[1]}/{name}", "wb") as f:  # llm.c's header: magic, version, count
+        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+        f.write(struct.pack(f"<{n}H", *(r.randrange(50257) for _ in range(n))))
+PYEOF
 }
 
 # yaml_without FILE VARIANT...: the experiment file without those variants (a variant is its
@@ -295,6 +310,8 @@ else
 fi
 stage llmc-prepare 120 llmc_prepare
 stage shards 30 shards
+[[ -f $WORK/shards/FALLBACK ]] &&
+    echo "- shards: by the Python fallback (no microtrain binary), not microtrain write-tokens" >> "$STAGES"
 llmc_variants=()
 for v in plain cudnn; do
     b="$LLMC_BIN/train_gpt2cu"
