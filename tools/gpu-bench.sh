@@ -30,7 +30,7 @@
 #   eager, PyTorch compiled, llm.c; then the peers' second round at each batch size. A peer that
 #   failed once is not run again (its first failure is in the summary).
 # Environment: MT_GB_BATCHES ("16 32"), MT_GB_BUDGET_S (420), MT_GB_ARCH (90), MT_GB_WORK,
-# MT_GB_PEER_ROUNDS (2), PYTHON (python3).
+# MT_GB_PEER_ROUNDS (2), PYTHON (python3); the dry run's build folder MT_GB_BUILD (build/release).
 set -uo pipefail
 
 OUT="${1:?usage: tools/gpu-bench.sh OUTDIR}"
@@ -295,7 +295,7 @@ print(json.dumps(d))' "$2" "$rc" | append_peer "$3"
 export -f env_info build loads llmc_prepare shards yaml_without microtrain_run torch_run llmc_run append_peer
 export ROOT DEPS DRY ARCH PY WORK PEERS T LLMC_BIN LLMC_LD_PATH
 if [[ $DRY == 1 ]]; then
-    BUILD="$ROOT/build/release"
+    BUILD="${MT_GB_BUILD:-$ROOT/build/release}"
     export BUILD
     [[ -x $BUILD/microtrain ]] || {
         echo "gpu-bench: dry run: no $BUILD/microtrain; build it first (cmake --preset cpu or the release build)" >&2
