@@ -7,13 +7,14 @@
 #include <vector>
 
 namespace mt {
-void register_train_command(CLI::App& app, int& exit_code);     // cli/cmd_train.cpp
-void register_step_command(CLI::App& app, int& exit_code);      // cli/cmd_step.cpp
-void register_validate_command(CLI::App& app, int& exit_code);  // cli/cmd_validate.cpp
-void register_run_command(CLI::App& app, int& exit_code);       // cli/cmd_run.cpp
-void register_compare_command(CLI::App& app, int& exit_code);   // cli/cmd_compare.cpp
-void register_export_command(CLI::App& app, int& exit_code);    // cli/cmd_export.cpp
-void register_sample_command(CLI::App& app, int& exit_code);    // cli/cmd_sample.cpp
+void register_train_command(CLI::App& app, int& exit_code);         // cli/cmd_train.cpp
+void register_step_command(CLI::App& app, int& exit_code);          // cli/cmd_step.cpp
+void register_validate_command(CLI::App& app, int& exit_code);      // cli/cmd_validate.cpp
+void register_run_command(CLI::App& app, int& exit_code);           // cli/cmd_run.cpp
+void register_compare_command(CLI::App& app, int& exit_code);       // cli/cmd_compare.cpp
+void register_export_command(CLI::App& app, int& exit_code);        // cli/cmd_export.cpp
+void register_sample_command(CLI::App& app, int& exit_code);        // cli/cmd_sample.cpp
+void register_write_tokens_command(CLI::App& app, int& exit_code);  // cli/cmd_write_tokens.cpp
 
 // `--set KEY=VALUE` of run, validate and train (repeatable): one value per --set, so the FILE
 // after it is not read as a second override (`run --set k=v FILE` said "file is required").

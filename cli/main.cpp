@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
     mt::register_compare_command(app, exit_code);
     mt::register_export_command(app, exit_code);
     mt::register_sample_command(app, exit_code);
+    mt::register_write_tokens_command(app, exit_code);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

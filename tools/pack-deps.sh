@@ -21,6 +21,22 @@
 #                                                  optional `cudnn` preset (fetched from PyPI by
 #                                                  tools/fetch-cudnn-frontend.sh; skipped with a
 #                                                  warning when that fails).
+#   .deps/llm.c                                    a snapshot of karpathy/llm.c's source, the
+#                                                  second peer of tools/gpu-bench.sh (never in
+#                                                  the tracked tree); .deps/llm.c/COMMIT names
+#                                                  its commit. From MT_LLMC_SRC: a git
+#                                                  directory (bare or not; MT_LLMC_REF, default
+#                                                  HEAD) or a plain source tree; default
+#                                                  <repo>/.llm.c (git-ignored: `git clone
+#                                                  https://github.com/karpathy/llm.c .llm.c`).
+#                                                  Skipped with a warning when absent.
+#   .deps/llm.c-bin/train_gpt2cu[-cudnn]           llm.c built here for sm_90 by
+#                                                  tools/build-llmc.sh, when this machine has
+#                                                  nvcc (the -cudnn one also needs cuDNN 9 and
+#                                                  the frontend headers; it compiles for minutes).
+#                                                  gpu-bench.sh tries them first and builds
+#                                                  there when they do not load. MT_LLMC_PREBUILD=0
+#                                                  skips them.
 # --check: configure the project against .deps only (each <Pkg>_DIR forced into .deps) and
 # verify every find_package resolved there.
 set -euo pipefail
@@ -117,6 +133,42 @@ CEOF
         echo "cudnn-frontend $(cat "$tmp/cudnn-frontend/VERSION") (headers)" >> "$tmp/MANIFEST"
     else
         echo "pack-deps: warning: no cudnn-frontend headers in .deps; the cudnn preset will not configure there" >&2
+    fi
+    # llm.c: the source at one commit, then (where nvcc is here) its binaries, so the device
+    # call need not spend its minutes compiling them.
+    LLMC_SRC="${MT_LLMC_SRC:-$ROOT/.llm.c}"
+    LLMC_REF="${MT_LLMC_REF:-HEAD}"
+    llmc_commit=""
+    mkdir -p "$tmp/llm.c"
+    if git --git-dir="$LLMC_SRC" rev-parse --verify -q "$LLMC_REF^{commit}" > /dev/null 2>&1; then
+        llmc_commit="$(git --git-dir="$LLMC_SRC" rev-parse "$LLMC_REF^{commit}")"
+        git --git-dir="$LLMC_SRC" archive "$llmc_commit" | tar -x -C "$tmp/llm.c"
+    elif [[ -d "$LLMC_SRC/.git" ]] || [[ -f "$LLMC_SRC/.git" ]]; then
+        llmc_commit="$(git -C "$LLMC_SRC" rev-parse "$LLMC_REF^{commit}")"
+        git -C "$LLMC_SRC" archive "$llmc_commit" | tar -x -C "$tmp/llm.c"
+    elif [[ -f "$LLMC_SRC/train_gpt2.cu" ]]; then
+        llmc_commit="unknown (a plain source tree, $LLMC_SRC)"
+        cp -r "$LLMC_SRC/." "$tmp/llm.c/"
+    fi
+    if [[ -n "$llmc_commit" && -f "$tmp/llm.c/train_gpt2.cu" ]]; then
+        echo "$llmc_commit" > "$tmp/llm.c/COMMIT"
+        line="llm.c $llmc_commit (source)"
+        if [[ "${MT_LLMC_PREBUILD:-1}" == 1 ]] && { command -v nvcc > /dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
+            for flag in "" --cudnn; do
+                # shellcheck disable=SC2086
+                if MT_LLMC_CUDNN_FRONTEND="$tmp/cudnn-frontend/include" \
+                    bash "$ROOT/tools/build-llmc.sh" "$tmp/llm.c" "$tmp/llm.c-bin" $flag; then
+                    line+=", train_gpt2cu${flag:+-cudnn} prebuilt"
+                else
+                    echo "pack-deps: warning: llm.c ${flag:-without cuDNN} did not build here; gpu-bench.sh builds it there" >&2
+                fi
+            done
+            rm -rf "$tmp/llm.c-bin"/src-*  # the patched copies: only the binaries and logs travel
+        fi
+        echo "$line" >> "$tmp/MANIFEST"
+    else
+        rm -rf "$tmp/llm.c"
+        echo "pack-deps: warning: no llm.c source at $LLMC_SRC (set MT_LLMC_SRC to a clone or git directory of https://github.com/karpathy/llm.c, or clone it into $ROOT/.llm.c); gpu-bench.sh will report llm.c as missing" >&2
     fi
     rm -rf "$DEPS"
     mv "$tmp" "$DEPS"
