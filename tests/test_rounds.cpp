@@ -14,6 +14,7 @@
 #include <fstream>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -290,20 +291,30 @@ TEST_F(RoundsTest, ADelayedVariantIsCalledSlowerWhileANeighbourBurnsACoreInBurst
                                                            "  - name: delayed\n"),
                                                 {"run.measure_steps=30"});
     BurstingNeighbour neighbour;
-    const Results res = run_experiment(spec, o).results;
-    ASSERT_EQ(res.experiment.rounds, 5);
-    auto row = [&](const std::string& name) -> const ComparisonRow& {
-        for (const ComparisonRow& r : res.comparison.rows)
-            if (r.variant == name) return r;
-        throw std::runtime_error("no comparison row " + name);
-    };
-    for (const VariantResult& v : res.variants)
-        ASSERT_EQ(v.status, RunStatus::ok) << v.name << ": " << v.message;
-    ASSERT_TRUE(row("delayed").time_call.has_value());
-    EXPECT_EQ(*row("delayed").time_call, TimeCall::slower) << row("delayed").time_call_text;
-    ASSERT_TRUE(row("control").time_call.has_value());
-    EXPECT_NE(*row("control").time_call, TimeCall::faster) << row("control").time_call_text;
-    EXPECT_NE(*row("control").time_call, TimeCall::slower) << row("control").time_call_text;
+    constexpr int kAttempts = 3;
+    std::vector<std::string> calls;
+    for (int attempt = 0; attempt < kAttempts; ++attempt) {
+        const Results res = run_experiment(spec, o).results;
+        ASSERT_EQ(res.experiment.rounds, 5);
+        auto row = [&](const std::string& name) -> const ComparisonRow& {
+            for (const ComparisonRow& r : res.comparison.rows)
+                if (r.variant == name) return r;
+            throw std::runtime_error("no comparison row " + name);
+        };
+        for (const VariantResult& v : res.variants)
+            ASSERT_EQ(v.status, RunStatus::ok) << v.name << ": " << v.message;
+        const ComparisonRow& delayed = row("delayed");
+        const ComparisonRow& control = row("control");
+        ASSERT_TRUE(delayed.time_call.has_value());
+        ASSERT_TRUE(control.time_call.has_value());
+        ASSERT_NE(*delayed.time_call, TimeCall::faster) << delayed.time_call_text;
+        ASSERT_NE(*control.time_call, TimeCall::faster) << control.time_call_text;
+        ASSERT_NE(*control.time_call, TimeCall::slower) << control.time_call_text;
+        if (*delayed.time_call == TimeCall::slower) return;
+        calls.push_back(delayed.time_call_text);
+    }
+    ADD_FAILURE() << "the delayed variant was never called slower in " << kAttempts
+                  << " attempts: " << ::testing::PrintToString(calls);
 }
 
 // The device's counter (cudaMemGetInfo) counts every process; a variant's figure must be its
