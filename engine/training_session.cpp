@@ -454,8 +454,8 @@ void TrainingSession::capture_step_graph() {
     // bf16: the captured forward must refresh the weights' compute copy, whatever ran since the
     // last optimizer step (an untimed rewarm forward leaves nothing to cast).
     model_.mark_params_updated();
-    backend_->begin_capture("the training step (run.cuda_graph)");
     try {
+        backend_->begin_capture("the training step (run.cuda_graph)");
         for (int m = 0; m < accum_; ++m) {
             forward_micro_step(m, T_);
             backward_micro_step(m);
