@@ -46,16 +46,16 @@ TrainingSession cuda_session(const RunConfig& c) {
     return TrainingSession(create_training_backend(c, BackendKind::cuda), c, std::move(in));
 }
 
-struct Run {
+struct RunResult {
     std::vector<StepRecord> steps;
     std::vector<float> params, m, v;
 };
 
 // `n` steps (step() for every setting but none, which goes through one window); `rewarm_at`:
 // an untimed forward before that step, as the rounds do between slices.
-Run run_steps(const RunConfig& c, int n, int rewarm_at = -1) {
+RunResult run_steps(const RunConfig& c, int n, int rewarm_at = -1) {
     TrainingSession s = cuda_session(c);
-    Run r;
+    RunResult r;
     if (c.run.host_sync == HostSync::none) {
         for (int i = 0; i < n; ++i) s.enqueue_step(i, false);
         for (auto& d : s.drain()) r.steps.push_back(d.record);
@@ -71,7 +71,7 @@ Run run_steps(const RunConfig& c, int n, int rewarm_at = -1) {
     return r;
 }
 
-void expect_bitwise(const Run& eager, const Run& graph, const std::string& what) {
+void expect_bitwise(const RunResult& eager, const RunResult& graph, const std::string& what) {
     ASSERT_EQ(eager.steps.size(), graph.steps.size()) << what;
     for (size_t i = 0; i < eager.steps.size(); ++i) {
         EXPECT_EQ(eager.steps[i].lr, graph.steps[i].lr) << what << " step " << i;
@@ -105,7 +105,8 @@ TEST_F(CudaGraph, EveryAdamWImplReplaysBitwise) {
         RunConfig eager = graph_config(false, Precision::fp32, 2), graph = eager;
         eager.optim.impl = graph.optim.impl = impl;
         graph.run.cuda_graph = true;
-        expect_bitwise(run_steps(eager, kSteps), run_steps(graph, kSteps), enum_name(impl));
+        expect_bitwise(run_steps(eager, kSteps), run_steps(graph, kSteps),
+                       std::string(enum_name(impl)));
     }
 }
 
@@ -125,8 +126,8 @@ TEST_F(CudaGraph, ARewarmForwardBetweenReplaysChangesNothing) {
 }
 
 TEST_F(CudaGraph, AReplayedStepIsOnePhaseAndWaitsAsAnEagerStep) {
-    const Run eager = run_steps(graph_config(false, Precision::fp32, 2), 4);
-    const Run graph = run_steps(graph_config(true, Precision::fp32, 2), 4);
+    const RunResult eager = run_steps(graph_config(false, Precision::fp32, 2), 4);
+    const RunResult graph = run_steps(graph_config(true, Precision::fp32, 2), 4);
     for (int i = 2; i < 4; ++i) {
         const PhaseTimes& t = graph.steps[i].times;
         EXPECT_GT(t[Phase::forward], 0.0) << "the replay";
