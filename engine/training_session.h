@@ -140,7 +140,10 @@ class TrainingSession {
     TrainingSession& operator=(const TrainingSession&) = delete;
 
     // Called after the last micro-step's backward and before the optimizer, outside every phase:
-    // the gradients of this step are complete (the `step` command copies the first ones).
+    // the gradients of this step are complete (the `step` command copies the first ones). Under
+    // run.cuda_graph, from the session's second step on, it is called after the replay instead
+    // (no host code runs inside a graph): the gradients are still this step's, the parameters
+    // already updated.
     using GradientsReady = std::function<void(GPT& model)>;
 
     // Runs step number `index` (0-based over warm-up + measured steps) and returns its record:
