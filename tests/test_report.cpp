@@ -715,6 +715,34 @@ void set_shares(HandMadeRun& r, std::map<Phase, double> shares) {
     }
 }
 
+// A host-bound step on CUDA is pointed at run.cuda_graph (one launch for the step), unless it
+// already replays a graph; a CPU step is not (it has no graphs).
+TEST(Suggestions, AHostBoundCudaStepSuggestsACudaGraph) {
+    auto suggestions_for = [](const std::string& backend, bool graph) {
+        HandMadeExperiment ex;
+        ex.name = "host";
+        ex.baseline = "baseline";
+        HandMadeRun r = make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20);
+        r.backend = backend;
+        r.config.run.cuda_graph = graph;
+        set_shares(r, {{Phase::sync, 0.3}, {Phase::forward, 0.7}});
+        ex.runs.push_back(r);
+        const VariantResult v = ex.results().variants[0];
+        for (const Suggestion& s : suggestions_of(v))
+            if (s.rule == "host-overhead") return s.text;
+        return std::string("(no host-overhead suggestion)");
+    };
+    const std::string hint = "`run.cuda_graph: true`";
+    const std::string cuda = suggestions_for("cuda", false);
+    EXPECT_NE(cuda.find("host waits and overhead take"), std::string::npos) << cuda;
+    EXPECT_NE(cuda.find(hint), std::string::npos) << cuda;
+    const std::string replayed = suggestions_for("cuda", true), cpu = suggestions_for("cpu", false);
+    EXPECT_NE(replayed.find("host waits and overhead take"), std::string::npos) << replayed;
+    EXPECT_EQ(replayed.find(hint), std::string::npos) << replayed;
+    EXPECT_NE(cpu.find("host waits and overhead take"), std::string::npos) << cpu;
+    EXPECT_EQ(cpu.find(hint), std::string::npos) << cpu;
+}
+
 KernelRecord top_op(const char* name, const char* impl, Bound bound, double pct_of_roofline) {
     KernelRecord k;
     k.name = name;
