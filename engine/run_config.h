@@ -84,6 +84,10 @@ struct RunSettings {
     // Saved activations in pinned host memory between forward and backward (CUDA only;
     // model/activation_offload.h).
     OffloadMode offload = OffloadMode::none;
+    // run.cuda_graph (CUDA only): the device work of a step (forward, backward, optimizer of
+    // every micro-step) is captured into a CUDA graph once, at the second step, and replayed
+    // every step after it: one launch instead of one per kernel (engine/training_session.h).
+    bool cuda_graph = false;
 };
 
 // Data parallel (distributed/, `mpirun -np N microtrain run FILE`): how the gradients travel. Every

@@ -133,6 +133,31 @@ const RunConfig& checked_host_sync(const RunConfig& cfg, const TrainingInputs& i
     return cfg;
 }
 
+// run.cuda_graph: the step is captured into a graph the device replays without the host; what
+// makes the host take part inside the step is refused (the spec refuses each knob first, with
+// the file's position; this guards a RunConfig built in code, and data parallel, which only a
+// run knows).
+const RunConfig& checked_cuda_graph(const RunConfig& cfg, const TrainingInputs& inputs) {
+    if (!cfg.run.cuda_graph) return cfg;
+    const std::string why =
+        "run.cuda_graph: true (the step replayed as one CUDA graph) cannot be "
+        "combined with ";
+    auto refuse = [&](const std::string& what) { throw std::invalid_argument(why + what); };
+    if (inputs.world && inputs.world->distributed())
+        refuse(
+            "data parallel: the gradient buckets are reduced by a host thread that waits on "
+            "events mid-backward, and the step's loss is all-reduced on the host; run "
+            "without mpirun, or with run.cuda_graph: false");
+    if (cfg.run.host_sync == HostSync::every_op || cfg.run.host_sync == HostSync::loss_every_step)
+        refuse(std::string("run.host_sync: ") + to_string(cfg.run.host_sync) +
+               " (host waits inside the step)");
+    if (cfg.data.seq_len_jitter > 0) refuse("data.seq_len_jitter (a shape per batch)");
+    if (cfg.run.offload != OffloadMode::none || cfg.optim.offload)
+        refuse("offload (host copies and a host update inside the step)");
+    if (cfg.profile.kernels) refuse("profile.kernels (per-op events from the host)");
+    return cfg;
+}
+
 World* data_parallel_world(const TrainingInputs& inputs) {
     return inputs.world && inputs.world->distributed() ? inputs.world : nullptr;
 }
@@ -254,7 +279,7 @@ std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKi
 
 TrainingSession::TrainingSession(std::unique_ptr<Backend> backend, const RunConfig& cfg,
                                  TrainingInputs inputs)
-    : cfg_(checked_host_sync(checked_workers(cfg), inputs)),
+    : cfg_(checked_cuda_graph(checked_host_sync(checked_workers(cfg), inputs), inputs)),
       B_(cfg.data.batch_size),
       T_(cfg.data.seq_len),
       accum_(cfg.run.grad_accum),
@@ -276,11 +301,14 @@ TrainingSession::TrainingSession(std::unique_ptr<Backend> backend, const RunConf
       timer_(*backend_) {
     if (accum_ < 1)
         throw std::invalid_argument("run.grad_accum must be >= 1, got " + std::to_string(accum_));
-    const size_t n = static_cast<size_t>(B_) * T_;
+    // run.cuda_graph: one replay runs every micro-step, so each micro-batch needs its own slot,
+    // filled before the replay; otherwise the micro-batches take turns in one.
+    const size_t n = static_cast<size_t>(B_) * T_ * batch_slots();
     d_inputs_ = DeviceBuffer(*backend_, n * sizeof(int), MemoryCategory::data);
     d_targets_ = DeviceBuffer(*backend_, n * sizeof(int), MemoryCategory::data);
-    if (accum_ > 1)
+    if (accum_ > 1 || cfg.run.cuda_graph)
         d_losses_ = DeviceBuffer(*backend_, accum_ * sizeof(float), MemoryCategory::workspace);
+    if (cfg.run.cuda_graph) optim_.keep_scalars_on_device();
     h_losses_.resize(static_cast<size_t>(accum_));
     if (cfg.profile.kernels) {
         profiler_ = std::make_unique<KernelProfiler>(*backend_);
@@ -327,6 +355,19 @@ void TrainingSession::leave(Phase p) {
 // data -> h2d -> forward -> backward for micro-batch m of the step.
 // Returns the micro-batch's length T (data.seq_len, or shorter under data.seq_len_jitter).
 int TrainingSession::micro_step(int m) {
+    const int T = load_micro_batch(m);
+    enter(Phase::forward);
+    forward_micro_step(m, T);
+    leave(Phase::forward);
+    if (cfg_.run.host_sync == HostSync::loss_every_step) read_micro_step_loss(m);
+    enter(Phase::backward);
+    backward_micro_step(m);
+    leave(Phase::backward);
+    return T;
+}
+
+// data -> h2d: micro-batch m into its device slot. Returns its length T.
+int TrainingSession::load_micro_batch(int m) {
     enter(Phase::data);
     const Batch& batch = batches_->next();
     leave(Phase::data);
@@ -344,29 +385,88 @@ int TrainingSession::micro_step(int m) {
     const size_t n = static_cast<size_t>(B_) * T;
 
     enter(Phase::h2d);
-    backend_->copy_to_device(d_inputs_.get(), batch.inputs, n * sizeof(int));
-    backend_->copy_to_device(d_targets_.get(), batch.targets, n * sizeof(int));
+    backend_->copy_to_device(inputs_slot(m), batch.inputs, n * sizeof(int));
+    backend_->copy_to_device(targets_slot(m), batch.targets, n * sizeof(int));
     leave(Phase::h2d);
+    return T;
+}
 
-    enter(Phase::forward);
+// The device slot of micro-batch m: its own under run.cuda_graph, else the one shared slot.
+int* TrainingSession::inputs_slot(int m) const {
+    return d_inputs_.as<int>() + static_cast<size_t>(m % batch_slots()) * B_ * T_;
+}
+int* TrainingSession::targets_slot(int m) const {
+    return d_targets_.as<int>() + static_cast<size_t>(m % batch_slots()) * B_ * T_;
+}
+
+// The forward's device work (no phase: run.cuda_graph captures it).
+void TrainingSession::forward_micro_step(int m, int T) {
     // grad_scale 1/(accum * world): the accumulated gradient, summed over the ranks, is the
     // gradient of the mean over every micro-step of every rank: the global batch.
-    model_.forward(d_inputs_.as<int>(), d_targets_.as<int>(), B_, T,
+    model_.forward(inputs_slot(m), targets_slot(m), B_, T,
                    1.0f / (static_cast<float>(accum_) * static_cast<float>(world_size_)));
     if (float* slot = loss_slot(m))
-        backend_->run(op::LossMean{.loss = slot, .losses = model_.losses_device(), .N = int(n)});
-    leave(Phase::forward);
-    if (cfg_.run.host_sync == HostSync::loss_every_step) read_micro_step_loss(m);
+        backend_->run(op::LossMean{.loss = slot, .losses = model_.losses_device(), .N = B_ * T});
+}
 
-    enter(Phase::backward);
+// The backward's device work (no phase: run.cuda_graph captures it).
+void TrainingSession::backward_micro_step(int m) {
     if (m == 0) model_.zero_grad();
     // Only the last micro-step's backward completes the gradients: the buckets go from there.
     const bool last = m == accum_ - 1;
     if (grad_sync_ && last) grad_sync_->arm(model_.grads());
     model_.backward();
     if (grad_sync_ && last) grad_sync_->end_backward();
-    leave(Phase::backward);
-    return T;
+}
+
+// ---- run.cuda_graph: the step captured once, replayed after --------------------------------
+
+// From the session's second step: every micro-batch is copied into its own slot first (data
+// and h2d phases, as always), then one replay runs forward, backward and the optimizer of every
+// micro-step. The replay's device time is the `forward` phase: inside a graph the host marks no
+// boundary between forward, backward and optimizer, so backward and optimizer never run as
+// phases (see the top of training_session.h and docs/report.md).
+void TrainingSession::run_graph_step(StepRecord& rec, const GradientsReady& gradients_ready) {
+    for (int m = 0; m < accum_; ++m) {
+        const int T = load_micro_batch(m);
+        rec.tokens += static_cast<double>(world_size_) * B_ * T;
+        rec.model_flops += model_.training_flops_per_step(B_, T);
+    }
+    rec.lr = optim_.current_lr();
+    enter(Phase::forward);
+    // The step's lr and bias corrections into the buffer the captured update reads: the one
+    // per-step value the host supplies to the device work besides the batch.
+    optim_.stage_device_scalars();
+    if (!graph_) capture_step_graph();
+    graph_->replay();
+    optim_.finish_step();
+    leave(Phase::forward);
+    // The gradients are still this step's (the update reads them, never writes them); the
+    // parameters are already updated.
+    if (gradients_ready) gradients_ready(model_);
+}
+
+// Records forward, backward (every micro-step) and the optimizer into graph_, running nothing.
+// Anything in them that waits for the device or allocates fails here, as a BackendError naming
+// it (Backend::begin_capture); the capture is then discarded, never replaced by an eager step
+// that would misattribute the time.
+void TrainingSession::capture_step_graph() {
+    // bf16: the captured forward must refresh the weights' compute copy, whatever ran since the
+    // last optimizer step (an untimed rewarm forward leaves nothing to cast).
+    model_.mark_params_updated();
+    try {
+        backend_->begin_capture("the training step (run.cuda_graph)");
+        for (int m = 0; m < accum_; ++m) {
+            forward_micro_step(m, T_);
+            backward_micro_step(m);
+        }
+        optim_.launch_step();
+    } catch (const std::exception& e) {
+        backend_->abort_capture();
+        throw BackendError(std::string("run.cuda_graph: capturing the training step failed: ") +
+                           e.what());
+    }
+    graph_ = backend_->end_capture();
 }
 
 // ---- run.host_sync: where the step waits for the device (training.h) ----------------------
@@ -374,6 +474,8 @@ int TrainingSession::micro_step(int m) {
 // Where micro-step m's mean loss goes: with accumulation its slot of d_losses_; under none its
 // slot of the pending step's row; otherwise nowhere (the model's own mean is read).
 float* TrainingSession::loss_slot(int m) const {
+    // run.cuda_graph: a fixed address (captured once); none copies it to the row after the step.
+    if (cfg_.run.cuda_graph) return d_losses_.as<float>() + m;
     if (defers_read_back()) return d_step_scalars_.as<float>() + pending_.size() * (accum_ + 1) + m;
     return accum_ > 1 ? d_losses_.as<float>() + m : nullptr;
 }
@@ -391,7 +493,7 @@ void TrainingSession::read_micro_step_loss(int m) {
 // The step's loss, the mean over its micro-steps: one read-back (loss_every_step has read them).
 double TrainingSession::read_back_loss() {
     if (cfg_.run.host_sync != HostSync::loss_every_step) {
-        if (accum_ == 1)
+        if (accum_ == 1 && !cfg_.run.cuda_graph)
             h_losses_[0] = model_.loss();
         else
             backend_->copy_to_host(h_losses_.data(), d_losses_.get(), accum_ * sizeof(float));
@@ -437,9 +539,11 @@ void TrainingSession::end_step(StepRecord& rec, bool warmup) {
 // the step's events are kept for drain().
 void TrainingSession::end_step_deferred(StepRecord& rec) {
     enter(Phase::sync);
+    float* row = d_step_scalars_.as<float>() + pending_.size() * (accum_ + 1);
+    if (cfg_.run.cuda_graph)  // the losses went to the fixed slots the graph writes
+        backend_->copy_device(row, d_losses_.get(), accum_ * sizeof(float));
     if (cfg_.optim.grad_clip > 0)
-        backend_->copy_device(d_step_scalars_.as<float>() + pending_.size() * (accum_ + 1) + accum_,
-                              optim_.grad_norm_squared_device(), sizeof(float));
+        backend_->copy_device(row + accum_, optim_.grad_norm_squared_device(), sizeof(float));
     leave(Phase::sync);
     timer_.end_step_deferred();
     count_host_syncs(rec);
@@ -454,6 +558,30 @@ StepRecord TrainingSession::run_step(int index, bool warmup,
     const std::optional<DeviceClockSample> clock_at_start = backend_->sample_device_clock();
     syncs_at_step_start_ = backend_->host_sync_stats();
     timer_.begin_step();
+    // run.cuda_graph: the session's first step runs eagerly (shapes, plans and lazily loaded
+    // kernels settle), the second captures the graph, every step replays it.
+    if (cfg_.run.cuda_graph && steps_run_ > 0)
+        run_graph_step(rec, gradients_ready);
+    else
+        run_eager_step(rec, gradients_ready);
+    ++steps_run_;
+    if (defers_read_back())
+        end_step_deferred(rec);
+    else
+        end_step(rec, warmup);
+    const CpuLoadSample cpu_at_end = CpuLoadSample::take();
+    rec.other_cpu_ms = other_cpu_ms(cpu_at_start, cpu_at_end);
+    rec.steal_ms = steal_ms(cpu_at_start, cpu_at_end);
+    const std::optional<DeviceClockSample> clock_at_end = backend_->sample_device_clock();
+    if (clock_at_start && clock_at_end)
+        rec.device_clock = combine(*clock_at_start, *clock_at_end);
+    else
+        rec.device_clock = clock_at_end ? clock_at_end : clock_at_start;
+    return rec;
+}
+
+// The step's phases as the host launches every op: micro-steps, then the optimizer.
+void TrainingSession::run_eager_step(StepRecord& rec, const GradientsReady& gradients_ready) {
     for (int m = 0; m < accum_; ++m) {
         const int T = micro_step(m);
         // Every rank's micro-batch m has this length (it is a function of the global batch
@@ -471,19 +599,6 @@ StepRecord TrainingSession::run_step(int index, bool warmup,
         optim_.step();
         leave(Phase::optimizer);
     }
-    if (defers_read_back())
-        end_step_deferred(rec);
-    else
-        end_step(rec, warmup);
-    const CpuLoadSample cpu_at_end = CpuLoadSample::take();
-    rec.other_cpu_ms = other_cpu_ms(cpu_at_start, cpu_at_end);
-    rec.steal_ms = steal_ms(cpu_at_start, cpu_at_end);
-    const std::optional<DeviceClockSample> clock_at_end = backend_->sample_device_clock();
-    if (clock_at_start && clock_at_end)
-        rec.device_clock = combine(*clock_at_start, *clock_at_end);
-    else
-        rec.device_clock = clock_at_end ? clock_at_end : clock_at_start;
-    return rec;
 }
 
 StepRecord TrainingSession::step(int index, bool warmup, const GradientsReady& gradients_ready) {

@@ -19,6 +19,22 @@
 // Each phase boundary also resets/reads the allocator peaks and samples device memory (when
 // memory tracking is on).
 //
+// run.cuda_graph (CUDA): the session's first step runs as above; at its second step the device
+// work of forward, backward (every micro-step) and optimizer is captured into a CUDA graph
+// (Backend::begin_capture / end_capture, a StepGraph), and from then on each step is
+//   data, h2d  per micro-step, as above, each micro-batch into its own device slot
+//   forward    AdamW's scalars staged, ONE graph replay: forward + backward + optimizer of
+//              every micro-step (the host marks no boundary inside a graph, so backward and
+//              optimizer are not phases of a replayed step; the report says so)
+//   sync       as above
+// Per step the host supplies the batch (copied into the slots the graph reads) and AdamW's lr
+// and bias corrections (copied into the buffer its kernels read, AdamW::stage_device_scalars);
+// everything else in the graph is fixed. The losses, grad norm and weights are bitwise those of
+// the eager step (the same kernels in the same order). What needs the host inside the step is
+// refused (spec.cpp, checked_cuda_graph): run.host_sync every_op / loss_every_step, shape
+// jitter, offload, profile.kernels, data parallel. A capture that fails anyway is a BackendError
+// naming the call, never a silent eager fallback. gradients_ready runs after the replay.
+//
 // Host synchronisation points (run.host_sync; each wait is counted and timed by the backend,
 // Backend::host_sync_stats, into StepRecord::host_syncs / host_wait_ms):
 //   step             (default) one wait at the end of the step, in `sync`: the loss (one
@@ -124,7 +140,10 @@ class TrainingSession {
     TrainingSession& operator=(const TrainingSession&) = delete;
 
     // Called after the last micro-step's backward and before the optimizer, outside every phase:
-    // the gradients of this step are complete (the `step` command copies the first ones).
+    // the gradients of this step are complete (the `step` command copies the first ones). Under
+    // run.cuda_graph, from the session's second step on, it is called after the replay instead
+    // (no host code runs inside a graph): the gradients are still this step's, the parameters
+    // already updated.
     using GradientsReady = std::function<void(GPT& model)>;
 
     // Runs step number `index` (0-based over warm-up + measured steps) and returns its record:
@@ -197,7 +216,18 @@ class TrainingSession {
   private:
     // The phases of one step; the record is complete except under run.host_sync none.
     StepRecord run_step(int index, bool warmup, const GradientsReady& gradients_ready);
-    int micro_step(int m);  // returns the micro-batch's length T
+    void run_eager_step(StepRecord& rec, const GradientsReady& gradients_ready);
+    int micro_step(int m);        // returns the micro-batch's length T
+    int load_micro_batch(int m);  // data + h2d; returns T
+    void forward_micro_step(int m, int T);
+    void backward_micro_step(int m);
+    int* inputs_slot(int m) const;
+    int* targets_slot(int m) const;
+    // Device slots of micro-batches: one each under run.cuda_graph, else one shared.
+    int batch_slots() const { return cfg_.run.cuda_graph ? accum_ : 1; }
+    // run.cuda_graph: the step replayed (captured at the session's second step).
+    void run_graph_step(StepRecord& rec, const GradientsReady& gradients_ready);
+    void capture_step_graph();
     // run.host_sync (see the top of this file): where each micro-step's loss goes and when it
     // is read; the end of the step (sync phase, timer).
     float* loss_slot(int m) const;  // the device float micro-step m's mean loss goes to
@@ -239,7 +269,9 @@ class TrainingSession {
     Backend::HostSyncStats syncs_at_step_start_;
     std::unique_ptr<KernelProfiler> profiler_;
     PhaseTimer timer_;
-    int last_T_ = 0;  // the length of the last micro-batch copied to d_inputs_ (0: none yet)
+    int last_T_ = 0;     // the length of the last micro-batch copied to d_inputs_ (0: none yet)
+    int steps_run_ = 0;  // steps this session ran (run.cuda_graph captures at 1)
+    std::unique_ptr<StepGraph> graph_;  // run.cuda_graph: the captured step (null before)
     const char* phase_name_ = "setup";
 };
 

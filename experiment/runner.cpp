@@ -453,6 +453,11 @@ class VariantRun {
                 "run.host_sync none needs one process: under data parallel every step "
                 "all-reduces the loss and agrees on a stop signal on the host",
                 out);
+        if (cfg_.run.cuda_graph && opt_.world && opt_.world->distributed())
+            return skip_with(
+                "run.cuda_graph needs one process: under data parallel a host thread reduces the "
+                "gradient buckets mid-backward, which a replayed graph cannot wait for",
+                out);
         v_.backend = to_string(*kind_);
         return guarded([&] {
             session_ = set_up_session(

@@ -578,6 +578,7 @@ void add_run_keys(std::vector<KeyDef>& t) {
                                    [](RunConfig& c) -> HostSync& { return c.run.host_sync; }));
     t.push_back(enum_key<OffloadMode>("run.offload",
                                       [](RunConfig& c) -> OffloadMode& { return c.run.offload; }));
+    t.push_back(bool_key("run.cuda_graph", [](RunConfig& c) -> bool& { return c.run.cuda_graph; }));
 }
 
 // kernels.* (the op implementations) and profile.*.
@@ -1525,6 +1526,58 @@ struct Resolver {
                       "flash");
     }
 
+    // run.cuda_graph: the step's device work is captured into a CUDA graph once and replayed
+    // (engine/training_session.h). A graph is a fixed list of kernels with fixed arguments that
+    // the device runs without the host: every knob that needs the host inside the step, or a
+    // shape that changes from step to step, makes the step uncapturable. Refused here, naming
+    // the knob; the session refuses what only a run knows (data parallel under mpirun).
+    void check_cuda_graph(const RunConfig& c) const {
+        const std::string why =
+            "run.cuda_graph: true captures the step's device work into a "
+            "CUDA graph that the device replays without the host; ";
+        auto refuse = [&](const std::vector<std::string>& keys, const std::string& body) {
+            error(blame(keys), why + body);
+        };
+        if (c.backend == BackendChoice::cpu)
+            refuse({"run.cuda_graph", "backend"},
+                   "expected backend: cuda (or auto), got backend: cpu, which has no graphs (its "
+                   "ops run as the host calls them); use backend: cuda, or remove run.cuda_graph");
+        if (c.run.host_sync == HostSync::every_op || c.run.host_sync == HostSync::loss_every_step)
+            refuse(
+                {"run.cuda_graph", "run.host_sync"},
+                std::string("expected run.host_sync: step or none, got ") +
+                    to_string(c.run.host_sync) + ", which makes the host wait for the device " +
+                    (c.run.host_sync == HostSync::every_op ? "after every op"
+                                                           : "after every micro-step's forward") +
+                    " inside the step, where a graph has no host; use run.host_sync: step");
+        if (c.data.seq_len_jitter > 0)
+            refuse({"run.cuda_graph", "data.seq_len_jitter"},
+                   "expected data.seq_len_jitter: 0, got " + format_float(c.data.seq_len_jitter) +
+                       ": every batch would have its own length, and a graph's kernels keep the "
+                       "shapes they were captured with; remove one of the two");
+        if (c.run.offload != OffloadMode::none)
+            refuse({"run.cuda_graph", "run.offload"},
+                   "expected run.offload: none, got activations: the offload copies wait for "
+                   "events on a second stream and the host between layers; remove one of the two");
+        if (c.optim.offload)
+            refuse({"run.cuda_graph", "optim.offload"},
+                   "expected optim.offload: false, got true: the update runs on the host's CPU "
+                   "between the gradients' copy down and the weights' copy up; remove one of the "
+                   "two");
+        if (c.run.warmup_steps < 2)
+            refuse({"run.cuda_graph", "run.warmup_steps"},
+                   "expected run.warmup_steps >= 2, got " + std::to_string(c.run.warmup_steps) +
+                       ": the first step runs eagerly (shapes, cuBLAS plans and lazily loaded "
+                       "kernels settle), the second captures the graph, and neither may be a "
+                       "measured step; set run.warmup_steps: 2 or more");
+        if (c.profile.kernels)
+            refuse({"run.cuda_graph", "profile.kernels"},
+                   "expected profile.kernels: false, got true: the per-op profile records two "
+                   "events around every op as the host launches it and reads them after the "
+                   "step, and a replay launches no op from the host; profile an eager variant "
+                   "(run.cuda_graph: false) to see the ops");
+    }
+
     // run.host_sync: none leaves the device running steps ahead of the host, which two other
     // knobs cannot live with (engine/training_session.h).
     void check_host_sync(const RunConfig& c) const {
@@ -1643,6 +1696,7 @@ struct Resolver {
                       "; cuDNN's fused attention computes in 16-bit: set run.precision: bf16 "
                       "or use kernels.attention: flash");
         if (c.kernels.attention == AttentionImpl::flash_tc) check_flash_tc(c);
+        if (c.run.cuda_graph) check_cuda_graph(c);
         if (c.dist.simulate_link_ratio > 0 && c.dist.simulate_link_gbps > 0)
             error(blame({"dist.simulate_link_ratio", "dist.simulate_link_gbps"}),
                   "expected one simulated bandwidth, got dist.simulate_link_gbps and "
@@ -1848,6 +1902,7 @@ std::vector<std::string> cuda_only_features(const RunConfig& c) {
     if (c.run.offload != OffloadMode::none)
         f.push_back(std::string("run.offload ") + to_string(c.run.offload));
     if (c.optim.offload) f.push_back("optim.offload");
+    if (c.run.cuda_graph) f.push_back("run.cuda_graph true");
     return f;
 }
 

@@ -77,6 +77,21 @@ class StreamEvent {
     virtual ~StreamEvent() = default;
 };
 
+// ---- graphs (run.cuda_graph) -----------------------------------------------------------------
+
+// Device work recorded once and replayed with one launch: on CUDA a cudaGraph_t instantiated
+// into a cudaGraphExec_t (Backend::end_capture makes it). A replay runs the same kernels, in the
+// same order, with the arguments they were captured with — pointers, shapes and by-value scalars
+// are frozen, so what changes from one replay to the next must live in device memory those
+// pointers read (the batch, AdamW's learning rate and bias corrections), refreshed by copies
+// enqueued before the replay.
+class StepGraph {
+  public:
+    virtual ~StepGraph() = default;
+    // Enqueues the recorded work once more on the compute stream (asynchronous, like an op).
+    virtual void replay() = 0;
+};
+
 // ---- the interface --------------------------------------------------------------------------
 
 class Backend {
@@ -124,11 +139,13 @@ class Backend {
     // counted, being where a device would stall the host.
     // copy_to_host: a blocking device-to-host copy (waits for the work enqueued before it).
     void copy_to_host(void* dst, const void* src, size_t bytes) {
+        refuse_host_wait_in_capture("copy_to_host()", bytes);
         const HostWait wait(*this);
         copy_to_host_blocking(dst, src, bytes);
     }
     // Waits for all enqueued work.
     void synchronize() {
+        refuse_host_wait_in_capture("synchronize()", 0);
         const HostWait wait(*this);
         synchronize_device();
     }
@@ -166,6 +183,20 @@ class Backend {
     // reads them through NVML when the driver's library loads; nullopt otherwise (the CPU
     // backend, no driver). Microseconds; never throws.
     virtual std::optional<DeviceClockSample> sample_device_clock() const { return std::nullopt; }
+
+    // -- graph capture (run.cuda_graph) --
+    // Between begin_capture() and end_capture() the work enqueued on the compute stream (ops,
+    // copy_device, memset_zero) is recorded, not run; end_capture() returns it as a StepGraph.
+    // Nothing may make the host wait meanwhile — a graph has no host in it: synchronize() and
+    // copy_to_host() throw BackendError naming the call (so does run.host_sync every_op's
+    // synchronisation after each op), and the CUDA backend refuses allocate(). A backend without
+    // graphs (the CPU's ops run as the host calls them) throws BackendError from begin_capture.
+    // abort_capture() ends a capture that failed, discarding what it recorded (for error paths;
+    // a no-op when none is open). `what` names the captured work in messages.
+    void begin_capture(const std::string& what);
+    std::unique_ptr<StepGraph> end_capture();
+    void abort_capture() noexcept;
+    bool capturing() const { return !capture_what_.empty(); }
 
     // -- ops --
     // Runs one op of the op table (kernels/ops.h): checks it, opens its profiler scope, calls
@@ -254,6 +285,10 @@ class Backend {
     // What the fronts copy_to_host() and synchronize() call: the backend's own wait.
     virtual void copy_to_host_blocking(void* dst, const void* src, size_t bytes) = 0;
     virtual void synchronize_device() = 0;
+    // What the capture fronts call (see begin_capture). The defaults: no graphs here.
+    virtual void begin_capture_device();
+    virtual std::unique_ptr<StepGraph> end_capture_device();
+    virtual void abort_capture_device() noexcept {}
     // Allocator accounting helpers for implementations.
     void account_alloc(MemoryCategory c, size_t bytes);
     void account_free(MemoryCategory c, size_t bytes);
@@ -282,6 +317,12 @@ class Backend {
         Backend& b_;
         std::chrono::steady_clock::time_point t0_;
     };
+    // Throws BackendError when a capture is open: `call` would make the host wait inside it.
+    void refuse_host_wait_in_capture(const char* call, size_t bytes) const {
+        if (capturing()) throw_host_wait_in_capture(call, bytes);
+    }
+    [[noreturn]] void throw_host_wait_in_capture(const char* call, size_t bytes) const;
+    std::string capture_what_;  // the work being captured; empty: no capture open
     // Atomic: a loader or synchroniser thread may wait on the device too.
     std::atomic<long long> host_syncs_{0}, host_wait_ns_{0};
     bool sync_after_every_op_ = false;

@@ -426,7 +426,11 @@ struct GlobalNormClip {
 //   g = grad * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd_i * p )
 // grad_scale is read on the device from `grad_scale` (GlobalNormClip's clip_scale), or 1 when
-// null. The three implementations give bitwise-identical results:
+// null. The per-step scalars (lr, the bias corrections) come from `hp` through adamw_scalars, or,
+// when `scalars` is set, from that device address: adamw_scalars(hp) of the step that runs,
+// copied there by the caller before the kernels run (run.cuda_graph: a replayed graph's kernel
+// arguments are frozen at capture, so a by-value lr would stay the captured step's forever).
+// The three implementations give bitwise-identical results:
 //   unfused (a pass per term per tensor), multi_tensor (one pass per tensor), fused (one pass
 //   over the flat buffer).
 struct AdamWUpdate {
@@ -440,6 +444,7 @@ struct AdamWUpdate {
     size_t total = 0;
     AdamWParams hp{};
     const float* grad_scale = nullptr;
+    const math::AdamWScalars* scalars = nullptr;  // device; null: adamw_scalars(hp)
     void check() const;
     OpRecord record(double e) const;  // named "adamw_<impl>"
 };

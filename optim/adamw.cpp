@@ -82,6 +82,39 @@ float AdamW::current_lr() const {
 }
 
 void AdamW::step() {
+    if (scalars_on_device()) stage_device_scalars();
+    launch_step();
+    finish_step();
+}
+
+void AdamW::keep_scalars_on_device() {
+    if (offload_)
+        throw std::invalid_argument(
+            "optim: the update's scalars on the device (run.cuda_graph) do not combine with "
+            "offload, whose update runs on the host");
+    if (!scalars_.get())
+        scalars_ = DeviceBuffer(backend_, sizeof(math::AdamWScalars), MemoryCategory::workspace);
+}
+
+void AdamW::stage_device_scalars() {
+    if (!scalars_on_device())
+        throw std::logic_error("AdamW::stage_device_scalars: keep_scalars_on_device first");
+    staged_scalars_ = adamw_scalars(next_hyperparameters());
+    backend_.copy_to_device(scalars_.get(), &staged_scalars_, sizeof staged_scalars_);
+}
+
+AdamWParams AdamW::next_hyperparameters() const {
+    return {current_lr(), config_.beta1, config_.beta2, config_.eps, config_.weight_decay, t_ + 1};
+}
+
+void AdamW::finish_step() {
+    norm_valid_ = config_.grad_clip > 0;
+    host_norm_ = -1;
+    ++t_;
+    model_.mark_params_updated();
+}
+
+void AdamW::launch_step() {
     if (sharded())
         throw std::logic_error("AdamW::step: a sharded optimizer steps with step_with_clip_scale");
     const size_t n = model_.trainable_count();
@@ -97,11 +130,7 @@ void AdamW::step() {
                                         .n = n,
                                         .max_norm = config_.grad_clip});
         grad_scale = clip;
-        norm_valid_ = true;
-    } else {
-        norm_valid_ = false;
     }
-    host_norm_ = -1;
     update(grad_scale);
 }
 
@@ -109,8 +138,8 @@ void AdamW::step() {
 // packed slice of m and v. The update is elementwise, so a range's elements get exactly the
 // values the whole-buffer update gives them.
 void AdamW::update(const float* grad_scale) {
-    const AdamWParams hp{current_lr(), config_.beta1,        config_.beta2,
-                         config_.eps,  config_.weight_decay, t_ + 1};
+    const AdamWParams hp = next_hyperparameters();
+    const math::AdamWScalars* scalars = scalars_.as<math::AdamWScalars>();  // null: by value
     if (offload_) {
         offload_->update(model_.params(), model_.grads(), grad_scale, hp, model_.params_version());
     } else if (!sharded()) {
@@ -122,7 +151,8 @@ void AdamW::update(const float* grad_scale) {
                                      .tensors = slices_,
                                      .total = model_.trainable_count(),
                                      .hp = hp,
-                                     .grad_scale = grad_scale});
+                                     .grad_scale = grad_scale,
+                                     .scalars = scalars});
     } else {
         size_t state = 0;
         for (size_t i = 0; i < partition_.owned.size(); ++i) {
@@ -135,12 +165,11 @@ void AdamW::update(const float* grad_scale) {
                                          .tensors = owned_slices_[i],
                                          .total = r.count,
                                          .hp = hp,
-                                         .grad_scale = grad_scale});
+                                         .grad_scale = grad_scale,
+                                         .scalars = scalars});
             state += r.count;
         }
     }
-    ++t_;
-    model_.mark_params_updated();
 }
 
 std::vector<float> AdamW::grad_norm_squares(const std::vector<GPT::GradientRange>& ranges) {
@@ -169,9 +198,11 @@ void AdamW::step_with_clip_scale(float clip_scale, float grad_norm) {
         backend_.copy_to_device(scratch_.as<float>() + 1, &clip_scale, sizeof(float));
         grad_scale = scratch_.as<float>() + 1;
     }
+    update(grad_scale);
+    ++t_;
+    model_.mark_params_updated();
     norm_valid_ = false;
     host_norm_ = grad_norm;
-    update(grad_scale);
 }
 
 float AdamW::last_grad_norm() {

@@ -60,7 +60,30 @@ class AdamW {
 
     // One optimizer step over the model's flat buffers: global grad norm (when clipping),
     // clip scale, AdamW update; then marks the model's params updated. Asynchronous.
+    // step() = (with device scalars: stage_device_scalars()) + launch_step() + finish_step().
     void step();
+
+    // run.cuda_graph (engine/training_session.h): the step's device work is captured once and
+    // replayed, so the kernels' by-value arguments are frozen at capture. Why device memory and
+    // not cudaGraphExecKernelNodeSetParams: the update is one kernel (fused) or three per tensor
+    // (unfused); patching them means finding those nodes among the step's hundreds and knowing
+    // each kernel's parameter layout, while one small copy before every replay into a buffer all
+    // of them read works for every impl and leaves the graph untouched (as PyTorch's
+    // capturable Adam keeps its step count on the device).
+    // keep_scalars_on_device(): from now on the update kernels read lr and the bias corrections
+    // from a device buffer (allocated here, before any capture).
+    void keep_scalars_on_device();
+    bool scalars_on_device() const { return scalars_.get() != nullptr; }
+    // Copies the scalars of the next step (steps_taken() + 1) into that buffer: enqueued before
+    // the replay, outside the graph (an h2d copy from pageable memory cannot be captured).
+    void stage_device_scalars();
+    // The device work of one step (norm, clip scale, update), without the host bookkeeping: what
+    // a capture records. The scalars are the staged ones (keep_scalars_on_device) or, by value,
+    // those of the next step.
+    void launch_step();
+    // The host side of a step whose device work ran (eagerly or replayed): the step count (the
+    // next LR and bias correction), the norm's validity, the model's params marked updated.
+    void finish_step();
     // Data parallel. The squared L2 norm of the gradients in each range (one read-back): every
     // rank's partial sums, added in one fixed order by the caller, give the same global norm on
     // every rank and under both ZeRO stages.
@@ -93,6 +116,7 @@ class AdamW {
     Backend& backend_;
     AdamWConfig config_;
     void update(const float* grad_scale);
+    AdamWParams next_hyperparameters() const;
     std::vector<TensorSlice> slices_;
     AdamWPartition partition_;
     // Per owned range (sharded): the tensor slices inside it, relative to its start.
@@ -102,6 +126,10 @@ class AdamW {
     std::unique_ptr<OptimizerOffload> offload_;  // optim.offload: the state lives there
     // workspace: [0] norm^2, [1] clip scale, then (norm^2, clip) per grad_norm_squares range
     DeviceBuffer scratch_;
+    // run.cuda_graph: the step's math::AdamWScalars on the device (keep_scalars_on_device), and
+    // the host copy it is staged from.
+    DeviceBuffer scalars_;
+    math::AdamWScalars staged_scalars_{};
     int t_ = 0;
     bool norm_valid_ = false;
     float host_norm_ = -1;  // the norm given to step_with_clip_scale (-1: none)

@@ -221,6 +221,16 @@ void write_answers(std::ostringstream& o, const VariantResult* ref, const Compar
     o << "\n";
 }
 
+// run.cuda_graph: a replayed step's device work is one phase (engine/training_session.h).
+bool replays_a_graph(const VariantResult& v) {
+    return v.config_value("run.cuda_graph") == "true";
+}
+const char* kGraphPhasesText =
+    "its `forward` is the whole graph replay — forward, backward and optimizer of every "
+    "micro-step, launched as one CUDA graph —, so its `backward` and `optimizer` read 0: inside "
+    "a graph the host marks no boundary between them. Compare its step time, and its `forward` "
+    "with the others' forward + backward + optimizer";
+
 void write_phase_table(std::ostringstream& o, const Results& res) {
     o << "\n## Phase breakdown\n\nMean ms per measured step (share of the mean step). `other` = "
          "step wall time − the sum of the phases (launch overhead, idle time; negative when host "
@@ -245,6 +255,9 @@ void write_phase_table(std::ostringstream& o, const Results& res) {
         o << " " << f("%.2f", s.step_ms) << " | " << f("%.2f", st.p10) << "–" << f("%.2f", st.p90)
           << " | " << pct(jit) << (jit > kJitterWarnThreshold ? " ⚠" : "") << " |\n";
     }
+    for (const VariantResult& v : res.variants)
+        if (v.measured() && replays_a_graph(v))
+            o << "\n`" << v.name << "` (`run.cuda_graph: true`): " << kGraphPhasesText << ".\n";
 }
 
 // The peaks each device's MFU and roofline use, in words (the first variant per device).
@@ -495,6 +508,7 @@ void write_bottlenecks(std::ostringstream& o, const Results& res, const VariantR
         const int d = dominant(s);
         o << "- dominant phase: **" << phase_column_name(d) << "** (" << pct(s.share(d))
           << " of the step)\n";
+        if (replays_a_graph(v)) o << "- `run.cuda_graph: true`: " << kGraphPhasesText << "\n";
         if (!v.kernels.empty()) o << "- top ops: " << top_kernels_text(v, 5) << "\n";
         o << "- memory: " << memory_peak_text(v) << "\n";
         o << host_syncs_text(v);

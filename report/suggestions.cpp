@@ -429,15 +429,21 @@ void fine_tune_rule(const VariantResult& v, const Shares& s, std::vector<Suggest
     if (!hint.empty()) out.push_back(note("fine-tune", hint, /*generic=*/true));
 }
 
-void host_overhead_rule(const VariantResult&, const Shares& s, std::vector<Suggestion>& out) {
+void host_overhead_rule(const VariantResult& v, const Shares& s, std::vector<Suggestion>& out) {
     const double sync = s.share(column(Phase::sync)), other = s.share(kPhaseCount);
     if (sync + std::max(0.0, other) < 0.15) return;
+    // On CUDA, a step that does not replay a graph yet can launch all its kernels at once.
+    const bool graph_helps = v.backend == "cuda" && v.config_value("run.cuda_graph") != "true";
     out.push_back(note("host-overhead",
                        "host waits and overhead take " + pct(sync + std::max(0.0, other)) +
                            " of the step (sync " + pct(sync) + ", other " + pct(other) +
                            "): fewer synchronisations (read the loss less often: `run.host_sync: "
                            "step` reads it once per step, `none` keeps it on the device), fewer "
-                           "and larger launches (bigger batch, fused kernels)."));
+                           "and larger launches (bigger batch, fused kernels" +
+                           (graph_helps ? ", or the whole step as one CUDA graph replay: "
+                                          "`run.cuda_graph: true`"
+                                        : "") +
+                           ")."));
 }
 
 void memory_limit_rule(const VariantResult& v, const Shares&, std::vector<Suggestion>& out) {

@@ -568,6 +568,37 @@ TEST(ReportMd, ASmallMemoryChangeIsShownInBytesNotRoundedToZero) {
     EXPECT_NE(table.find(" | -14094 B | "), std::string::npos) << table;
 }
 
+// run.cuda_graph: a replayed step's device work is one phase, its forward; the knob is in the
+// variant's config (results.json and the report) and the phase table and the bottleneck section
+// say what the phases mean under it.
+TEST(ReportMd, ACudaGraphVariantSaysItsForwardIsTheWholeReplay) {
+    HandMadeExperiment ex;
+    ex.name = "graph";
+    ex.baseline = "baseline";
+    ex.runs.push_back(make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20));
+    HandMadeRun graph =
+        make_run("graph", {8, 8.1, 7.9, 8, 8.05}, 5.0, 100 << 20, {{"run.cuda_graph", "true"}});
+    graph.config.run.cuda_graph = true;
+    ex.runs.push_back(graph);
+    const Results res = ex.results();
+    const json j = results_to_json(res);
+    EXPECT_EQ(j["variants"][0]["config"]["run.cuda_graph"], "false");
+    EXPECT_EQ(j["variants"][1]["config"]["run.cuda_graph"], "true");
+    EXPECT_EQ(j["variants"][1]["changed"]["run.cuda_graph"], "true");
+    const std::string md = render_report_md(res);
+    const std::string phases = md_section(md, "## Phase breakdown");
+    EXPECT_NE(phases.find("`graph` (`run.cuda_graph: true`): its `forward` is the whole graph "
+                          "replay — forward, backward and optimizer of every micro-step"),
+              std::string::npos)
+        << phases;
+    EXPECT_EQ(phases.find("`baseline` (`run.cuda_graph"), std::string::npos) << phases;
+    const std::string next = md_section(md, "## Bottleneck and next steps");
+    EXPECT_NE(next.find("- `run.cuda_graph: true`: its `forward` is the whole graph replay"),
+              std::string::npos)
+        << next;
+    EXPECT_NE(md.find("| run.cuda_graph |"), std::string::npos);
+}
+
 TEST(ReportMd, HasTheTableDeltasWithSignsAndTheAnswers) {
     const std::string md = render_report_md(make_experiment().results());
     for (const char* s :
@@ -682,6 +713,34 @@ void set_shares(HandMadeRun& r, std::map<Phase, double> shares) {
         for (Phase p : kAllPhases) s.times[p] = 0;
         for (const auto& [p, share] : shares) s.times[p] = share * s.times.wall_ms;
     }
+}
+
+// A host-bound step on CUDA is pointed at run.cuda_graph (one launch for the step), unless it
+// already replays a graph; a CPU step is not (it has no graphs).
+TEST(Suggestions, AHostBoundCudaStepSuggestsACudaGraph) {
+    auto suggestions_for = [](const std::string& backend, bool graph) {
+        HandMadeExperiment ex;
+        ex.name = "host";
+        ex.baseline = "baseline";
+        HandMadeRun r = make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20);
+        r.backend = backend;
+        r.config.run.cuda_graph = graph;
+        set_shares(r, {{Phase::sync, 0.3}, {Phase::forward, 0.7}});
+        ex.runs.push_back(r);
+        const VariantResult v = ex.results().variants[0];
+        for (const Suggestion& s : suggestions_of(v))
+            if (s.rule == "host-overhead") return s.text;
+        return std::string("(no host-overhead suggestion)");
+    };
+    const std::string hint = "`run.cuda_graph: true`";
+    const std::string cuda = suggestions_for("cuda", false);
+    EXPECT_NE(cuda.find("host waits and overhead take"), std::string::npos) << cuda;
+    EXPECT_NE(cuda.find(hint), std::string::npos) << cuda;
+    const std::string replayed = suggestions_for("cuda", true), cpu = suggestions_for("cpu", false);
+    EXPECT_NE(replayed.find("host waits and overhead take"), std::string::npos) << replayed;
+    EXPECT_EQ(replayed.find(hint), std::string::npos) << replayed;
+    EXPECT_NE(cpu.find("host waits and overhead take"), std::string::npos) << cpu;
+    EXPECT_EQ(cpu.find(hint), std::string::npos) << cpu;
 }
 
 KernelRecord top_op(const char* name, const char* impl, Bound bound, double pct_of_roofline) {

@@ -417,7 +417,8 @@ class CpuBackend final : public Backend {
         cpu_.clip_scale(a.clip_scale, a.norm_sq, a.max_norm);
     }
     void kernel(const op::AdamWUpdate& a) {
-        const math::AdamWScalars s = adamw_scalars(a.hp);
+        // The CPU's device memory is host memory: a.scalars is read like the CUDA kernels read it.
+        const math::AdamWScalars s = a.scalars ? *a.scalars : adamw_scalars(a.hp);
         const float scale = a.grad_scale ? a.grad_scale[0] : 1.0f;
         switch (a.impl) {
             case AdamWImpl::unfused:

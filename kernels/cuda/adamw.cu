@@ -25,6 +25,12 @@ inline unsigned grid_for(size_t n) {
 __device__ __forceinline__ float load_scale(const float* p) {
     return p ? *p : 1.0f;
 }
+// The step's scalars: from device memory when given (run.cuda_graph: refreshed by a copy before
+// every replay), else the by-value kernel argument. The same floats either way.
+__device__ __forceinline__ math::AdamWScalars load_scalars(const math::AdamWScalars* device,
+                                                           const math::AdamWScalars& value) {
+    return device ? *device : value;
+}
 
 // Contiguous runs of the flat buffer with one weight-decay flag each (adjacent slices with the
 // same flag merged). Passed by value as a kernel parameter (CUDA >= 12.1 allows 32 KiB).
@@ -39,7 +45,8 @@ struct Runs {
 
 // unfused term 1: m = b1 m + (1-b1) g,  g = grad * scale.
 __global__ void adamw_m_kernel(float* m, const float* grad, const float* scale_p, size_t n,
-                               math::AdamWScalars s) {
+                               math::AdamWScalars s_arg, const math::AdamWScalars* s_dev) {
+    const math::AdamWScalars s = load_scalars(s_dev, s_arg);
     const float scale = load_scale(scale_p);
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
          i += size_t(gridDim.x) * blockDim.x) {
@@ -50,7 +57,8 @@ __global__ void adamw_m_kernel(float* m, const float* grad, const float* scale_p
 
 // unfused term 2: v = b2 v + (1-b2) g^2.
 __global__ void adamw_v_kernel(float* v, const float* grad, const float* scale_p, size_t n,
-                               math::AdamWScalars s) {
+                               math::AdamWScalars s_arg, const math::AdamWScalars* s_dev) {
+    const math::AdamWScalars s = load_scalars(s_dev, s_arg);
     const float scale = load_scale(scale_p);
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
          i += size_t(gridDim.x) * blockDim.x) {
@@ -61,7 +69,9 @@ __global__ void adamw_v_kernel(float* v, const float* grad, const float* scale_p
 
 // unfused term 3: p -= lr (mhat / (sqrt(vhat) + eps) + wd p).
 __global__ void adamw_param_kernel(float* p, const float* m, const float* v, size_t n,
-                                   math::AdamWScalars s, bool decay) {
+                                   math::AdamWScalars s_arg, const math::AdamWScalars* s_dev,
+                                   bool decay) {
+    const math::AdamWScalars s = load_scalars(s_dev, s_arg);
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
          i += size_t(gridDim.x) * blockDim.x) {
         const float mhat = m[i] / s.bias_correction1;
@@ -73,8 +83,9 @@ __global__ void adamw_param_kernel(float* p, const float* m, const float* v, siz
 
 // multi_tensor: the whole update for one tensor in one pass (28 bytes per parameter).
 __global__ void adamw_tensor_kernel(float* p, const float* grad, float* m, float* v,
-                                    const float* scale_p, size_t n, math::AdamWScalars s,
-                                    bool decay) {
+                                    const float* scale_p, size_t n, math::AdamWScalars s_arg,
+                                    const math::AdamWScalars* s_dev, bool decay) {
+    const math::AdamWScalars s = load_scalars(s_dev, s_arg);
     const float scale = load_scale(scale_p);
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
          i += size_t(gridDim.x) * blockDim.x) {
@@ -91,7 +102,8 @@ __global__ void adamw_tensor_kernel(float* p, const float* grad, float* m, float
 // decay lookup is O(1) amortised. Elements in gaps between runs are left alone.
 __global__ void adamw_fused_kernel(float* p, const float* grad, float* m, float* v,
                                    const float* scale_p, const __grid_constant__ Runs runs,
-                                   math::AdamWScalars s) {
+                                   math::AdamWScalars s_arg, const math::AdamWScalars* s_dev) {
+    const math::AdamWScalars s = load_scalars(s_dev, s_arg);
     const float scale = load_scale(scale_p);
     const size_t first = runs.start[0], last = runs.end[runs.count - 1];
     size_t i = first + blockIdx.x * size_t(blockDim.x) + threadIdx.x;
@@ -120,19 +132,19 @@ __global__ void adamw_fused_kernel(float* p, const float* grad, float* m, float*
 
 void adamw(AdamWImpl impl, float* params, const float* grads, float* m, float* v,
            std::span<const TensorSlice> slices, const math::AdamWScalars& sc,
-           const float* grad_scale, cudaStream_t s) {
+           const math::AdamWScalars* device_scalars, const float* grad_scale, cudaStream_t s) {
     if (impl == AdamWImpl::unfused) {
         for (const auto& t : slices) {
             if (t.count == 0) continue;
             const unsigned g = grid_for(t.count);
             adamw_m_kernel<<<g, kThreads, 0, s>>>(m + t.offset, grads + t.offset, grad_scale,
-                                                  t.count, sc);
+                                                  t.count, sc, device_scalars);
             CUDA_CHECK_LAUNCH("adamw_m_kernel");
             adamw_v_kernel<<<g, kThreads, 0, s>>>(v + t.offset, grads + t.offset, grad_scale,
-                                                  t.count, sc);
+                                                  t.count, sc, device_scalars);
             CUDA_CHECK_LAUNCH("adamw_v_kernel");
             adamw_param_kernel<<<g, kThreads, 0, s>>>(params + t.offset, m + t.offset, v + t.offset,
-                                                      t.count, sc, t.decay);
+                                                      t.count, sc, device_scalars, t.decay);
             CUDA_CHECK_LAUNCH("adamw_param_kernel");
         }
         return;
@@ -142,7 +154,7 @@ void adamw(AdamWImpl impl, float* params, const float* grads, float* m, float* v
             if (t.count == 0) continue;
             adamw_tensor_kernel<<<grid_for(t.count), kThreads, 0, s>>>(
                 params + t.offset, grads + t.offset, m + t.offset, v + t.offset, grad_scale,
-                t.count, sc, t.decay);
+                t.count, sc, device_scalars, t.decay);
             CUDA_CHECK_LAUNCH("adamw_tensor_kernel");
         }
         return;
@@ -174,7 +186,7 @@ void adamw(AdamWImpl impl, float* params, const float* grads, float* m, float* v
             elems = t.offset + t.count - runs.start[0];
         }
         adamw_fused_kernel<<<grid_for(elems), kThreads, 0, s>>>(params, grads, m, v, grad_scale,
-                                                                runs, sc);
+                                                                runs, sc, device_scalars);
         CUDA_CHECK_LAUNCH("adamw_fused_kernel");
     }
 }

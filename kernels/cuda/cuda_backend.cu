@@ -97,6 +97,20 @@ const CudaStreamEvent& cuda_event(const StreamEvent& e) {
     return *c;
 }
 
+// run.cuda_graph: one captured step, instantiated once, replayed on the compute stream. The
+// graph keeps the nodes (CudaGraph) and the executable instance (CudaGraphExec) alive together.
+class CudaStepGraph final : public StepGraph {
+  public:
+    CudaStepGraph(cuda::CudaGraph graph, cudaStream_t stream)
+        : graph_(std::move(graph)), exec_(graph_), stream_(stream) {}
+    void replay() override { CUDA_CHECK(cudaGraphLaunch(exec_.get(), stream_)); }
+
+  private:
+    cuda::CudaGraph graph_;
+    cuda::CudaGraphExec exec_;
+    cudaStream_t stream_;
+};
+
 #if !defined(MT_HAVE_CUDNN)
 constexpr const char* kCudnnNotBuilt =
     "kernels.attention: cudnn is not available in this build: configure with "
@@ -198,6 +212,13 @@ class CudaBackend final : public Backend {
     // ---- memory ----
     void* allocate(size_t bytes, MemoryCategory category) override {
         if (bytes == 0) return nullptr;
+        // cudaMalloc is not recorded by a capture: the replays would all use this one buffer
+        // while the code that asked for it expects a fresh one (and the runtime refuses it).
+        if (capturing())
+            throw BackendError("allocate(" + std::to_string(bytes) + " bytes, " +
+                               to_string(category) +
+                               ") while the step was being captured into a graph: ops never "
+                               "allocate (kernels/ops.h); reserve the buffer before the capture");
         void* p = nullptr;
         const cudaError_t st = cudaMalloc(&p, bytes);  // 256-byte aligned
         if (st == cudaErrorMemoryAllocation) {
@@ -327,6 +348,40 @@ class CudaBackend final : public Backend {
     }
     std::unique_ptr<TimingEvent> create_event() override {
         return std::make_unique<CudaTimingEvent>(stream());
+    }
+    // ---- graph capture (run.cuda_graph) ----
+    // ThreadLocal: this thread may make no capture-unsafe call (cudaMalloc, a synchronisation,
+    // a query of captured work) until the capture ends — the call fails and the capture is
+    // invalidated —, while the loader threads, which never touch the compute stream, are not
+    // affected (Global would hold them to it too). Both GEMM libraries are capture-safe here:
+    // classic cuBLAS has its workspace set once (cublasSetWorkspace at construction), so it
+    // allocates none during the capture, and cuBLASLt is always given ours explicitly.
+    void begin_capture_device() override {
+        CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+    }
+    std::unique_ptr<StepGraph> end_capture_device() override {
+        cudaGraph_t g = nullptr;
+        const cudaError_t st = cudaStreamEndCapture(stream(), &g);
+        cuda::CudaGraph graph(g);
+        if (st != cudaSuccess) {
+            cudaGetLastError();  // clear the capture's error
+            throw BackendError(std::string("cudaStreamEndCapture: ") + cudaGetErrorName(st) + " (" +
+                               cudaGetErrorString(st) +
+                               "): a call inside the capture was not capturable (a host "
+                               "synchronisation or query, an allocation, work on another stream "
+                               "not joined back to the compute stream)");
+        }
+        return std::make_unique<CudaStepGraph>(std::move(graph), stream());
+    }
+    void abort_capture_device() noexcept override {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(stream(), &status) == cudaSuccess &&
+            status != cudaStreamCaptureStatusNone) {
+            cudaGraph_t g = nullptr;
+            cudaStreamEndCapture(stream(), &g);  // an invalidated capture gives no graph
+            if (g) cudaGraphDestroy(g);
+        }
+        cudaGetLastError();
     }
     // ---- the copy stream (offload): events order it against the compute stream ----
     cudaStream_t stream_of(Stream s) const {
@@ -610,7 +665,7 @@ class CudaBackend final : public Backend {
         cuda::clip_scale(a.clip_scale, a.norm_sq, a.max_norm, stream());
     }
     void kernel(const op::AdamWUpdate& a) {
-        cuda::adamw(a.impl, a.params, a.grads, a.m, a.v, a.tensors, adamw_scalars(a.hp),
+        cuda::adamw(a.impl, a.params, a.grads, a.m, a.v, a.tensors, adamw_scalars(a.hp), a.scalars,
                     a.grad_scale, stream());
     }
 

@@ -80,9 +80,11 @@ void clip_scale(float* out, const float* norm_sq, float max_norm, cudaStream_t s
 
 // ---- adamw.cu ----
 // The three implementations of op::AdamWUpdate; `slices` sorted and disjoint (the op's check).
+// `device_scalars`: when set, the kernels read the step's scalars there instead of `sc`
+// (op::AdamWUpdate::scalars).
 void adamw(AdamWImpl impl, float* params, const float* grads, float* m, float* v,
            std::span<const TensorSlice> slices, const math::AdamWScalars& sc,
-           const float* grad_scale, cudaStream_t s);
+           const math::AdamWScalars* device_scalars, const float* grad_scale, cudaStream_t s);
 
 // ---- attention.cu ----
 struct BlasContext;  // defined in matmul.cuh

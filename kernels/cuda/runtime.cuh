@@ -88,6 +88,42 @@ class CudaEvent {
     cudaEvent_t e_ = nullptr;
 };
 
+// A captured graph (cudaStreamEndCapture's result): the recorded nodes, not yet runnable.
+class CudaGraph {
+  public:
+    explicit CudaGraph(cudaGraph_t g) : g_(g) {}
+    ~CudaGraph() {
+        if (g_) cudaGraphDestroy(g_);
+    }
+    CudaGraph(CudaGraph&& o) noexcept : g_(std::exchange(o.g_, nullptr)) {}
+    CudaGraph& operator=(CudaGraph&&) = delete;
+    CudaGraph(const CudaGraph&) = delete;
+    CudaGraph& operator=(const CudaGraph&) = delete;
+    cudaGraph_t get() const { return g_; }
+
+  private:
+    cudaGraph_t g_ = nullptr;
+};
+
+// An instantiated graph (cudaGraphInstantiate): what cudaGraphLaunch replays.
+class CudaGraphExec {
+  public:
+    explicit CudaGraphExec(const CudaGraph& graph) {
+        CUDA_CHECK(cudaGraphInstantiate(&e_, graph.get(), 0));
+    }
+    ~CudaGraphExec() {
+        if (e_) cudaGraphExecDestroy(e_);
+    }
+    CudaGraphExec(CudaGraphExec&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+    CudaGraphExec& operator=(CudaGraphExec&&) = delete;
+    CudaGraphExec(const CudaGraphExec&) = delete;
+    CudaGraphExec& operator=(const CudaGraphExec&) = delete;
+    cudaGraphExec_t get() const { return e_; }
+
+  private:
+    cudaGraphExec_t e_ = nullptr;
+};
+
 class CublasHandle {
   public:
     CublasHandle() { CUBLAS_CHECK(cublasCreate(&h_)); }
