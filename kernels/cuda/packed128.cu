@@ -14,6 +14,10 @@
 // __restrict__: the model runs residual_forward in place (out == inp1, cuDNN's backward) and
 // residual_backward with both gradients the same buffer (then an element receives 2*dout).
 // A flat kernel's n need not be a multiple of W: the last n % W elements are a scalar tail.
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
 #include "kernels/cuda/kernels.cuh"
 #include "kernels/cuda/packed128.cuh"
 

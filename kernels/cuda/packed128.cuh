@@ -13,6 +13,12 @@
 // 32-byte sectors, none half-used. The SASS shows it: LDG.E.128 / STG.E.128 instead of LDG.E /
 // LDG.E.U16.
 //
+// What it does NOT change: the bytes. GELU forward still moves 8 B per element in fp32 (read 4,
+// write 4) and 4 B in bf16; the residual add 12 / 6 B; the LayerNorm forward ~8 / 4 B (its
+// re-reads of a row hit L1). The gain, where there is one, is in achieved GB/s: how close the
+// kernel gets to the HBM roof (~3.35 TB/s H100 SXM, ~4.8 TB/s H200), which the per-op table's
+// memory-bound rows show. A kernel already at the roof gains nothing.
+//
 // Cache hints (the *cs variants: "cache streaming", PTX ld.global.cs / st.global.cs, CUDA's
 // __ldcs / __stcs). Data read or written once by this kernel, and not soon again, is marked
 // evict-first: the L2 lets those lines go first, so what IS reused (the LayerNorm weight and
