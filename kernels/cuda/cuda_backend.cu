@@ -385,7 +385,8 @@ class CudaBackend final : public Backend {
     }
     // kernels.memory_access: packed128 runs the 128-bit kernels of packed128.cu for the
     // memory-bound ops below (the LayerNorm forwards: the two_pass step; welford and
-    // thread_per_row keep their scalar kernels, the lesson of their own ladder).
+    // thread_per_row keep their scalar kernels, the lesson of their own ladder; the LayerNorm
+    // backward: its dinp kernel).
     bool packed128() const {
         return kernel_choice().memory_access == MemoryAccess::packed128;
     }
@@ -411,6 +412,10 @@ class CudaBackend final : public Backend {
                                 a.weight, a.bias, a.N, a.C, stream());
     }
     void kernel(const op::LayerNormBackward& a) {
+        if (packed128())
+            return cuda::layernorm_backward_packed128(dt(), a.dinp, a.dweight, a.dbias, a.dout,
+                                                      a.inp, a.weight, a.mean, a.rstd, a.N, a.C,
+                                                      stream());
         cuda::layernorm_backward(dt(), a.dinp, a.dweight, a.dbias, a.dout, a.inp, a.weight, a.mean,
                                  a.rstd, a.N, a.C, stream());
     }

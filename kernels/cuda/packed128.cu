@@ -2,9 +2,9 @@
 // (Packed128, packed128.cuh: why it helps, what the cache hints do). Each kernel here computes
 // the same per-element expression, in the same order, as its scalar twin (pointwise.cu,
 // layernorm.cu, encoder.cu): the elementwise ones give the same bits; the LayerNorm forward's
-// statistics sum a row in another order (each lane adds W contiguous elements, W = 4 fp32 or 8
-// bf16, instead of every 32nd), so mean/rstd may differ in the last bits (fp32 rounding of a
-// 768-term sum: a few ulp, ~1e-6 relative) and the output by as much.
+// statistics (and the backward's two row sums) sum a row in another order (each lane adds W
+// contiguous elements, W = 4 fp32 or 8 bf16, instead of every 32nd), so mean/rstd may differ in the
+// last bits (fp32 rounding of a 768-term sum: a few ulp, ~1e-6 relative) and the output by as much.
 //
 // Every launcher checks what the packed kernel assumes and otherwise runs the scalar kernel
 // (same results, slower): each pointer 16-byte aligned; for row-wise kernels the row length C a
@@ -239,6 +239,50 @@ __global__ void fused_residual_layernorm_forward_packed128_kernel(
     }
 }
 
+// ---- LayerNorm backward, dinp (layernorm.cu's twin) ------------------------------------------
+// dinp (N,C) += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)), g = dout * weight, xhat =
+// (inp - mean) * rstd. One warp per row (C % W == 0), two sweeps: the two row sums, then dinp.
+// Per element: read inp, dout twice (the second from L1; streamed on the last read), dinp
+// read-modify-write; weight shared by all rows. The row sums change order as in the forward.
+template <class T>
+__global__ void layernorm_backward_dinp_packed128_kernel(
+    T* __restrict__ dinp, const T* __restrict__ dout, const T* __restrict__ inp,
+    const T* __restrict__ weight, const float* __restrict__ mean, const float* __restrict__ rstd,
+    int N, int C) {
+    constexpr int W = Packed128<T>::size;
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+    if (row >= N) return;
+    const size_t base = size_t(row) * C;
+    const float m = mean[row], r = rstd[row];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        const Packed128<T> x = load128(inp + base + c), d = load128(dout + base + c);
+        const Packed128<T> w = load128(weight + c);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            const float xhat = (to_float(x[k]) - m) * r;
+            const float g = to_float(d[k]) * to_float(w[k]);
+            sg += g;
+            sgx += g * xhat;
+        }
+    }
+    sg = warp_sum(sg) / C;
+    sgx = warp_sum(sgx) / C;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        const Packed128<T> x = load128cs(inp + base + c), d = load128cs(dout + base + c);
+        const Packed128<T> w = load128(weight + c);
+        Packed128<T> o = load128(dinp + base + c);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            const float xhat = (to_float(x[k]) - m) * r;
+            const float g = to_float(d[k]) * to_float(w[k]);
+            o[k] = from_float<T>(to_float(o[k]) + r * (g - sg - xhat * sgx));
+        }
+        store128(dinp + base + c, o);
+    }
+}
+
 // ---- encoder forward (encoder.cu's twin) ----------------------------------------------------
 // out (B,T,C) = wte[inp[b,t]] (V,C) + wpe[t] (T,C), C % W == 0. One thread per pack of one
 // output row. Per element: read 2 (wte, wpe rows; both reused: a token recurs, wpe[t] serves
@@ -373,6 +417,25 @@ void encoder_forward_packed128(DType dt, void* out, const int* inp, const void* 
                 B, T, C);
     });
     CUDA_CHECK_LAUNCH("encoder_forward_packed128_kernel");
+}
+
+void layernorm_backward_packed128(DType dt, void* dinp, float* dweight, float* dbias,
+                                  const void* dout, const void* inp, const void* weight,
+                                  const float* mean, const float* rstd, int N, int C,
+                                  cudaStream_t s) {
+    const size_t bytes = size_t(N) * C * dtype_size(dt);
+    if (!packs_rows(dt, C) || !all_aligned16({dinp, dout, inp, weight}) ||
+        overlap(dinp, dout, bytes) || overlap(dinp, inp, bytes))
+        return layernorm_backward(dt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, s);
+    dispatch(dt, [&](auto tag) {
+        using T = decltype(tag);
+        layernorm_backward_dinp_packed128_kernel<T>
+            <<<ceil_div(N, kRowsPerBlock), 32 * kRowsPerBlock, 0, s>>>(
+                static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp),
+                static_cast<const T*>(weight), mean, rstd, N, C);
+    });
+    CUDA_CHECK_LAUNCH("layernorm_backward_dinp_packed128_kernel");
+    layernorm_backward_params(dt, dweight, dbias, dout, inp, mean, rstd, N, C, s);
 }
 
 }  // namespace mt::cuda

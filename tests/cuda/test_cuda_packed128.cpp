@@ -3,9 +3,9 @@
 //
 //   CudaPacked128/<precision>.*   GELU forward and backward, residual forward (also in place)
 //       and backward (also with both gradients one buffer), the two_pass LayerNorm forward plain
-//       and fused with the residual, the encoder forward. Row lengths C = 768 (whole packs),
-//       770, 13, 1 (tails / the scalar fallback), and pointers shifted by one element (not
-//       16-byte aligned: the launcher must take the scalar kernel, never fault).
+//       and fused with the residual, the LayerNorm backward, the encoder forward. Row lengths C =
+//       768 (whole packs), 770, 13, 1 (tails / the scalar fallback), and pointers shifted by one
+//       element (not 16-byte aligned: the launcher must take the scalar kernel, never fault).
 //   CudaPacked128Training/<precision>   tiny-model training steps, packed128 vs scalar.
 //
 // Tolerances. Against the CPU: the file's usual ones (cuda_test_util.h). Against the scalar
@@ -17,6 +17,7 @@
 // Without a usable CUDA device every test skips, saying why.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -223,6 +224,44 @@ TEST_P(CudaPacked128, LayerNormForwardPlainAndFusedMatchCpuAndScalar) {
             check_close_to_scalar(out, "fused out", vs_scalar);
             check_close_to_scalar(mean, "fused mean", stat_tol);
             check_close_to_scalar(rstd, "fused rstd", stat_tol);
+        }
+}
+
+// The backward's dinp kernel is packed (its two row sums change order: the forward's
+// tolerances); dweight/dbias come from the same scalar kernel on both: equal bits.
+TEST_P(CudaPacked128, LayerNormBackwardMatchesCpuAndScalar) {
+    const Tol act_tol = bf16() ? test::kBf16Tol : Tol{1e-4, 1e-5};
+    const Tol vs_scalar = bf16() ? Tol{8e-3, 1e-3} : Tol{1e-4, 1e-5};
+    for (const int C : kWidths)
+        for (const int shift : {0, 1}) {  // shift: the weight off its boundary
+            SCOPED_TRACE("C=" + std::to_string(C) + " shift=" + std::to_string(shift));
+            const int N = kRows;
+            Pair x = act(randn(size_t(N) * C, 51)), g = act(randn(size_t(N) * C, 52));
+            Pair w = act(randn(C + 1, 53)), dinp = act(randn(size_t(N) * C, 54));
+            std::vector<float> mv = randn(N, 55, 0.1f), rv = randn(N, 56, 0.2f);
+            for (float& r : rv) r = 1.0f + std::fabs(r);  // an rstd: positive
+            Pair mean{p_->f32(mv), s_->f32(mv)}, rstd{p_->f32(rv), s_->f32(rv)};
+            Pair dw = f32(C), db = f32(C);
+            run([&](Mirror& m, bool gpu) {
+                const bool P = &m == p_.get();
+                return op::LayerNormBackward{
+                    .dinp = at(m, P ? dinp.p : dinp.s, gpu),
+                    .dweight = static_cast<float*>(at(m, P ? dw.p : dw.s, gpu)),
+                    .dbias = static_cast<float*>(at(m, P ? db.p : db.s, gpu)),
+                    .dout = at(m, P ? g.p : g.s, gpu),
+                    .inp = at(m, P ? x.p : x.s, gpu),
+                    .weight = at(m, P ? w.p : w.s, gpu, shift),
+                    .mean = static_cast<const float*>(at(m, P ? mean.p : mean.s, gpu)),
+                    .rstd = static_cast<const float*>(at(m, P ? rstd.p : rstd.s, gpu)),
+                    .N = N,
+                    .C = C};
+            });
+            EXPECT_TRUE(p_->same(dinp.p, "ln dinp vs cpu", act_tol));
+            check_close_to_scalar(dinp, "ln dinp", vs_scalar);
+            EXPECT_TRUE(p_->same(dw.p, "ln dweight vs cpu", Tol{1e-3, 1e-4}));
+            EXPECT_TRUE(
+                bitwise(p_->gpu_values(dw.p), s_->gpu_values(dw.s), "ln dweight vs scalar"));
+            EXPECT_TRUE(bitwise(p_->gpu_values(db.p), s_->gpu_values(db.s), "ln dbias vs scalar"));
         }
 }
 
