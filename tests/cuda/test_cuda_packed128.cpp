@@ -348,7 +348,7 @@ std::vector<float> losses(Precision precision, MemoryAccess access, int C, int l
 
 TEST_P(CudaPacked128Training, LossAndGradientsTrackScalar) {
     const bool bf16 = GetParam() == Precision::bf16;
-    for (const auto [C, rank] : {std::pair{64, 0}, std::pair{64, 3}, std::pair{68, 3}}) {
+    for (const auto& [C, rank] : {std::pair{64, 0}, std::pair{64, 3}, std::pair{68, 3}}) {
         SCOPED_TRACE("C " + std::to_string(C) + ", lora rank " + std::to_string(rank));
         const auto p = losses(GetParam(), MemoryAccess::packed128, C, rank);
         const auto s = losses(GetParam(), MemoryAccess::scalar, C, rank);
