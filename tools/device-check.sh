@@ -92,7 +92,8 @@ stage configure 120 configure || true
 # ---- 3. build (Release, sm_$ARCH only) ----
 TESTS=(test_peak_flops test_backend_ops test_cuda_backend test_cuda_attention test_cuda_attention_tc
        test_cuda_training test_cuda_determinism test_nccl_collectives test_data_jitter_cache
-       test_cuda_host_sync test_cuda_offload test_cuda_kernel_ladder test_cuda_packed128)
+       test_cuda_host_sync test_cuda_offload test_cuda_kernel_ladder)
+TESTS+=(test_cuda_packed128)  # kernels.memory_access: packed128 vs the CPU and the scalar kernels
 export TESTS_STR="${TESTS[*]}"
 build() {
     # shellcheck disable=SC2086
