@@ -597,6 +597,9 @@ void add_kernel_and_profile_keys(std::vector<KeyDef>& t) {
     t.push_back(enum_key<LayerNormForwardImpl>(
         "kernels.layernorm_forward",
         [](RunConfig& c) -> LayerNormForwardImpl& { return c.kernels.layernorm_forward; }));
+    t.push_back(enum_key<MemoryAccess>("kernels.memory_access", [](RunConfig& c) -> MemoryAccess& {
+        return c.kernels.memory_access;
+    }));
 
     t.push_back(
         bool_key("profile.kernels", [](RunConfig& c) -> bool& { return c.profile.kernels; }));
@@ -1497,6 +1500,11 @@ struct Resolver {
                   "expected two_pass or welford with backend: cpu, got "
                   "kernels.layernorm_forward: thread_per_row, a CUDA thread layout (a CPU "
                   "thread already walks whole rows); use backend: cuda");
+        if (c.backend == BackendChoice::cpu && c.kernels.memory_access == MemoryAccess::packed128)
+            error(blame({"kernels.memory_access", "backend"}),
+                  "expected scalar with backend: cpu, got kernels.memory_access: packed128, the "
+                  "CUDA kernels' 128-bit loads (the CPU's vector width is its ISA level, "
+                  "MT_CPU_ISA); use backend: cuda or drop the key");
     }
 
     // kernels.attention: flash_tc, our tensor-core flash attention: CUDA tensor-core code with
@@ -1897,6 +1905,8 @@ std::vector<std::string> cuda_only_features(const RunConfig& c) {
         f.push_back(std::string("kernels.matmul ") + to_string(c.kernels.matmul));
     if (c.kernels.layernorm_forward == LayerNormForwardImpl::thread_per_row)
         f.push_back("kernels.layernorm_forward thread_per_row");
+    if (c.kernels.memory_access == MemoryAccess::packed128)
+        f.push_back("kernels.memory_access packed128");
     // Offload moves state between device memory and pinned host memory over a copy stream: on
     // the CPU backend both sides are the same memory.
     if (c.run.offload != OffloadMode::none)

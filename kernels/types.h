@@ -32,6 +32,11 @@ enum class MatmulImpl { auto_, naive, blocked, packed, blas, tiled, cublas, cubl
 // welford: one read, a running (count, mean, M2) merged across lanes; thread_per_row (CUDA
 // only): one thread walks a whole row, two-pass: uncoalesced loads, the coalescing lesson.
 enum class LayerNormForwardImpl { two_pass, welford, thread_per_row };
+// How the memory-bound CUDA kernels (GELU, residual, the two_pass LayerNorm forwards, the
+// encoder forward) move their data (kernels.memory_access): scalar (one element per load)
+// or packed128 (16 bytes per load/store, streaming cache hints; kernels/cuda/packed128.cuh).
+// CUDA only: the CPU backend's vector width is its ISA level (MT_CPU_ISA).
+enum class MemoryAccess { scalar, packed128 };
 
 // Every allocation is tagged with one of these; current and peak bytes are tracked per category.
 enum class MemoryCategory : int { params, grads, optimizer, activations, workspace, data };
@@ -72,6 +77,10 @@ struct EnumSpelling<LayerNormForwardImpl> {
     static constexpr std::array<std::string_view, 3> names{"two_pass", "welford", "thread_per_row"};
 };
 template <>
+struct EnumSpelling<MemoryAccess> {
+    static constexpr std::array<std::string_view, 2> names{"scalar", "packed128"};
+};
+template <>
 struct EnumSpelling<MemoryCategory> {
     static constexpr std::array<std::string_view, kMemoryCategoryCount> names{
         "params", "grads", "optimizer", "activations", "workspace", "data"};
@@ -98,6 +107,7 @@ struct KernelChoice {
     bool fuse_gelu = false;  // matmul with the GELU epilogue for c_fc
     MatmulImpl matmul = MatmulImpl::auto_;
     LayerNormForwardImpl layernorm_forward = LayerNormForwardImpl::two_pass;
+    MemoryAccess memory_access = MemoryAccess::scalar;
 };
 
 // kernels.attention: flash_tc (the CUDA tensor-core flash attention, bf16) has kernels for these

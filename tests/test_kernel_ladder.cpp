@@ -303,6 +303,38 @@ TEST_F(KernelLadderSpec, ThreadPerRowOnTheCpuBackendIsRefusedAndAnUnknownStepLis
     EXPECT_CONTAINS(e, "cublaslt");
 }
 
+// kernels.memory_access: scalar (the default) | packed128, the CUDA kernels' 128-bit loads.
+TEST_F(KernelLadderSpec, MemoryAccessParsesDefaultsToScalarAndIsRefusedOnTheCpuAtTheKey) {
+    const std::string p = dir_.file("ok.yaml");
+    std::ofstream(p) << "name: x\nbackend: cuda\n";
+    EXPECT_EQ(load_experiment(p, {}).base.kernels.memory_access, MemoryAccess::scalar);
+    std::ofstream(p) << "name: x\nbackend: cuda\nkernels: { memory_access: packed128 }\n";
+    EXPECT_EQ(load_experiment(p, {}).base.kernels.memory_access, MemoryAccess::packed128);
+    // scalar is every backend's; packed128 on the CPU is refused at the key, with the fix.
+    EXPECT_EQ(error_of("name: x\nbackend: cpu\nkernels: { memory_access: scalar }\n"), "");
+    const std::string e =
+        error_of("name: x\nbackend: cpu\nkernels: { memory_access: packed128 }\n");
+    EXPECT_CONTAINS(e, "exp.yaml:3:");  // file:line:col of the key
+    EXPECT_CONTAINS(e, "kernels.memory_access");
+    EXPECT_CONTAINS(e, "expected scalar with backend: cpu");
+    EXPECT_CONTAINS(e, "use backend: cuda");
+    const std::string u = error_of("name: x\nkernels: { memory_access: vector }\n");
+    EXPECT_CONTAINS(u, "kernels.memory_access");
+    EXPECT_CONTAINS(u, "packed128");
+}
+
+TEST(KernelLadderCpu, CpuBackendRefusesPacked128NamingTheKey) {
+    BackendOptions o;
+    o.kernels.memory_access = MemoryAccess::packed128;
+    try {
+        create_backend(BackendKind::cpu, o);
+        ADD_FAILURE() << "packed128 was accepted";
+    } catch (const BackendError& e) {
+        EXPECT_CONTAINS(e.what(), "kernels.memory_access");
+        EXPECT_CONTAINS(e.what(), "ISA level");
+    }
+}
+
 TEST_F(KernelLadderSpec, CudaStepsAreCudaOnlyFeaturesAndCpuStepsAreNot) {
     RunConfig c;
     c.kernels.matmul = MatmulImpl::cublas;
@@ -313,6 +345,9 @@ TEST_F(KernelLadderSpec, CudaStepsAreCudaOnlyFeaturesAndCpuStepsAreNot) {
     c.kernels.layernorm_forward = LayerNormForwardImpl::thread_per_row;
     EXPECT_EQ(cuda_only_features(c),
               std::vector<std::string>{"kernels.layernorm_forward thread_per_row"});
+    c.kernels.layernorm_forward = LayerNormForwardImpl::two_pass;
+    c.kernels.memory_access = MemoryAccess::packed128;
+    EXPECT_EQ(cuda_only_features(c), std::vector<std::string>{"kernels.memory_access packed128"});
 }
 
 }  // namespace

@@ -477,8 +477,10 @@ TEST_F(SpecTest, EveryShippedConfigValidates) {
     // Exceptions to "every variant changes one knob": int8 storage needs a frozen base, which
     // against full fine-tuning comes with LoRA; the GPU ladder's flash_tc rung takes bf16
     // operands only, which against the fp32 baseline comes with run.precision: bf16 (the lab's
-    // `bf16` variant is its one-knob comparison).
-    const std::set<std::string> multi_knob = {"lora-r8-int8", "attention_flash_tc"};
+    // `bf16` variant is its one-knob comparison), and so does its bf16_packed128 rung (the 128-bit
+    // loads at bf16, compared with `bf16`).
+    const std::set<std::string> multi_knob = {"lora-r8-int8", "attention_flash_tc",
+                                              "bf16_packed128"};
     TempDir base_dir;
     const std::string base = finetune_base_stand_in(base_dir);
     int n = 0;

@@ -92,7 +92,8 @@ stage configure 120 configure || true
 # ---- 3. build (Release, sm_$ARCH only) ----
 TESTS=(test_peak_flops test_backend_ops test_cuda_backend test_cuda_attention test_cuda_attention_tc
        test_cuda_training test_cuda_determinism test_nccl_collectives test_data_jitter_cache
-       test_cuda_host_sync test_cuda_offload test_cuda_kernel_ladder test_cuda_graph)
+       test_cuda_host_sync test_cuda_offload test_cuda_kernel_ladder test_cuda_graph
+       test_cuda_packed128)
 export TESTS_STR="${TESTS[*]}"
 build() {
     # shellcheck disable=SC2086
@@ -100,7 +101,7 @@ build() {
     # Registers / spills of the hot kernels, for kernels/cuda/README.md.
     local f
     # shellcheck disable=SC2046
-    for f in attention layernorm classifier adamw encoder matmul; do
+    for f in attention layernorm classifier adamw encoder matmul packed128; do
         nvcc -I"$ROOT" -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_"$ARCH" -Xptxas -v \
             $([[ $f == adamw ]] && echo --fmad=false) -c "$ROOT/kernels/cuda/$f.cu" \
             -o /tmp/mt_ptxas_$f.o 2>&1 | grep -E "Compiling entry|registers|spill" || true

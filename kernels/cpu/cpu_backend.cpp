@@ -238,6 +238,10 @@ class CpuBackend final : public Backend {
             throw BackendError(
                 "kernels.layernorm_forward: thread_per_row is a CUDA thread layout; the CPU "
                 "backend has two_pass and welford");
+        if (k.memory_access == MemoryAccess::packed128)
+            throw BackendError(
+                "kernels.memory_access: packed128 is the CUDA kernels' 128-bit loads; the CPU "
+                "backend's vector width is its ISA level (MT_CPU_ISA), use scalar");
     }
     std::string device_name() const override {
         return name_;

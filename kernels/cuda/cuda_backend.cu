@@ -438,22 +438,47 @@ class CudaBackend final : public Backend {
     void kernel(const op::FillZero& a) {
         memset_zero(a.dst, a.bytes);
     }
+    // kernels.memory_access: packed128 runs the 128-bit kernels of packed128.cu for the
+    // memory-bound ops below (the LayerNorm forwards: the two_pass step; welford and
+    // thread_per_row keep their scalar kernels, the lesson of their own ladder; the LayerNorm
+    // backward: its dinp kernel).
+    bool packed128() const {
+        return kernel_choice().memory_access == MemoryAccess::packed128;
+    }
+    bool packed128_layernorm() const {
+        return packed128() && layernorm_forward_impl() == LayerNormForwardImpl::two_pass;
+    }
     void kernel(const op::EncoderForward& a) {
-        cuda::encoder_forward(dt(), a.out, a.inp, a.wte, a.wpe, a.B, a.T, a.C, stream());
+        if (packed128())
+            cuda::encoder_forward_packed128(dt(), a.out, a.inp, a.wte, a.wpe, a.B, a.T, a.C,
+                                            stream());
+        else
+            cuda::encoder_forward(dt(), a.out, a.inp, a.wte, a.wpe, a.B, a.T, a.C, stream());
     }
     void kernel(const op::EncoderBackward& a) {
         cuda::encoder_backward(dt(), a.dwte, a.dwpe, a.dout, a.inp, a.B, a.T, a.C, enc_ws_,
                                enc_ws_bytes_, stream());
     }
     void kernel(const op::LayerNormForward& a) {
+        if (packed128_layernorm())
+            return cuda::layernorm_forward_packed128(dt(), a.out, a.mean, a.rstd, a.inp, a.weight,
+                                                     a.bias, a.N, a.C, stream());
         cuda::layernorm_forward(dt(), layernorm_forward_impl(), a.out, a.mean, a.rstd, a.inp,
                                 a.weight, a.bias, a.N, a.C, stream());
     }
     void kernel(const op::LayerNormBackward& a) {
+        if (packed128())
+            return cuda::layernorm_backward_packed128(dt(), a.dinp, a.dweight, a.dbias, a.dout,
+                                                      a.inp, a.weight, a.mean, a.rstd, a.N, a.C,
+                                                      stream());
         cuda::layernorm_backward(dt(), a.dinp, a.dweight, a.dbias, a.dout, a.inp, a.weight, a.mean,
                                  a.rstd, a.N, a.C, stream());
     }
     void kernel(const op::FusedResidualLayerNormForward& a) {
+        if (packed128_layernorm())
+            return cuda::fused_residual_layernorm_forward_packed128(
+                dt(), a.residual, a.out, a.mean, a.rstd, a.inp1, a.inp2, a.weight, a.bias, a.N, a.C,
+                stream());
         cuda::fused_residual_layernorm_forward(dt(), layernorm_forward_impl(), a.residual, a.out,
                                                a.mean, a.rstd, a.inp1, a.inp2, a.weight, a.bias,
                                                a.N, a.C, stream());
@@ -627,15 +652,22 @@ class CudaBackend final : public Backend {
 
     // -- pointwise --
     void kernel(const op::GeluForward& a) {
+        if (packed128()) return cuda::gelu_forward_packed128(dt(), a.out, a.inp, a.n, stream());
         cuda::gelu_forward(dt(), a.out, a.inp, a.n, stream());
     }
     void kernel(const op::GeluBackward& a) {
+        if (packed128())
+            return cuda::gelu_backward_packed128(dt(), a.dinp, a.inp, a.dout, a.n, stream());
         cuda::gelu_backward(dt(), a.dinp, a.inp, a.dout, a.n, stream());
     }
     void kernel(const op::ResidualForward& a) {
+        if (packed128())
+            return cuda::residual_forward_packed128(dt(), a.out, a.inp1, a.inp2, a.n, stream());
         cuda::residual_forward(dt(), a.out, a.inp1, a.inp2, a.n, stream());
     }
     void kernel(const op::ResidualBackward& a) {
+        if (packed128())
+            return cuda::residual_backward_packed128(dt(), a.dinp1, a.dinp2, a.dout, a.n, stream());
         cuda::residual_backward(dt(), a.dinp1, a.dinp2, a.dout, a.n, stream());
     }
 

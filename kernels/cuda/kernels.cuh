@@ -35,6 +35,10 @@ void layernorm_forward(DType dt, LayerNormForwardImpl impl, void* out, float* me
 void layernorm_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
                         const void* inp, const void* weight, const float* mean, const float* rstd,
                         int N, int C, cudaStream_t s);
+// The parameter-gradient half of layernorm_backward (dweight, dbias; null: frozen, skipped).
+void layernorm_backward_params(DType dt, float* dweight, float* dbias, const void* dout,
+                               const void* inp, const float* mean, const float* rstd, int N, int C,
+                               cudaStream_t s);
 void fused_residual_layernorm_forward(DType dt, LayerNormForwardImpl impl, void* residual,
                                       void* out, float* mean, float* rstd, const void* inp1,
                                       const void* inp2, const void* weight, const void* bias, int N,
@@ -56,6 +60,35 @@ void bias_gelu_epilogue(DType dt, void* x, void* gelu_out, const void* bias, int
                         cudaStream_t s);
 // dbias (OC) += sum_n dout (N,OC): the bias-gradient column reduction (deterministic).
 void bias_backward(DType dt, float* dbias, const void* dout, int N, int OC, cudaStream_t s);
+
+// ---- packed128.cu (kernels.memory_access: packed128) ----
+// The same ops with 128-bit loads/stores (Packed128, packed128.cuh); same arguments and results
+// as the scalar launchers above (bitwise for the elementwise ones; the LayerNorm statistics sum
+// in another order). Where a kernel's assumption fails (a pointer not 16-byte aligned, C not a
+// multiple of the pack width, overlapping buffers under __restrict__) the launcher runs the
+// scalar kernel. The LayerNorm forwards are the two_pass step; the LayerNorm backward vectorises
+// its dinp part.
+void gelu_forward_packed128(DType dt, void* out, const void* inp, size_t n, cudaStream_t s);
+void gelu_backward_packed128(DType dt, void* dinp, const void* inp, const void* dout, size_t n,
+                             cudaStream_t s);
+void residual_forward_packed128(DType dt, void* out, const void* inp1, const void* inp2, size_t n,
+                                cudaStream_t s);
+void residual_backward_packed128(DType dt, void* dinp1, void* dinp2, const void* dout, size_t n,
+                                 cudaStream_t s);
+void layernorm_forward_packed128(DType dt, void* out, float* mean, float* rstd, const void* inp,
+                                 const void* weight, const void* bias, int N, int C,
+                                 cudaStream_t s);
+void fused_residual_layernorm_forward_packed128(DType dt, void* residual, void* out, float* mean,
+                                                float* rstd, const void* inp1, const void* inp2,
+                                                const void* weight, const void* bias, int N, int C,
+                                                cudaStream_t s);
+void encoder_forward_packed128(DType dt, void* out, const int* inp, const void* wte,
+                               const void* wpe, int B, int T, int C, cudaStream_t s);
+// The dinp part packed (its two row sums in another order); dweight/dbias: the scalar kernel.
+void layernorm_backward_packed128(DType dt, void* dinp, float* dweight, float* dbias,
+                                  const void* dout, const void* inp, const void* weight,
+                                  const float* mean, const float* rstd, int N, int C,
+                                  cudaStream_t s);
 
 // ---- classifier.cu ----
 void classifier_fused(DType dt, float* losses, void* logits, const int* targets, int N, int V,

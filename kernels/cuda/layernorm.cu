@@ -339,12 +339,21 @@ void layernorm_backward(DType dt, void* dinp, float* dweight, float* dbias, cons
             static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp),
             static_cast<const T*>(weight), mean, rstd, N, C);
         CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
-        if (!dweight && !dbias) return;  // both frozen
+    });
+    layernorm_backward_params(dt, dweight, dbias, dout, inp, mean, rstd, N, C, s);
+}
+
+void layernorm_backward_params(DType dt, float* dweight, float* dbias, const void* dout,
+                               const void* inp, const float* mean, const float* rstd, int N, int C,
+                               cudaStream_t s) {
+    if (!dweight && !dbias) return;  // both frozen
+    dispatch(dt, [&](auto tag) {
+        using T = decltype(tag);
         layernorm_backward_params_kernel<T>
             <<<ceil_div(C, 32), dim3(32, 32), 0, s>>>(dweight, dbias, static_cast<const T*>(dout),
                                                       static_cast<const T*>(inp), mean, rstd, N, C);
-        CUDA_CHECK_LAUNCH("layernorm_backward_params_kernel");
     });
+    CUDA_CHECK_LAUNCH("layernorm_backward_params_kernel");
 }
 
 }  // namespace mt::cuda

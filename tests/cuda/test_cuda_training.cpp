@@ -1,7 +1,8 @@
 // A whole GPT training step on the GPU against the CPU backend: same weights, same batch ->
 // same loss and gradients (fp32), and the loss over 10 AdamW steps tracks the CPU's (fp32 tight,
-// bf16 within 2%), for every kernel variant and for LoRA / frozen / int8-frozen models (their
-// frozen tensors have no gradient on either side). Skips without a device.
+// bf16 within 2%), for every kernel variant (kernels.memory_access packed128 too) and for LoRA /
+// frozen / int8-frozen models (their frozen tensors have no gradient on either side). Skips without
+// a device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -86,6 +87,12 @@ KernelChoice kc(AttentionImpl a, ClassifierImpl c, LayerNormImpl l, bool gelu) {
     return k;
 }
 
+// kernels.memory_access: packed128 (the 128-bit memory-bound kernels) on top of `k`.
+KernelChoice packed128(KernelChoice k) {
+    k.memory_access = MemoryAccess::packed128;
+    return k;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Variants, CudaTraining,
     ::testing::Values(
@@ -108,6 +115,16 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"fp32_freeze_lower_int8", Precision::fp32,
              kc(AttentionImpl::naive, ClassifierImpl::fused, LayerNormImpl::separate, false),
              freeze({"wte", "wpe", "h.0"}, true)},
+        Case{"fp32_packed128", Precision::fp32,
+             packed128(kc(AttentionImpl::flash, ClassifierImpl::fused, LayerNormImpl::separate,
+                          false))},
+        Case{"bf16_packed128_fused", Precision::bf16,
+             packed128(kc(AttentionImpl::flash, ClassifierImpl::fused,
+                          LayerNormImpl::fused_residual, true))},
+        Case{"fp32_lora_packed128", Precision::fp32,
+             packed128(kc(AttentionImpl::naive, ClassifierImpl::fused,
+                          LayerNormImpl::fused_residual, false)),
+             lora(false)},
         Case{"fp32_freeze_some", Precision::fp32,
              kc(AttentionImpl::flash, ClassifierImpl::unfused, LayerNormImpl::separate, false),
              freeze({"h.1.attn", "ln_f.weight", "wpe"}, false)}),
@@ -146,6 +163,7 @@ TEST_P(CudaTraining, StepAndTenStepLossMatchCpu) {
     std::vector<int> inputs(tokens.begin(), tokens.end() - 1),
         targets(tokens.begin() + 1, tokens.end());
     KernelChoice cpu_k = c.kernels;
+    cpu_k.memory_access = MemoryAccess::scalar;  // packed128 is the CUDA kernels' load width
     Rig cpu(BackendKind::cpu, Precision::fp32, cpu_k, c.trainable, cfg, params, inputs, targets, B,
             T);
     Rig gpu(BackendKind::cuda, c.precision, c.kernels, c.trainable, cfg, params, inputs, targets, B,
