@@ -13,28 +13,16 @@
 #include <string>
 
 #include "experiment/spec.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace mt;
 
 namespace {
 
-// Loads `yaml` from a temporary exp.yaml and returns the SpecError message ("" when it loaded).
+// The SpecError message of `yaml` loaded as exp.yaml ("" when it loaded).
 std::string error_of(const std::string& yaml) {
-    const fs::path dir = fs::temp_directory_path() /
-                         ("mt_spec_cuda_graph_" + std::to_string(::getpid()) + "_" +
-                          ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir);
-    const fs::path p = dir / "exp.yaml";
-    std::ofstream(p) << yaml;
-    std::string msg;
-    try {
-        load_experiment(p.string(), {});
-    } catch (const SpecError& e) {
-        msg = e.what();
-    }
-    fs::remove_all(dir);
-    return msg;
+    return load_error_of<SpecError>(yaml, [](const std::string& p) { load_experiment(p, {}); });
 }
 
 const char* kBase = "name: graph\nmodel: { preset: tiny }\ndata: { batch_size: 2, seq_len: 16 }\n";

@@ -37,6 +37,27 @@ class TempDir {
     std::filesystem::path path_;
 };
 
+// Loads `yaml` as exp.yaml from a fresh temporary directory through `load` (the spec's
+// load_experiment, passed in so this header needs no library) and returns the message of the
+// exception of type E it threw ("" when it loaded).
+template <typename E, typename Load>
+std::string load_error_of(const std::string& yaml, Load load) {
+    TempDir dir("mt_spec");
+    const std::string path = dir.file("exp.yaml");
+    {
+        std::FILE* f = std::fopen(path.c_str(), "w");
+        if (!f) throw std::runtime_error("cannot write " + path);
+        std::fputs(yaml.c_str(), f);
+        std::fclose(f);
+    }
+    try {
+        load(path);
+    } catch (const E& e) {
+        return e.what();
+    }
+    return "";
+}
+
 struct CliResult {
     int rc = -1;         // the exit status; -1 when a signal ended the process
     std::string output;  // stdout + stderr
