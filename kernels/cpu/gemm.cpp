@@ -24,11 +24,13 @@
 //   registers of 16 floats) or the avx2 level's (6x16 in 12 ymm accumulators, see "the avx2
 //   level") is the one its compilation gets; the baseline level has none. For AVX-512:
 //
-//   for each M block of MC rows                      (A block, MC x KC, shared: lives in L3)
+//   cut C along its longer side into 2 pieces per thread (threads take these, dynamic schedule);
+//   in each piece, one thread alone:
+//   for each M block of MC rows                      (A block, MC x KC: lives in L3)
 //     for each K chunk of KC                         (the only split of the sum over k)
 //       pack A block -> panels of MR=12 rows, k-major: Ap[panel][k][0..11]
-//       for each N block of NC columns (threads take these, dynamic schedule)
-//         pack B block -> panels of NR=32 columns, k-major: Bp[panel][k][0..31]  (thread's L2)
+//       for each N block of NC columns
+//         pack B block -> panels of NR=32 columns, k-major: Bp[panel][k][0..31]  (L2)
 //         for each A panel (12 x KC, stays in L1)
 //           for each B panel (KC x 32, streamed from L2)
 //             micro-kernel: a 12x32 tile of C in 24 zmm accumulators; per k, 2 vector loads
@@ -45,7 +47,9 @@
 //
 //   Determinism: the sum over k is split into chunks that depend only on K, and inside a chunk
 //   the micro-kernel adds in k order; threads only split M and N. So the result is bitwise the
-//   same for any thread count.
+//   same for any thread count. Threads share nothing and never wait for each other inside a
+//   GEMM: a piece that cuts the rows packs all of B, one that cuts the columns all of A, and the
+//   longer side is cut so that the operand every piece packs whole is the smaller.
 //   Memory: each thread packs into two buffers of its own (thread_local, fixed maximum sizes,
 //   obtained once on the thread's first GEMM and reused for the life of the thread); no GEMM
 //   allocates after that.
@@ -602,6 +606,11 @@ inline int ceil_div(int a, int b) {
     return (a + b - 1) / b;
 }
 
+// Pieces of C per thread in gemm_packed (see gemm_packed_impl). Measured on 2 cores
+// (bench/cpu_gemm, the step's GEMMs): 1, 2 and 4 within noise on a quiet machine; with a
+// neighbour burning one core, 2 was 2-6 % faster than 1 and 4 (which packs more twice).
+constexpr int kPiecesPerThread = 2;
+
 }  // namespace
 
 bool gemm_packed_available() {
@@ -609,8 +618,52 @@ bool gemm_packed_available() {
 }
 
 namespace {
+
+// One thread's share of the product: rows [i_begin, i_end) x columns [j_begin, j_end) of C, the
+// BLIS loop nest on this thread's own packed A block (MC x KC, L3) and B block (KC x NC, L2).
+// Nothing is shared with the other threads, so nothing waits for them.
+template <class BOp>
+void packed_piece(int i_begin, int i_end, int j_begin, int j_end, int K, int kc_step, GemmOperand A,
+                  BOp B, float* C, long ldc, bool accumulate) {
+    float* const apack = a_pack_buffer();
+    float* const bpack = b_pack_buffer();
+    for (int i0 = i_begin; i0 < i_end; i0 += kMCMax) {
+        const int mcur = std::min(kMCMax, i_end - i0), apanels = ceil_div(mcur, kMR);
+        for (int p0 = 0; p0 < K; p0 += kc_step) {
+            const int kc = std::min(K, p0 + kc_step) - p0;
+            const bool acc = accumulate || p0 > 0;
+            for (int ip = 0; ip < apanels; ip++)
+                pack_a_panel(apack + ip * kMR * kc, A, i0 + ip * kMR,
+                             std::min(kMR, mcur - ip * kMR), p0, kc);
+            for (int j0 = j_begin; j0 < j_end; j0 += kNCMax) {
+                const int ncur = std::min(kNCMax, j_end - j0), bpanels = ceil_div(ncur, kNR);
+                for (int q = 0; q < bpanels; q++)
+                    pack_b_panel(bpack + q * kNR * kc, B, j0 + q * kNR,
+                                 std::min(kNR, ncur - q * kNR), p0, kc);
+                for (int ip = 0; ip < apanels; ip++) {
+                    const int i = i0 + ip * kMR;
+                    for (int q = 0; q < bpanels; q++)
+                        micro_kernel(kc, apack + ip * kMR * kc, bpack + q * kNR * kc,
+                                     C + i * ldc + j0 + q * kNR, ldc, std::min(kMR, i_end - i),
+                                     std::min(kNR, ncur - q * kNR), acc);
+                }
+            }
+        }
+    }
+}
+
 // The packed GEMM for a B operand of type BOp (fp32 GemmOperand, or GemmInt8Operand whose
 // panels are dequantised as they are packed).
+//
+// Threads: C is cut along its longer side into pieces, one packed_piece each, with no barrier
+// anywhere. Cutting the rows makes every piece pack all of B (K x N), cutting the columns all of
+// A (M x K): the longer side is cut so the operand packed more than once is the smaller one.
+// kPiecesPerThread pieces per thread, taken dynamically, let a thread that lost its core to
+// another process hand part of its share to the others. (The first version shared one packed A
+// block between the threads, with two barriers per K chunk: the step's GEMMs ran 1.50x faster on
+// 2 threads than on 1, and 10-25 % slower than Eigen's; bench/README.md has the figures.)
+// The pieces only decide who computes which outputs, never the order of a sum (the K chunks
+// depend on K alone), so they may depend on the thread count: the result does not.
 template <class BOp>
 void gemm_packed_impl(int M, int N, int K, GemmOperand A, BOp B, float* C, long ldc,
                       bool accumulate) {
@@ -622,48 +675,19 @@ void gemm_packed_impl(int M, int N, int K, GemmOperand A, BOp B, float* C, long 
     // K chunks: as equal as possible, each <= kKCMax; a function of K alone (determinism).
     const int kchunks = ceil_div(K, kKCMax);
     const int kc_step = ceil_div(K, kchunks);
-    // N blocks: at most kNCMax wide, and a multiple of the thread count in number where N
-    // allows, so every thread gets the same share (N = 1024 on 2 threads: 4 x 256, not
-    // 384+384+256). This only decides who computes which columns, never the order of a sum,
-    // so it may depend on the threads.
-    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-    const int want_blocks = threads * ceil_div(N, threads * kNCMax);
-    const int nc = std::clamp(ceil_div(ceil_div(N, want_blocks), kNR) * kNR, kNR, kNCMax);
-    const int nblocks = ceil_div(N, nc);
-    const int mc = std::min(kMCMax, ceil_div(M, kMR) * kMR);
-    float* const apack = a_pack_buffer();  // shared by the team: packed together, read by all
 
-#pragma omp parallel num_threads(std::min(threads, nblocks))
-    {
-        float* const bpack = b_pack_buffer();  // this thread's
-        for (int i0 = 0; i0 < M; i0 += mc) {
-            const int mcur = std::min(mc, M - i0), apanels = ceil_div(mcur, kMR);
-            for (int p0 = 0; p0 < K; p0 += kc_step) {
-                const int kc = std::min(K, p0 + kc_step) - p0;
-                const bool acc = accumulate || p0 > 0;
-#pragma omp for schedule(static)
-                for (int ip = 0; ip < apanels; ip++)
-                    pack_a_panel(apack + ip * kMR * kc, A, i0 + ip * kMR,
-                                 std::min(kMR, mcur - ip * kMR), p0, kc);
-                    // (implicit barrier: the A block is complete before anyone reads it)
-#pragma omp for schedule(dynamic, 1)
-                for (int jb = 0; jb < nblocks; jb++) {
-                    const int j0 = jb * nc, ncur = std::min(nc, N - j0);
-                    const int bpanels = ceil_div(ncur, kNR);
-                    for (int q = 0; q < bpanels; q++)
-                        pack_b_panel(bpack + q * kNR * kc, B, j0 + q * kNR,
-                                     std::min(kNR, ncur - q * kNR), p0, kc);
-                    for (int ip = 0; ip < apanels; ip++) {
-                        const int i = i0 + ip * kMR;
-                        for (int q = 0; q < bpanels; q++)
-                            micro_kernel(kc, apack + ip * kMR * kc, bpack + q * kNR * kc,
-                                         C + i * ldc + j0 + q * kNR, ldc, std::min(kMR, M - i),
-                                         std::min(kNR, ncur - q * kNR), acc);
-                    }
-                }
-                // (implicit barrier: nobody still reads the A block when it is repacked)
-            }
-        }
+    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    const bool by_rows = M >= N;
+    const int side = by_rows ? M : N, align = by_rows ? kMR : kNR;
+    const int piece = ceil_div(ceil_div(side, threads * kPiecesPerThread), align) * align;
+    const int pieces = ceil_div(side, piece);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(std::min(threads, pieces))
+    for (int p = 0; p < pieces; p++) {
+        const int a = p * piece, b = std::min(side, a + piece);
+        if (by_rows)
+            packed_piece(a, b, 0, N, K, kc_step, A, B, C, ldc, accumulate);
+        else
+            packed_piece(0, M, a, b, K, kc_step, A, B, C, ldc, accumulate);
     }
 }
 }  // namespace
