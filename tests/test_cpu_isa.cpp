@@ -14,6 +14,7 @@
 #include "experiment/spec.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/kernel_table.h"
 
 namespace mt {
 namespace {
@@ -131,6 +132,28 @@ TEST(CpuIsa, DeviceNameNamesEachLevelAndItsGemm) {
         const std::string want = std::string("(1 thread, ") + cpu::to_string(isa) + " kernels, " +
                                  gemm_of[static_cast<int>(isa)] + " GEMM)";
         EXPECT_NE(name.find(want), std::string::npos) << name << " lacks " << want;
+    }
+}
+
+// The avx2 level's exp (fast_math.h exp8) runs the AVX-512 pexp's algorithm on 256-bit
+// registers: the same exponentials bit for bit, so the softmaxes, GELU and classifier of the two
+// levels differ only where their GEMMs do. Each level's exp is also checked against float64 on
+// its own (CpuFastMath, run once per level); this is the cross-check where both run.
+TEST(CpuIsa, Avx2AndAvx512LevelsComputeBitwiseTheSameExponentials) {
+    if (!cpu_runs(CpuIsa::avx2) || !cpu_runs(CpuIsa::avx512))
+        GTEST_SKIP() << "needs a CPU that runs both the avx2 and the avx512 level";
+    std::vector<float> x;
+    for (int i = -2000; i <= 2000; i++) x.push_back(0.047f * static_cast<float>(i));  // -94..94
+    x.insert(x.end(), {-INFINITY, -88.5f, -88.37f, -87.4f, -1e-30f, 0.0f, 1e-30f, 88.3f});
+    for (float shift : {0.0f, 3.25f, -40.0f}) {
+        std::vector<float> a = x, b = x;
+        const float sum_a =
+            cpu::kernel_table(CpuIsa::avx2).exp_shift_sum_inplace(a.data(), a.size(), shift);
+        const float sum_b =
+            cpu::kernel_table(CpuIsa::avx512).exp_shift_sum_inplace(b.data(), b.size(), shift);
+        for (size_t i = 0; i < x.size(); i++)
+            ASSERT_EQ(a[i], b[i]) << "exp(" << x[i] << " - " << shift << ")";
+        EXPECT_EQ(sum_a, sum_b) << "shift " << shift;
     }
 }
 
