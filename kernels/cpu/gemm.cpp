@@ -648,7 +648,11 @@ class PackBuffer {
     ~PackBuffer() { std::free(p_); }
     float* get() {
         if (!p_) {
-            p_ = static_cast<float*>(std::aligned_alloc(64, floats_ * sizeof(float)));
+            // aligned_alloc wants a size that is a multiple of the alignment (glibc forgives
+            // one that is not, ASan's allocator returns null): rounded up.
+            constexpr size_t kAlign = 64;
+            const size_t bytes = (floats_ * sizeof(float) + kAlign - 1) / kAlign * kAlign;
+            p_ = static_cast<float*>(std::aligned_alloc(kAlign, bytes));
             if (!p_) throw std::bad_alloc();
         }
         return p_;
