@@ -2,16 +2,12 @@
 // the spec refuses it with any run.precision but bf16 at validation, naming the key that set it
 // (the base file's kernels.attention, or the variant's run.precision), before any backend runs.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "experiment/spec.h"
 #include "tests/test_util.h"
 
-namespace fs = std::filesystem;
 using namespace mt;
 
 namespace {

@@ -4,16 +4,12 @@
 // kernels.attention, or a variant's backend / run.precision / model.n_head) and the fix, before
 // any backend runs.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "experiment/spec.h"
 #include "tests/test_util.h"
 
-namespace fs = std::filesystem;
 using namespace mt;
 
 namespace {

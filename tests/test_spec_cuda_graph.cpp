@@ -5,17 +5,14 @@
 // (run.host_sync every_op / loss_every_step), shape jitter, offload (activations, optimizer),
 // the per-op profile, and fewer than two warm-up steps (the eager step and the capture).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "experiment/spec.h"
 #include "tests/test_util.h"
 
-namespace fs = std::filesystem;
 using namespace mt;
 
 namespace {
@@ -34,15 +31,12 @@ bool has(const std::string& msg, const std::string& part) {
 }  // namespace
 
 TEST(SpecCudaGraph, DefaultsOffAndParses) {
-    const fs::path dir =
-        fs::temp_directory_path() / ("mt_spec_cuda_graph_" + std::to_string(::getpid()) + "_parse");
-    fs::create_directories(dir);
-    const fs::path p = dir / "exp.yaml";
+    const TempDir dir("mt_spec_cuda_graph");
+    const std::string p = dir.file("exp.yaml");
     std::ofstream(p) << kBase
                      << "variants:\n  - name: eager\n  - name: graph\n"
                         "    set: { run.cuda_graph: true }\n";
-    const ExperimentSpec spec = load_experiment(p.string(), {});
-    fs::remove_all(dir);
+    const ExperimentSpec spec = load_experiment(p, {});
     ASSERT_EQ(spec.variants.size(), 2u);
     EXPECT_FALSE(spec.variants[0].run.cuda_graph);
     EXPECT_TRUE(spec.variants[1].run.cuda_graph);

@@ -62,20 +62,21 @@ inline __m256 exp8(__m256 in) {
     const __m256i two_m = _mm256_slli_epi32(_mm256_cvttps_epi32(padd(m, pset1<P>(127.0f))), 23);
     return pmax(pmul(y, _mm256_castsi256_ps(two_m)), in);
 }
-#endif
 
-// exp of a block: Eigen's pexp (its AVX-512 kernel on that level, SSE2's generic one on the
-// baseline), exp8 twice on the avx2 level.
+// exp of a block: exp8 twice on the avx2 level.
 inline Block exp_block(const Block& x) {
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
     Block out;
     _mm256_storeu_ps(out.data(), exp8(_mm256_loadu_ps(x.data())));
     _mm256_storeu_ps(out.data() + 8, exp8(_mm256_loadu_ps(x.data() + 8)));
     return out;
-#else
-    return x.exp();
-#endif
 }
+#else
+// exp of a block: Eigen's pexp (its AVX-512 kernel on that level, SSE2's generic one on the
+// baseline).
+inline Block exp_block(const Block& x) {
+    return x.exp();
+}
+#endif
 
 // e = exp(-2u) for the block, the argument clamped to +-80 so e, 1 + e and e s stay finite
 // (s = 1/(1+e) is then 1.8e-35 at worst, and gelu there is ~0 in float anyway).

@@ -248,12 +248,11 @@ void gemm_blocked(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, l
 
 namespace {
 
-constexpr int kMR = 12;        // rows of the register tile (A broadcasts)
-constexpr int kNR = 32;        // columns of the register tile (two zmm of B)
-constexpr int kKCMax = 384;    // K chunk: an A panel is 12*384*4 = 18 KiB (L1 is 48 KiB)
-constexpr int kNCMax = 384;    // N block: a packed B block is 384*384*4 = 576 KiB (L2 is 1 MiB)
-constexpr int kMCMax = 1536;   // M block: a packed A block is 1536*384*4 = 2.25 MiB (in L3)
-constexpr int kPackSlack = 0;  // floats past a full A block that its packing may write
+constexpr int kMR = 12;       // rows of the register tile (A broadcasts)
+constexpr int kNR = 32;       // columns of the register tile (two zmm of B)
+constexpr int kKCMax = 384;   // K chunk: an A panel is 12*384*4 = 18 KiB (L1 is 48 KiB)
+constexpr int kNCMax = 384;   // N block: a packed B block is 384*384*4 = 576 KiB (L2 is 1 MiB)
+constexpr int kMCMax = 1536;  // M block: a packed A block is 1536*384*4 = 2.25 MiB (in L3)
 static_assert(kMCMax % kMR == 0 && kNCMax % kNR == 0);
 
 // Lanes [0, n) set; none for n <= 0, all for n >= 16.
@@ -460,12 +459,11 @@ constexpr auto micro_kernel = micro_kernel_12x32;
 
 namespace {
 
-constexpr int kMR = 6;         // rows of the register tile (A broadcasts)
-constexpr int kNR = 16;        // columns of the register tile (two ymm of B)
-constexpr int kKCMax = 384;    // K chunk: an A panel is 6*384*4 = 9 KiB, a B panel 24 KiB (L1)
-constexpr int kNCMax = 256;    // N block: a packed B block is 384*256*4 = 384 KiB (L2: 512 KiB+)
-constexpr int kMCMax = 1536;   // M block: a packed A block is 1536*384*4 = 2.25 MiB (in L3)
-constexpr int kPackSlack = 8;  // floats past a full A block that its packing may write
+constexpr int kMR = 6;        // rows of the register tile (A broadcasts)
+constexpr int kNR = 16;       // columns of the register tile (two ymm of B)
+constexpr int kKCMax = 384;   // K chunk: an A panel is 6*384*4 = 9 KiB, a B panel 24 KiB (L1)
+constexpr int kNCMax = 256;   // N block: a packed B block is 384*256*4 = 384 KiB (L2: 512 KiB+)
+constexpr int kMCMax = 1536;  // M block: a packed A block is 1536*384*4 = 2.25 MiB (in L3)
 static_assert(kMCMax % kMR == 0 && kNCMax % kNR == 0);
 
 // Lanes [0, n) of an AVX2 load mask (all lanes for n >= 8, none for n <= 0): vmaskmovps loads
@@ -499,7 +497,7 @@ inline void transpose8x8(__m256 r[8]) {
 // Packs rows [i0, i0+mr) x k [p0, p0+kc) of logical A into one panel: dst[k*6 + i], rows beyond
 // mr zero (the micro-kernel always computes 6 rows; the store drops the padding). Each k's 6
 // values are written as one 8-lane store whose last 2 lanes the next k overwrites: the buffer
-// has kPackSlack floats past its last panel for the final one.
+// has a spare line past its end for the final one (PackBuffer).
 void pack_a_panel(float* dst, GemmOperand A, int i0, int mr, int p0, int kc) {
     if (A.transposed) {  // A stored (K,M): the 6 values for one k are contiguous
         const __m256i rows = first_lanes8(mr);
@@ -648,10 +646,11 @@ class PackBuffer {
     ~PackBuffer() { std::free(p_); }
     float* get() {
         if (!p_) {
-            // aligned_alloc wants a size that is a multiple of the alignment (glibc forgives
-            // one that is not, ASan's allocator returns null): rounded up.
+            // Rounded up to whole lines (aligned_alloc's rule: glibc forgives a size that is not
+            // a multiple of the alignment, ASan's allocator returns null), plus one spare line
+            // that a packing's last overlapping vector store may write into.
             constexpr size_t kAlign = 64;
-            const size_t bytes = (floats_ * sizeof(float) + kAlign - 1) / kAlign * kAlign;
+            const size_t bytes = (floats_ * sizeof(float) + kAlign - 1) / kAlign * kAlign + kAlign;
             p_ = static_cast<float*>(std::aligned_alloc(kAlign, bytes));
             if (!p_) throw std::bad_alloc();
         }
@@ -664,7 +663,7 @@ class PackBuffer {
 };
 
 float* a_pack_buffer() {
-    thread_local PackBuffer buf(static_cast<size_t>(kMCMax) * kKCMax + kPackSlack);
+    thread_local PackBuffer buf(static_cast<size_t>(kMCMax) * kKCMax);
     return buf.get();
 }
 float* b_pack_buffer() {
