@@ -70,6 +70,7 @@
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/enum_names.h"
+#include "kernels/huge_pages.h"
 
 namespace {
 
@@ -208,6 +209,8 @@ json step_json(const Args& a, const mt::RunConfig& cfg, mt::TrainingSession& ses
     out["flops_per_step"] = session.flops_per_step();
     out["gflops"] = session.flops_per_step() / (step_ms * 1e-3) / 1e9;
     out["peak_rss_mib"] = rss;
+    out["huge_pages"] = mt::huge_page_policy().text;
+    out["huge_pages_mib"] = static_cast<double>(mt::huge_page_resident_bytes()) / (1 << 20);
     out["losses"] = series.losses;
     return out;
 }
@@ -358,6 +361,8 @@ int run(const Args& a) {
                 median(series.forward), median(series.backward), median(series.optimizer));
     std::printf("  %.0f tokens/s, %.3f GFLOP/step, %.1f GFLOP/s, peak RSS %.0f MiB\n",
                 out["tokens_per_s"].get<double>(), session.flops_per_step() / 1e9, gflops, rss);
+    std::printf("  huge pages: %s; %.0f MiB of this process's memory on them\n",
+                out["huge_pages"].get<std::string>().c_str(), out["huge_pages_mib"].get<double>());
 
     if (a.probe || a.profile) {
         const Probes p = run_probes(session.backend(), cfg);

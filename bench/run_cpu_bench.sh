@@ -251,12 +251,20 @@ def round_order(rows, r):
     return base[k:] + base[:k]
 
 
-cpu_model = "unknown"
+cpu_model, cpu_family_model = "unknown", {}
 with open("/proc/cpuinfo") as f:
     for line in f:
-        if line.startswith("model name"):
-            cpu_model = line.split(":", 1)[1].strip()
-            break
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and cpu_model == "unknown":
+            cpu_model = value.strip()
+        elif key in ("cpu family", "model") and key not in cpu_family_model:
+            cpu_family_model[key] = value.strip()
+        if not line.strip():
+            break  # the first processor's block is enough
+# A VM's model name is often generic ("AMD EPYC"): family and model tell Zen 4 (25/17, AVX-512 on
+# 256-bit pipes) from Zen 5 (26, full-width AVX-512), and so what the AVX-512 level can gain.
+cpu_id = ", ".join(f"{k} {v}" for k, v in cpu_family_model.items())
 now = datetime.datetime.now(datetime.timezone.utc)
 
 
@@ -326,13 +334,20 @@ if SMOKE:
 L.append(f"- Code: commit `{commit}`" + (
     "; uncommitted changes in the measured code: " + ", ".join(
         f"`{l[3:]}`" for l in dirty.splitlines()) if dirty else ", clean working tree") + ".")
-L.append(f"- Machine: {cpu_model}, {os.cpu_count()} CPUs (`{socket.gethostname()}`); microtrain's "
+L.append(f"- Machine: {cpu_model}" + (f" ({cpu_id})" if cpu_id else "") +
+         f", {os.cpu_count()} CPUs (`{socket.gethostname()}`); microtrain's "
          f"ISA levels on this CPU: {', '.join(SUPPORTED)}; {THREADS} threads on both sides "
          f"(OMP_NUM_THREADS={THREADS}), fp32.")
 L.append(f"- microtrain: `{os.path.relpath(CPU_STEP, ROOT)}` "
          f"(kernels: {', '.join(f'{k}={v}' for k, v in mt0['kernels'].items())}), fused AdamW, "
          "one row per level (`MT_CPU_ISA=<level>`); the level and GEMM in the table are the ones "
-         "the process reported (cpu_step's JSON `cpu_isa`, `gemm_impl`).")
+         "the process reported (cpu_step's JSON `cpu_isa`, `gemm_impl`). Its buffers of 2 MiB or "
+         f"more: {mt0.get('huge_pages', 'not reported')} "
+         f"({mt0.get('huge_pages_mib', 0):.0f} MiB of the process on huge pages after the steps; "
+         "`MT_CPU_HUGE_PAGES`, kernels/huge_pages.h); PyTorch's CPU allocator asks for huge pages "
+         "only with `THP_MEM_ALLOC_ENABLE=1`, which was "
+         + (f"set (`{os.environ['THP_MEM_ALLOC_ENABLE']}`)" if os.environ.get("THP_MEM_ALLOC_ENABLE")
+            else "not set") + " here.")
 isa0 = pt0["isa"]
 L.append(f"- PyTorch {pt0['torch_version']} eager (`{PYTHON}`), BLAS `{pt0['blas']}` "
          f"({'; '.join(isa0.get('build', [])) or 'build details not reported'}), "

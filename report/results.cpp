@@ -15,6 +15,7 @@
 
 #include "io/regular_file.h"
 #include "kernels/cpu_cores.h"
+#include "kernels/huge_pages.h"
 #include "kernels/openmp_wait.h"
 
 namespace mt {
@@ -319,8 +320,8 @@ struct JsonFields<VariantResult> {
     };
 };
 
-// Keys absent when unknown (hostname, cuda_note, git_dirty, compiler, openmp_wait); git_commit
-// is null.
+// Keys absent when unknown (hostname, cuda_note, git_dirty, compiler, openmp_wait, huge_pages);
+// git_commit is null.
 template <>
 struct JsonFields<Environment> {
     using S = Environment;
@@ -336,6 +337,7 @@ struct JsonFields<Environment> {
         json_key_if_present("openmp_wait", &S::openmp_wait),
         json_key_if_present("usable_cores", &S::usable_cores),
         json_key_if_present("usable_cores_source", &S::usable_cores_source),
+        json_key_if_present("huge_pages", &S::huge_pages),
     };
 };
 
@@ -526,6 +528,12 @@ Environment capture_environment(const std::string& experiment_source_path) {
     const UsableCores cores = usable_cpu_cores();
     env.usable_cores = cores.count;
     env.usable_cores_source = cores.source;
+    try {
+        env.huge_pages = huge_page_policy().text;
+    } catch (const BackendError&) {
+        // A bad MT_CPU_HUGE_PAGES: the CPU backend refuses it with this message; a CUDA-only
+        // run never reads it, and its record simply lacks the key.
+    }
     return env;
 }
 

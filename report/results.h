@@ -325,6 +325,9 @@ struct Environment {
     // written before it (added within schema 10).
     std::optional<int> usable_cores;
     std::optional<std::string> usable_cores_source;
+    // Whether the CPU backend's large buffers ask for 2 MiB pages (kernels/huge_pages.h) and
+    // what the kernel's THP mode lets that do. Absent in files written before it (schema 10).
+    std::optional<std::string> huge_pages;
 };
 
 struct Units {

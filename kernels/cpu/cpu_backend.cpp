@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/huge_pages.h"
 #include "kernels/ops.h"
 #include "kernels/text.h"
 
@@ -183,6 +184,7 @@ class CpuBackend final : public Backend {
             o.kernels.attention == AttentionImpl::flash_tc)
             throw_cuda_only_attention(o.kernels.attention);
         check_ladder_steps(o.kernels);
+        huge_page_policy();  // a bad MT_CPU_HUGE_PAGES is refused here, before any buffer
         if (const std::string e = thread_count_error("num_threads", o.num_threads); !e.empty())
             throw BackendError(e + "; this machine has " + std::to_string(omp_get_num_procs()) +
                                " cores");
@@ -249,9 +251,7 @@ class CpuBackend final : public Backend {
 
     // ---- memory ----
     void* allocate(size_t bytes, MemoryCategory category) override {
-        const size_t rounded =
-            std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
-        void* p = std::aligned_alloc(kAlignment, rounded);
+        void* p = allocate_host_buffer(bytes, kAlignment);  // 2 MiB pages from 2 MiB up
         if (!p) {
             throw OutOfMemoryError(
                 std::string("CPU backend: cannot allocate ") + std::to_string(bytes) + " bytes (" +

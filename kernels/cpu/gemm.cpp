@@ -71,6 +71,7 @@
 
 // First: it keeps GCC 12's false uninitialized warnings out of the intrinsic headers.
 #include "kernels/cpu/eigen_core.h"
+#include "kernels/huge_pages.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -646,12 +647,11 @@ class PackBuffer {
     ~PackBuffer() { std::free(p_); }
     float* get() {
         if (!p_) {
-            // Rounded up to whole lines (aligned_alloc's rule: glibc forgives a size that is not
-            // a multiple of the alignment, ASan's allocator returns null), plus one spare line
-            // that a packing's last overlapping vector store may write into.
+            // One spare line that a packing's last overlapping vector store may write into; the
+            // A block (2.25 MiB) lands on huge pages (kernels/huge_pages.h).
             constexpr size_t kAlign = 64;
-            const size_t bytes = (floats_ * sizeof(float) + kAlign - 1) / kAlign * kAlign + kAlign;
-            p_ = static_cast<float*>(std::aligned_alloc(kAlign, bytes));
+            p_ =
+                static_cast<float*>(allocate_host_buffer(floats_ * sizeof(float) + kAlign, kAlign));
             if (!p_) throw std::bad_alloc();
         }
         return p_;
