@@ -38,8 +38,8 @@ HugePagePolicy huge_page_policy_for(const char* env_value, const std::string& th
         return {false, "off: the kernel's transparent huge pages are disabled (" +
                            std::string(kThpEnabledPath) + ": never)"};
     if (mode.empty())
-        return {true, "advised, effect unknown (no THP mode in " + std::string(kThpEnabledPath) +
-                          ")"};
+        return {true,
+                "advised, effect unknown (no THP mode in " + std::string(kThpEnabledPath) + ")"};
     return {true, "2 MiB pages for buffers of 2 MiB or more (THP: " + mode + ")"};
 }
 
