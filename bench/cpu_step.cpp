@@ -210,7 +210,9 @@ json step_json(const Args& a, const mt::RunConfig& cfg, mt::TrainingSession& ses
     out["gflops"] = session.flops_per_step() / (step_ms * 1e-3) / 1e9;
     out["peak_rss_mib"] = rss;
     out["huge_pages"] = mt::huge_page_policy().text;
-    out["huge_pages_mib"] = static_cast<double>(mt::huge_page_resident_bytes()) / (1 << 20);
+    const long long huge_bytes = mt::huge_page_resident_bytes();  // -1: the kernel does not say
+    out["huge_pages_mib"] =
+        huge_bytes < 0 ? json(nullptr) : json(static_cast<double>(huge_bytes) / (1 << 20));
     out["losses"] = series.losses;
     return out;
 }
@@ -361,8 +363,12 @@ int run(const Args& a) {
                 median(series.forward), median(series.backward), median(series.optimizer));
     std::printf("  %.0f tokens/s, %.3f GFLOP/step, %.1f GFLOP/s, peak RSS %.0f MiB\n",
                 out["tokens_per_s"].get<double>(), session.flops_per_step() / 1e9, gflops, rss);
-    std::printf("  huge pages: %s; %.0f MiB of this process's memory on them\n",
-                out["huge_pages"].get<std::string>().c_str(), out["huge_pages_mib"].get<double>());
+    const json& huge_mib = out["huge_pages_mib"];
+    std::printf("  huge pages: %s; %s of this process's memory on them\n",
+                out["huge_pages"].get<std::string>().c_str(),
+                huge_mib.is_null()
+                    ? "unknown (no AnonHugePages in /proc/self/smaps_rollup)"
+                    : (std::to_string(std::lround(huge_mib.get<double>())) + " MiB").c_str());
 
     if (a.probe || a.profile) {
         const Probes p = run_probes(session.backend(), cfg);

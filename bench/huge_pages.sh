@@ -28,7 +28,8 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 print(f"round {sys.argv[2]}: {sys.argv[3]} huge_pages={sys.argv[4]}  median step "
       f"{j['step_ms']['median']:.1f} ms  peak RSS {j['peak_rss_mib']:.0f} MiB  "
-      f"on huge pages {j['huge_pages_mib']:.0f} MiB")
+      "on huge pages " + (f"{j['huge_pages_mib']:.0f} MiB" if j["huge_pages_mib"] is not None
+                          else "unknown"))
 PY
         done
     done

@@ -343,7 +343,8 @@ L.append(f"- microtrain: `{os.path.relpath(CPU_STEP, ROOT)}` "
          "one row per level (`MT_CPU_ISA=<level>`); the level and GEMM in the table are the ones "
          "the process reported (cpu_step's JSON `cpu_isa`, `gemm_impl`). Its buffers of 2 MiB or "
          f"more: {mt0.get('huge_pages', 'not reported')} "
-         f"({mt0.get('huge_pages_mib', 0):.0f} MiB of the process on huge pages after the steps; "
+         + (f"({mt0['huge_pages_mib']:.0f} MiB" if mt0.get("huge_pages_mib") is not None
+            else "(an unknown amount") + " of the process on huge pages after the steps; "
          "`MT_CPU_HUGE_PAGES`, kernels/huge_pages.h); PyTorch's CPU allocator asks for huge pages "
          "only with `THP_MEM_ALLOC_ENABLE=1`, which was "
          + (f"set (`{os.environ['THP_MEM_ALLOC_ENABLE']}`)" if os.environ.get("THP_MEM_ALLOC_ENABLE")

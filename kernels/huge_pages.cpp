@@ -43,13 +43,16 @@ HugePagePolicy huge_page_policy_for(const char* env_value, const std::string& th
     return {true, "2 MiB pages for buffers of 2 MiB or more (THP: " + mode + ")"};
 }
 
+std::string transparent_huge_page_setting() {
+    std::ifstream f(kThpEnabledPath);
+    std::stringstream text;
+    text << f.rdbuf();
+    return f ? text.str() : "";
+}
+
 const HugePagePolicy& huge_page_policy() {
-    static const HugePagePolicy policy = [] {
-        std::ifstream f(kThpEnabledPath);
-        std::stringstream text;
-        text << f.rdbuf();
-        return huge_page_policy_for(std::getenv("MT_CPU_HUGE_PAGES"), f ? text.str() : "");
-    }();
+    static const HugePagePolicy policy =
+        huge_page_policy_for(std::getenv("MT_CPU_HUGE_PAGES"), transparent_huge_page_setting());
     return policy;
 }
 

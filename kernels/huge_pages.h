@@ -6,8 +6,8 @@
 // so every row of a panel is a new page, a few hundred per panel; the forward's logits, the
 // activations and the optimizer's sweeps over 64 MB of parameters and moments touch a new 4 KiB
 // page every 1024 floats. A 2 MiB page takes 512 times fewer entries and page walks. Measured
-// on the 2-core EPYC VM (bench/README.md, "Huge pages"): the gpt2-mini step about 7 % faster on
-// the avx2 level and 3 % on avx512, for about 7 MiB more resident memory.
+// on the 2-core EPYC VM (bench/README.md, "Huge pages"): the gpt2-mini step 3-5 % faster on the
+// avx2 level and 1-3 % on avx512, for 11 MiB more peak resident memory.
 //
 // How: a buffer of 2 MiB or more is aligned to 2 MiB and marked MADV_HUGEPAGE; the kernel backs
 // it with huge pages when THP is "madvise" (Debian's and Ubuntu's default) or "always", and
@@ -33,6 +33,10 @@ struct HugePagePolicy {
 // /sys/kernel/mm/transparent_hugepage/enabled ("always [madvise] never"; "" when unreadable).
 // Throws BackendError for a value other than 0 or 1, naming the variable and both values.
 HugePagePolicy huge_page_policy_for(const char* env_value, const std::string& thp_enabled);
+
+// The kernel's THP setting: the content of /sys/kernel/mm/transparent_hugepage/enabled, or ""
+// when it cannot be read.
+std::string transparent_huge_page_setting();
 
 // This process's policy, read once from its environment and the kernel.
 const HugePagePolicy& huge_page_policy();

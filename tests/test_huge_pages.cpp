@@ -125,11 +125,8 @@ TEST(HugePages, TheRunRecordNamesThePolicyAndABadValueStopsTheRun) {
 
     const RunOutcome dflt = run_under("env -u MT_CPU_HUGE_PAGES");
     ASSERT_EQ(dflt.cli.rc, 0) << dflt.cli.output;
-    std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
-    std::stringstream mode;
-    mode << thp.rdbuf();
     EXPECT_EQ(dflt.environment.value("huge_pages", ""),
-              huge_page_policy_for(nullptr, thp ? mode.str() : "").text);
+              huge_page_policy_for(nullptr, transparent_huge_page_setting()).text);
 
     const RunOutcome bad = run_under("env MT_CPU_HUGE_PAGES=2");
     EXPECT_NE(bad.cli.rc, 0);
