@@ -30,7 +30,10 @@
 #   eager, PyTorch compiled, llm.c; then the peers' second round at each batch size. A peer that
 #   failed once is not run again (its first failure is in the summary).
 # Environment: MT_GB_BATCHES ("16 32"), MT_GB_BUDGET_S (420), MT_GB_ARCH (90), MT_GB_WORK,
-# MT_GB_PEER_ROUNDS (2), PYTHON (python3); the dry run's build folder MT_GB_BUILD (build/release).
+# MT_GB_PEER_ROUNDS (2), PYTHON (python3); the dry run's build folder MT_GB_BUILD (build/release);
+# MT_GB_BUILD_DIR, a build already configured on this machine to reuse (device-check.sh's
+# build/device-cudnn, when this call follows it on the same warm machine): only `microtrain` is
+# brought up to date there, no configure.
 set -uo pipefail
 
 OUT="${1:?usage: tools/gpu-bench.sh OUTDIR}"
@@ -145,6 +148,14 @@ build() {
         -DMT_ENABLE_CUDA=ON -DMT_BUILD_TESTS=OFF -DMT_BUILD_BENCH=OFF \
         -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${cudnn[@]}" &&
         cmake --build "$BUILD" -j"$(nproc)" --target microtrain
+}
+
+# build_again: the build device-check.sh left on this machine (MT_GB_BUILD_DIR, configured with
+# cuDNN there), brought up to date for `microtrain` alone: seconds instead of the build's ~100.
+build_again() {
+    grep -q '^MT_ENABLE_CUDNN:BOOL=ON' "$BUILD/CMakeCache.txt" ||
+        echo "$BUILD was configured without cuDNN: the cudnn variant will fail"
+    cmake --build "$BUILD" -j"$(nproc)" --target microtrain
 }
 
 # loads BIN: every shared library it needs is found (ldd says "not found" otherwise).
@@ -292,7 +303,7 @@ print(json.dumps(d))' "$2" "$rc" | append_peer "$3"
     return "$rc"
 }
 
-export -f env_info build loads llmc_prepare shards yaml_without microtrain_run torch_run llmc_run append_peer
+export -f env_info build build_again loads llmc_prepare shards yaml_without microtrain_run torch_run llmc_run append_peer
 export ROOT DEPS DRY ARCH PY WORK PEERS T LLMC_BIN LLMC_LD_PATH
 if [[ $DRY == 1 ]]; then
     BUILD="${MT_GB_BUILD:-$ROOT/build/release}"
@@ -303,10 +314,14 @@ if [[ $DRY == 1 ]]; then
     }
     echo "- build: skipped (dry run: $BUILD)" >> "$STAGES"
 else
-    BUILD="$ROOT/build/gpu-bench"
+    BUILD="${MT_GB_BUILD_DIR:-$ROOT/build/gpu-bench}"
     export BUILD
     stage env 30 env_info
-    stage build 240 build
+    if [[ -n ${MT_GB_BUILD_DIR:-} && -f $BUILD/CMakeCache.txt ]]; then
+        stage build 240 build_again
+    else
+        stage build 240 build
+    fi
 fi
 stage llmc-prepare 120 llmc_prepare
 stage shards 30 shards
