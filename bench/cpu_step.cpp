@@ -5,6 +5,9 @@
 //   cpu_step --preset gpt2-mini -B 4 -T 256 --threads 2 --warmup 2 --steps 5 [--json out.json]
 //            [--probe] [--profile]
 //   cpu_step --list-cpu-isa        the CPU ISA levels this CPU runs, best first, one a line
+//   cpu_step ... --turn-in FIFO --turn-out FIFO [--turn-settle-ms 100]
+//                                  take turns with a peer process step by step
+//                                  (bench/cpu_lockstep.py, which states the protocol)
 //
 // The ISA level (kernels/cpu/cpu_isa.h) is the backend's: MT_CPU_ISA, else the best this CPU runs.
 // The JSON names it ("cpu_isa", and the GEMM it brings, "gemm_impl") so a row of
@@ -51,14 +54,21 @@
 // call fit in the L3 is judged against the in-cache rate (mem-LLC), otherwise DRAM (mem-DRAM). Time
 // not inside any op (memsets of gradient scratch, the clip-scale scalar, loss read-back) is listed
 // as "(outside ops)".
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/memory.h"
@@ -89,6 +99,8 @@ json series_json(const std::vector<double>& v) {
 struct Args {
     std::string preset;
     int B = 4, T = 0, threads = 2, warmup = 2, steps = 5;
+    std::string turn_in, turn_out;  // both or neither: lockstep with a peer
+    int turn_settle_ms = 100;
     uint64_t seed = 1337;
     std::string json_path;
     bool probe = false, profile = false;
@@ -134,14 +146,83 @@ mt::RunConfig bench_config(const Args& a, const mt::GPTConfig& model, int T) {
 // Per measured step, in ms; the losses of every step (warm-up included).
 struct StepSeries {
     std::vector<double> forward, backward, optimizer, step, losses;
+    // Every step's start and end (warm-up included) on CLOCK_MONOTONIC in ms, the clock the
+    // peer (Python's time.monotonic) reads too: bench/cpu_lockstep.py checks that no two steps
+    // of the pair overlapped.
+    std::vector<std::pair<double, double>> spans;
+};
+
+// Milliseconds on CLOCK_MONOTONIC (libstdc++'s steady_clock), comparable across processes.
+double monotonic_ms() {
+    return std::chrono::duration<double, std::milli>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// Lockstep with a peer process (bench/cpu_lockstep.py's protocol): before each step, one byte is
+// read from `turn_in` (blocking until the peer's step has ended), then the process waits
+// `settle_ms` (the peer's OpenMP threads stop spinning and go to sleep, so they take no core
+// from this step); after the step, one byte is written to `turn_out`. Both FIFOs are opened
+// read-write, which on Linux never blocks and keeps a reader on each, so neither side's open or
+// last write waits for the other. The driver hands the first turn out and kills a side whose
+// peer died (a read here would wait forever).
+class Turns {
+  public:
+    Turns(const std::string& in, const std::string& out, int settle_ms)
+        : in_(open_fifo(in, "--turn-in")),
+          out_(open_fifo(out, "--turn-out")),
+          settle_ms_(settle_ms) {}
+    Turns(const Turns&) = delete;
+    Turns& operator=(const Turns&) = delete;
+    ~Turns() {
+        ::close(in_);
+        ::close(out_);
+    }
+    void wait_for_turn() {
+        char token;
+        ssize_t n;
+        while ((n = ::read(in_, &token, 1)) != 1)
+            if (n == 0 || errno != EINTR)
+                throw std::runtime_error(std::string("--turn-in: reading the turn failed: ") +
+                                         (n == 0 ? "end of file" : std::strerror(errno)));
+        std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms_));
+    }
+    void pass_turn() {
+        const char token = 't';
+        while (::write(out_, &token, 1) != 1)
+            if (errno != EINTR)
+                throw std::runtime_error(std::string("--turn-out: passing the turn failed: ") +
+                                         std::strerror(errno));
+    }
+
+  private:
+    static int open_fifo(const std::string& path, const char* flag) {
+        const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+            throw std::runtime_error(std::string(flag) + " '" + path +
+                                     "': " + std::strerror(errno) + " (a FIFO made with mkfifo)");
+        return fd;
+    }
+    int in_, out_, settle_ms_;
 };
 
 // Warm-up + measured steps through a StepLoop (engine/step_loop.h), one line each. Returns false
 // (after saying so) at a non-finite loss or gradient norm, where the loop stops.
 bool run_steps(mt::TrainingSession& session, const Args& a, StepSeries& series) {
     using mt::Phase;
+    std::unique_ptr<Turns> turns;
+    if (!a.turn_in.empty())
+        turns = std::make_unique<Turns>(a.turn_in, a.turn_out, a.turn_settle_ms);
     mt::StepLoopOptions loop;
     loop.warmup_steps = a.warmup;
+    loop.before_step = [&](int) {
+        if (turns) turns->wait_for_turn();
+        series.spans.emplace_back(monotonic_ms(), 0.0);
+    };
+    loop.on_step = [&](const mt::TrainingSession::CompletedStep&) {
+        series.spans.back().second = monotonic_ms();
+        if (turns) turns->pass_turn();
+    };
     loop.after_step = [&](const mt::StepRecord& rec, int) {
         const bool measured = !rec.warmup;
         const double fwd = rec.times[Phase::forward], bwd = rec.times[Phase::backward];
@@ -214,6 +295,11 @@ json step_json(const Args& a, const mt::RunConfig& cfg, mt::TrainingSession& ses
     out["huge_pages_mib"] =
         huge_bytes < 0 ? json(nullptr) : json(static_cast<double>(huge_bytes) / (1 << 20));
     out["losses"] = series.losses;
+    out["step_spans_ms"] = series.spans;  // [start, end] of every step, warm-up included
+    out["lockstep"] = a.turn_in.empty() ? json(nullptr)
+                                        : json{{"turn_in", a.turn_in},
+                                               {"turn_out", a.turn_out},
+                                               {"settle_ms", a.turn_settle_ms}};
     return out;
 }
 
@@ -443,6 +529,17 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::IsMember({"separate", "fused_residual"}));
     app.add_flag("--fuse-gelu", a.fuse_gelu, "c_fc matmul with the GELU epilogue");
+    auto* turn_in = app.add_option("--turn-in", a.turn_in,
+                                   "FIFO to read this process's turn from before each step "
+                                   "(lockstep with a peer: bench/cpu_lockstep.py)");
+    auto* turn_out = app.add_option("--turn-out", a.turn_out,
+                                    "FIFO to pass the turn to the peer through after each step");
+    turn_in->needs(turn_out);
+    turn_out->needs(turn_in);
+    app.add_option("--turn-settle-ms", a.turn_settle_ms,
+                   "Wait after getting the turn, before the step (the peer's threads go idle)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 10000));
     CLI11_PARSE(app, argc, argv);
     try {
         return run(a);

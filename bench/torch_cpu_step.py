@@ -29,6 +29,10 @@ Phases (the same cut as cpu_step):
   optimizer = clip_grad_norm_(params, 1.0); optimizer.step()
 each timed with time.perf_counter (CPU ops are synchronous).
 
+--turn-in/--turn-out FIFO: lockstep with a peer process, step by step (bench/turns.py states the
+protocol; bench/cpu_lockstep.py drives it). Every step's start and end on CLOCK_MONOTONIC go into
+the JSON (step_spans_ms) either way.
+
 Model FLOPs per step use microtrain's formula (GPT::training_flops_per_step, llm.c's count):
 6 N + 6 L C T per token, times B*T, N every parameter of microtrain's model (PyTorch's plus the
 vocabulary padding rows microtrain's wte has), so both sides divide the same work.
@@ -51,6 +55,8 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from turns import Turns, monotonic_ms
 
 PRESETS = {  # (n_layer, n_head, n_embd, max_seq_len, vocab_size): model/gpt.cpp's presets
     "tiny": (2, 4, 64, 32, 256),
@@ -247,6 +253,11 @@ def main():
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--json", default="", help="write the results as JSON here (atomically)")
     ap.add_argument("--probe", action="store_true", help="sgemm and copy probes after the steps")
+    ap.add_argument("--turn-in", default="", help="FIFO to read this process's turn from before "
+                    "each step (lockstep with a peer: bench/cpu_lockstep.py)")
+    ap.add_argument("--turn-out", default="", help="FIFO to pass the turn through after each step")
+    ap.add_argument("--turn-settle-ms", type=int, default=100,
+                    help="wait after getting the turn, before the step (the peer's threads go idle)")
     a = ap.parse_args()
 
     L, NH, C, maxT, V = PRESETS[a.preset]
@@ -257,6 +268,10 @@ def main():
             ap.error(f"{name} must be >= {lo}, got {val}")
     if T > maxT:
         ap.error(f"-T {T} exceeds max_seq_len {maxT} of preset '{a.preset}'; use -T <= {maxT}")
+    if bool(a.turn_in) != bool(a.turn_out):
+        ap.error("--turn-in and --turn-out go together")
+    if not 0 <= a.turn_settle_ms <= 10000:
+        ap.error(f"--turn-settle-ms must be in [0, 10000], got {a.turn_settle_ms}")
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -289,8 +304,12 @@ def main():
     print(f"torch_cpu_step: PyTorch {torch.__version__} {a.preset} (L{L} C{C} H{NH} T{maxT} "
           f"V{V}), {nparams} params, B={B} T={T}, {torch.get_num_threads()} threads, BLAS {blas}, "
           f"CPU capability {isa['cpu_capability']}")
-    fwd, bwd, optm, step, losses = [], [], [], [], []
+    turns = Turns(a.turn_in, a.turn_out, a.turn_settle_ms) if a.turn_in else None
+    fwd, bwd, optm, step, losses, spans = [], [], [], [], [], []
     for s in range(a.warmup + a.steps):
+        if turns:
+            turns.wait_for_turn()
+        span_start = monotonic_ms()
         t0 = time.perf_counter()
         _, loss = model(x, y)
         lv = loss.item()
@@ -301,6 +320,9 @@ def main():
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         t3 = time.perf_counter()
+        spans.append([span_start, monotonic_ms()])
+        if turns:
+            turns.pass_turn()
         if not math.isfinite(lv):
             sys.exit(f"torch_cpu_step: loss is not finite ({lv}) at step {s + 1}")
         ms = [(t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t3 - t0) * 1e3]
@@ -327,6 +349,9 @@ def main():
         "optimizer_ms": series(optm),
         "tokens_per_s": B * T / (step_ms * 1e-3),
         "flops_per_step": flops, "gflops": gflops, "peak_rss_mib": rss, "losses": losses,
+        "step_spans_ms": spans,
+        "lockstep": ({"turn_in": a.turn_in, "turn_out": a.turn_out,
+                      "settle_ms": a.turn_settle_ms} if turns else None),
     }
     print(f"  median step {step_ms:.1f} ms  (forward {median(fwd):.1f}, backward "
           f"{median(bwd):.1f}, optimizer {median(optm):.1f})")

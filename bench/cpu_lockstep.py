@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""microtrain against PyTorch on the CPU, the two processes taking turns step by step.
+
+    MT_BENCH_PYTHON=/work/pyenv/bin/python python3 bench/cpu_lockstep.py      # issue 27's ratios
+    python3 bench/cpu_lockstep.py --peer microtrain --preset tiny --steps 6   # the protocol alone
+
+Why: bench/run_cpu_bench.sh runs one process after the other. On a shared VM (this project's
+machines) the speed of the whole machine moves by 10-20 % from minute to minute, so a ratio of
+two processes measured a minute apart carries the machine's move, not only the code's. Here both
+processes live at once and take turns (bench/turns.py: one byte through a FIFO before and after
+each step, and a settle pause so the idle side's threads are asleep), so every step of one side
+runs between two steps of the other, a fraction of a second apart, and is compared with their
+mean (bench/lockstep_stats.py: the sandwich ratio, the median with its 95 % interval, the goal
+judged on the interval: met, missed, or undecided at this noise).
+
+Comparisons, each a pair of processes (microtrain first; the ISA variables cleared for both but
+for their own): the `avx2` level against PyTorch limited to AVX2 (MKL_ENABLE_INSTRUCTIONS=AVX2
+ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2; issue 27's goal <= 0.50) and, where the CPU has
+AVX-512, the `avx512` level against PyTorch native (<= 0.40). Each process checks what it ran
+(cpu_step's `cpu_isa`, PyTorch's ATen capability); a mislabelled run stops the script.
+`--peer microtrain` pairs two cpu_step processes at the best level instead (no PyTorch: the
+protocol's own check, ctest cpu_lockstep_protocol; a ratio near 1 is what it should show).
+
+Output: a table on stdout and, with --out-dir, cpu-lockstep-<UTC>-<cpu>-<N>c.md and .json
+(every step of both sides, their spans, the ratios), written atomically.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lockstep_stats as stats  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ISA_LIMITS = ("MT_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+TORCH_AVX2 = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+              "ATEN_CPU_CAPABILITY": "avx2"}
+GOALS = {"avx2": 0.50, "avx512": 0.40}  # issue 27
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cpu-step", default=os.environ.get(
+        "CPU_STEP", os.path.join(ROOT, "build", "release", "cpu_step")))
+    ap.add_argument("--python", default=os.environ.get("MT_BENCH_PYTHON", "/usr/bin/python3"),
+                    help="the interpreter with PyTorch")
+    ap.add_argument("--peer", choices=("pytorch", "microtrain"), default="pytorch")
+    ap.add_argument("--preset", default="gpt2-mini")
+    ap.add_argument("-B", "--batch", type=int, default=4)
+    ap.add_argument("-T", "--seq-len", type=int, default=0, help="default: the preset's max")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=21, help="measured steps per side")
+    ap.add_argument("--settle-ms", type=int, default=100)
+    ap.add_argument("--levels", default="", help="microtrain levels to compare (default: avx2, "
+                    "and avx512 where the CPU runs it)")
+    ap.add_argument("--out-dir", default="", help="write the .md and .json report here")
+    a = ap.parse_args()
+    if a.steps < 3:
+        ap.error("--steps must be >= 3 (a ratio needs a step of the peer on both sides)")
+    if a.warmup < 0 or a.threads < 1 or not 0 <= a.settle_ms <= 10000:
+        ap.error("--warmup >= 0, --threads >= 1 and --settle-ms in [0, 10000]")
+    if not os.access(a.cpu_step, os.X_OK):
+        ap.error(f"--cpu-step {a.cpu_step}: not an executable (build it: cmake --build --preset "
+                 f"release --target cpu_step, or set CPU_STEP)")
+    return a
+
+
+def cpu_isa_levels(cpu_step):
+    p = subprocess.run([cpu_step, "--list-cpu-isa"], capture_output=True, text=True)
+    if p.returncode != 0 or not p.stdout.split():
+        sys.exit(f"cpu_lockstep: {cpu_step} --list-cpu-isa failed: {p.stderr.strip()}")
+    return p.stdout.split()
+
+
+def comparisons(a):
+    """(name, microtrain level, peer side (label, env, expected ISA), goal) to run."""
+    levels = cpu_isa_levels(a.cpu_step)
+    if a.peer == "microtrain":
+        best = levels[0]
+        return [(f"{best} / {best}", best, (f"microtrain `{best}`", {"MT_CPU_ISA": best}, best),
+                 None)]
+    wanted = a.levels.split() or [lv for lv in ("avx2", "avx512") if lv in levels]
+    out = []
+    for lv in wanted:
+        if lv not in levels:
+            sys.exit(f"cpu_lockstep: --levels has '{lv}'; this CPU runs {' '.join(levels)}")
+        if lv == "avx2" and "avx512" in levels:
+            peer = ("PyTorch limited to AVX2", dict(TORCH_AVX2), "AVX2")
+        elif lv == "avx2":
+            peer = ("PyTorch native (AVX2 on this CPU)", {}, "AVX2")
+        else:
+            peer = ("PyTorch native", {}, None)
+        out.append((f"`{lv}` level / {peer[0]}", lv, peer, GOALS.get(lv)))
+    return out
+
+
+def side_command(a, impl, json_path, turn_in, turn_out):
+    common = ["--preset", a.preset, "-B", str(a.batch), "--threads", str(a.threads),
+              "--warmup", str(a.warmup), "--steps", str(a.steps), "--json", json_path,
+              "--turn-in", turn_in, "--turn-out", turn_out, "--turn-settle-ms", str(a.settle_ms)]
+    if a.seq_len:
+        common += ["-T", str(a.seq_len)]
+    if impl == "microtrain":
+        return [a.cpu_step] + common
+    return [a.python, os.path.join(ROOT, "bench", "torch_cpu_step.py")] + common
+
+
+def isa_of(r):
+    return r["cpu_isa"] if r["impl"] == "microtrain" else r["isa"]["cpu_capability"]
+
+
+def run_pair(a, name, level, peer, tmp):
+    """Both processes at once, taking turns; returns (ours, theirs) JSON."""
+    fifo_ours, fifo_theirs = os.path.join(tmp, "turn-ours"), os.path.join(tmp, "turn-theirs")
+    for f in (fifo_ours, fifo_theirs):
+        if os.path.exists(f):
+            os.unlink(f)
+        os.mkfifo(f)
+    base_env = {k: v for k, v in os.environ.items() if k not in ISA_LIMITS}
+    peer_impl = "microtrain" if a.peer == "microtrain" else "pytorch"
+    sides = [("ours", "microtrain", {"MT_CPU_ISA": level}, fifo_ours, fifo_theirs, level),
+             ("theirs", peer_impl, peer[1], fifo_theirs, fifo_ours, peer[2])]
+    procs = []
+    for tag, impl, env_extra, fin, fout, _ in sides:
+        env = dict(base_env, **env_extra)
+        log = open(os.path.join(tmp, f"{tag}.log"), "w")
+        cmd = side_command(a, impl, os.path.join(tmp, f"{tag}.json"), fin, fout)
+        procs.append((tag, subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True),
+                      log, cmd))
+    # The first turn is ours: one byte into our FIFO (read-write open: never blocks).
+    first = os.open(fifo_ours, os.O_RDWR)
+    os.write(first, b"t")
+    limit = 120 + (a.warmup + a.steps) * 2 * 60  # a minute a step is far beyond any real step
+    deadline = time.monotonic() + limit
+    failed = None
+    while not failed:
+        for tag, p, _, _ in procs:
+            if p.poll() not in (None, 0):
+                failed = (tag, f"exit code {p.returncode}")
+        if failed or all(p.poll() == 0 for _, p, _, _ in procs):
+            break
+        if time.monotonic() > deadline:
+            failed = ("both", f"still running after {limit} s")
+        time.sleep(0.2)
+    os.close(first)
+    for tag, p, log, _ in procs:
+        if p.poll() is None:  # its peer died: it would wait for a turn forever
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        log.close()
+    if failed:
+        tails = []
+        for tag, p, _, cmd in procs:
+            with open(os.path.join(tmp, f"{tag}.log")) as f:
+                tail = "".join(f.readlines()[-8:])
+            tails.append(f"--- {tag}: {' '.join(cmd)} (exit {p.returncode})\n{tail}")
+        sys.exit(f"cpu_lockstep: {name}: {failed[0]} failed ({failed[1]})\n" + "\n".join(tails))
+    out = []
+    for tag, impl, env_extra, _, _, expect in sides:
+        with open(os.path.join(tmp, f"{tag}.json")) as f:
+            r = json.load(f)
+        if expect and isa_of(r) != expect:
+            limits = " ".join(f"{k}={v}" for k, v in env_extra.items()) or "no ISA limit"
+            sys.exit(f"cpu_lockstep: {name}: the {tag} side ({limits}) must run {expect}, but "
+                     f"reported {isa_of(r)}: its numbers would be mislabelled")
+        out.append(r)
+    return out
+
+
+def measured(r):
+    """(spans, step ms) of the measured steps: the spans after the warm-up ones."""
+    spans = r["step_spans_ms"][r["warmup"]:]
+    ms = r["step_ms"]["all"]
+    if len(spans) != len(ms):
+        sys.exit(f"cpu_lockstep: {r['impl']} recorded {len(spans)} measured spans for "
+                 f"{len(ms)} measured steps")
+    return spans, ms
+
+
+def cpu_label():
+    model = "cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
+            model = m.group(1) if m else model
+    except OSError:
+        pass
+    return re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")[:40], model
+
+
+def write_atomically(path, text):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def main():
+    a = parse_args()
+    label, model = cpu_label()
+    rows, records = [], []
+    tmp = tempfile.mkdtemp(prefix="cpu_lockstep_")
+    try:
+        for name, level, peer, goal in comparisons(a):
+            print(f"cpu_lockstep: {name}, {a.preset} B{a.batch} T{a.seq_len or 'max'}, {a.threads} threads, "
+                  f"{a.warmup} warm-up + {a.steps} steps each, taking turns", flush=True)
+            ours, theirs = run_pair(a, name, level, peer, tmp)
+            (o_spans, o_ms), (t_spans, t_ms) = measured(ours), measured(theirs)
+            try:
+                ratios = stats.sandwich_ratios(o_spans, o_ms, t_spans, t_ms)
+            except ValueError as e:
+                sys.exit(f"cpu_lockstep: {name}: {e}")
+            if not ratios:
+                sys.exit(f"cpu_lockstep: {name}: no step of ours lies between two of the peer's")
+            low, high, cover = stats.median_ci(ratios)
+            row = {"comparison": name, "level": level, "peer": peer[0], "goal": goal,
+                   "ours_ms": stats.median(o_ms), "theirs_ms": stats.median(t_ms),
+                   "ratio": stats.median(ratios), "ci": [low, high], "ci_coverage": cover,
+                   "ratio_min": min(ratios), "ratio_max": max(ratios), "pairs": len(ratios),
+                   "verdict": stats.verdict(low, high, goal)}
+            rows.append(row)
+            records.append({"row": row, "ratios": ratios, "ours": ours, "theirs": theirs})
+            print(f"  ours {row['ours_ms']:.1f} ms, theirs {row['theirs_ms']:.1f} ms (medians); "
+                  f"ratio {row['ratio']:.3f}, {100 * cover:.0f} % interval "
+                  f"[{low:.3f}, {high:.3f}], min-max {row['ratio_min']:.3f}-{row['ratio_max']:.3f} "
+                  f"over {len(ratios)} sandwiched steps; goal "
+                  f"{'none' if goal is None else f'<= {goal:.2f}'}: {row['verdict']}", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M")
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    cmd = " ".join(sys.argv)
+    md = [f"# CPU lockstep comparison {stamp}Z", "",
+          f"`{cmd}` at commit `{commit}`; {model}, {os.cpu_count()} CPUs; {a.preset} B{a.batch} "
+          f"T{records[0]['ours']['T']}, fp32, {a.threads} threads; {a.warmup} warm-up + {a.steps} measured "
+          f"steps per side, the two processes taking turns (settle {a.settle_ms} ms).", "",
+          "| comparison | microtrain ms | peer ms | ratio (median of sandwiched steps) | 95 % "
+          "interval | min–max | steps | goal | verdict |",
+          "|---|---:|---:|---:|---|---|---:|---|---|"]
+    for r in rows:
+        goal = "—" if r["goal"] is None else f"≤ {r['goal']:.2f}"
+        md.append(f"| {r['comparison']} | {r['ours_ms']:.1f} | {r['theirs_ms']:.1f} | "
+                  f"{r['ratio']:.3f} | {r['ci'][0]:.3f}–{r['ci'][1]:.3f} "
+                  f"({100 * r['ci_coverage']:.1f} %) | {r['ratio_min']:.3f}–{r['ratio_max']:.3f} | "
+                  f"{r['pairs']} | {goal} | {r['verdict']} |")
+    text = "\n".join(md) + "\n"
+    print("\n" + text)
+    if a.out_dir:
+        os.makedirs(a.out_dir, exist_ok=True)
+        base = os.path.join(a.out_dir, f"cpu-lockstep-{stamp}-{label}-{os.cpu_count()}c")
+        write_atomically(base + ".md", text)
+        write_atomically(base + ".json", json.dumps(
+            {"date_utc": stamp, "commit": commit, "command": cmd, "cpu_model": model,
+             "args": vars(a), "comparisons": records}, indent=1) + "\n")
+        print(f"cpu_lockstep: wrote {base}.md and .json")
+
+
+if __name__ == "__main__":
+    main()
