@@ -11,7 +11,11 @@ processes live at once and take turns (bench/turns.py: one byte through a FIFO b
 each step, and a settle pause so the idle side's threads are asleep), so every step of one side
 runs between two steps of the other, a fraction of a second apart, and is compared with their
 mean (bench/lockstep_stats.py: the sandwich ratio, the median with its 95 % interval, the goal
-judged on the interval: met, missed, or undecided at this noise).
+judged on the interval: met, missed, or undecided at this noise). What pairing cannot remove:
+the two programs slow down differently on a host whose memory bus other tenants load (PyTorch
+more than microtrain here), so the report also gives the ratio in the less and the more loaded
+half of the steps, and the machine's DRAM copy rate and sgemm rate (cpu_step's probes) before
+and after each comparison.
 
 Comparisons, each a pair of processes (microtrain first; the ISA variables cleared for both but
 for their own): the `avx2` level against PyTorch limited to AVX2 (MKL_ENABLE_INSTRUCTIONS=AVX2
@@ -178,6 +182,21 @@ def run_pair(a, name, level, peer, tmp):
     return out
 
 
+def machine_witness(a, tmp):
+    """The machine's state now, from cpu_step's probes on the tiny model (about 2 s): DRAM copy
+    GB/s (read + write) and the 1024^3 sgemm GFLOP/s. A host whose memory other tenants load
+    shows it in the copy rate first; both programs slow down then, not always alike."""
+    path = os.path.join(tmp, "witness.json")
+    p = subprocess.run([a.cpu_step, "--preset", "tiny", "--warmup", "0", "--steps", "1",
+                        "--threads", str(a.threads), "--probe", "--json", path],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return None
+    with open(path) as f:
+        probe = json.load(f).get("probe", {})
+    return {"copy_gbps": probe.get("copy_gbps"), "sgemm_gflops": probe.get("sgemm_1024_gflops")}
+
+
 def measured(r):
     """(spans, step ms) of the measured steps: the spans after the warm-up ones."""
     spans = r["step_spans_ms"][r["warmup"]:]
@@ -199,10 +218,19 @@ def cpu_label():
     return re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")[:40], model
 
 
+def witness_text(before, after):
+    def one(w):
+        if not w or w.get("copy_gbps") is None:
+            return "unknown"
+        return f"DRAM copy {w['copy_gbps']:.1f} GB/s, sgemm {w['sgemm_gflops']:.0f} GFLOP/s"
+    return f"{one(before)} before, {one(after)} after"
+
+
 def write_atomically(path, text):
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
@@ -215,12 +243,16 @@ def main():
         for name, level, peer, goal in comparisons(a):
             print(f"cpu_lockstep: {name}, {a.preset} B{a.batch} T{a.seq_len or 'max'}, {a.threads} threads, "
                   f"{a.warmup} warm-up + {a.steps} steps each, taking turns", flush=True)
+            before = machine_witness(a, tmp)
             ours, theirs = run_pair(a, name, level, peer, tmp)
+            after = machine_witness(a, tmp)
             (o_spans, o_ms), (t_spans, t_ms) = measured(ours), measured(theirs)
             try:
-                ratios = stats.sandwich_ratios(o_spans, o_ms, t_spans, t_ms)
+                indexed = stats.sandwiches(o_spans, o_ms, t_spans, t_ms)
             except ValueError as e:
                 sys.exit(f"cpu_lockstep: {name}: {e}")
+            ratios = [r for _, r in indexed]
+            halves = stats.load_halves(o_ms, indexed)
             if not ratios:
                 sys.exit(f"cpu_lockstep: {name}: no step of ours lies between two of the peer's")
             low, high, cover = stats.median_ci(ratios)
@@ -228,7 +260,10 @@ def main():
                    "ours_ms": stats.median(o_ms), "theirs_ms": stats.median(t_ms),
                    "ratio": stats.median(ratios), "ci": [low, high], "ci_coverage": cover,
                    "ratio_min": min(ratios), "ratio_max": max(ratios), "pairs": len(ratios),
-                   "verdict": stats.verdict(low, high, goal)}
+                   "verdict": stats.verdict(low, high, goal),
+                   "load_halves": None if halves is None else
+                   {"less_loaded": halves[0], "more_loaded": halves[1], "steps_each": halves[2]},
+                   "witness": {"before": before, "after": after}}
             rows.append(row)
             records.append({"row": row, "ratios": ratios, "ours": ours, "theirs": theirs})
             print(f"  ours {row['ours_ms']:.1f} ms, theirs {row['theirs_ms']:.1f} ms (medians); "
@@ -236,6 +271,10 @@ def main():
                   f"[{low:.3f}, {high:.3f}], min-max {row['ratio_min']:.3f}-{row['ratio_max']:.3f} "
                   f"over {len(ratios)} sandwiched steps; goal "
                   f"{'none' if goal is None else f'<= {goal:.2f}'}: {row['verdict']}", flush=True)
+            if halves:
+                print(f"  the ratio in the less loaded half of the steps {halves[0]:.3f}, in the "
+                      f"more loaded half {halves[1]:.3f} ({halves[2]} steps each)", flush=True)
+            print(f"  the machine: {witness_text(before, after)}", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -248,14 +287,29 @@ def main():
           f"T{records[0]['ours']['T']}, fp32, {a.threads} threads; {a.warmup} warm-up + {a.steps} measured "
           f"steps per side, the two processes taking turns (settle {a.settle_ms} ms).", "",
           "| comparison | microtrain ms | peer ms | ratio (median of sandwiched steps) | 95 % "
-          "interval | min–max | steps | goal | verdict |",
-          "|---|---:|---:|---:|---|---|---:|---|---|"]
+          "interval | min–max | steps | goal | verdict | ratio, less / more loaded half |",
+          "|---|---:|---:|---:|---|---|---:|---|---|---|"]
     for r in rows:
         goal = "—" if r["goal"] is None else f"≤ {r['goal']:.2f}"
         md.append(f"| {r['comparison']} | {r['ours_ms']:.1f} | {r['theirs_ms']:.1f} | "
                   f"{r['ratio']:.3f} | {r['ci'][0]:.3f}–{r['ci'][1]:.3f} "
                   f"({100 * r['ci_coverage']:.1f} %) | {r['ratio_min']:.3f}–{r['ratio_max']:.3f} | "
-                  f"{r['pairs']} | {goal} | {r['verdict']} |")
+                  f"{r['pairs']} | {goal} | {r['verdict']} | " +
+                  ("—" if not r["load_halves"] else
+                   f"{r['load_halves']['less_loaded']:.3f} / {r['load_halves']['more_loaded']:.3f}")
+                  + " |")
+    md += [""] + [f"The machine around `{r['comparison']}`: "
+                  f"{witness_text(r['witness']['before'], r['witness']['after'])} (cpu_step's "
+                  f"probes on the tiny model)." for r in rows]
+    md += ["", "Each step of microtrain ran between two of the peer's and is divided by their mean "
+           "(the drift of the machine over seconds cancels); the interval is the median's "
+           "distribution-free 95 % interval; a goal is met or missed only when all of the "
+           "interval is on one side. The last column splits the steps by the load around them "
+           "(the mean time of microtrain's two neighbouring steps): where the halves differ, "
+           "the ratio depends on how loaded the machine was, and a busy machine's ratio is not "
+           "a quiet one's (bench/lockstep_stats.py). A whole run on a loaded host moves both "
+           "sides at once, which the halves cannot see: the probes before and after say what "
+           "state the machine was in."]
     text = "\n".join(md) + "\n"
     print("\n" + text)
     if a.out_dir:

@@ -13,7 +13,9 @@ The ratio of the comparison is the median of these ratios, with a distribution-f
 confidence interval of that median from the order statistics (the number of ratios below the
 true median is Binomial(n, 1/2)), and a goal is judged on the interval, not the point: met when
 all of it is at or below the goal, missed when all of it is above, otherwise undecided at this
-noise (more steps narrow the interval). Standard library only.
+noise (more steps narrow the interval). The ratio can also depend on the load itself, not only
+drift with it: load_halves shows the ratio in the less and the more loaded half of the steps.
+Standard library only.
 """
 
 import math
@@ -24,6 +26,11 @@ def sandwich_ratios(a_spans, a_ms, b_spans, b_ms):
     sides in time. *_spans: [start, end] per step (any clock shared by both); *_ms: the step
     times to compare (same order). Raises ValueError when two steps overlap (the processes did
     not take turns)."""
+    return [r for _, r in sandwiches(a_spans, a_ms, b_spans, b_ms)]
+
+
+def sandwiches(a_spans, a_ms, b_spans, b_ms):
+    """(i, ratio) for each sandwiched step i of A, in time order (see sandwich_ratios)."""
     if len(a_spans) != len(a_ms) or len(b_spans) != len(b_ms):
         raise ValueError("each step needs a span and a time")
     events = sorted([(s, e, "a", i) for i, (s, e) in enumerate(a_spans)] +
@@ -38,8 +45,24 @@ def sandwich_ratios(a_spans, a_ms, b_spans, b_ms):
             continue
         before, after = events[k - 1], events[k + 1]
         if before[2] == "b" and after[2] == "b":
-            ratios.append(a_ms[i] / (0.5 * (b_ms[before[3]] + b_ms[after[3]])))
+            ratios.append((i, a_ms[i] / (0.5 * (b_ms[before[3]] + b_ms[after[3]]))))
     return ratios
+
+
+def load_halves(a_ms, indexed_ratios):
+    """Does the ratio move with the machine's load? The sandwiched steps split in two halves by
+    the load around each: the mean time of A's two neighbouring steps (i-1 and i+1: neither is
+    in ratio i, so a step's own noise cannot sort it into a half). Returns (median ratio of the
+    less loaded half, of the more loaded half, steps per half), or None with fewer than 4 steps
+    that have both neighbours. Two programs that lean on the memory bus differently slow down
+    differently when another tenant loads it: then the two halves differ, and a ratio measured
+    on a busy machine is not the quiet machine's."""
+    scored = sorted((0.5 * (a_ms[i - 1] + a_ms[i + 1]), r) for i, r in indexed_ratios
+                    if 0 < i < len(a_ms) - 1)
+    if len(scored) < 4:
+        return None
+    h = len(scored) // 2
+    return median([r for _, r in scored[:h]]), median([r for _, r in scored[-h:]]), h
 
 
 def median(v):

@@ -2,8 +2,9 @@
 """bench/lockstep_stats.py on simulated data with known answers (ctest `lockstep_stats`): the
 sandwich ratio cancels a linear drift exactly where the ratio of medians does not; steps that
 overlap are refused; the median's interval is the order statistics the binomial tables give
-(n 5, 10, 20) and covers the true median as often as it says on 2000 simulated comparisons; the
-goal is judged on the interval.
+(n 5, 10, 20) and covers the true median as often as it says on 2000 simulated comparisons; a
+ratio that depends on the load shows in the two load halves and noise alone does not; the goal
+is judged on the interval.
 
     python3 tests/lockstep_stats_test.py [-v]
 """
@@ -89,6 +90,37 @@ class MedianInterval(unittest.TestCase):
         stated = covers[0]
         self.assertGreaterEqual(stated, 0.95)
         self.assertLess(abs(hits / trials - stated), 0.015)  # ~3.5 standard errors
+
+
+class LoadHalves(unittest.TestCase):
+    def test_a_ratio_that_depends_on_the_load_shows_in_the_halves(self):
+        # Quiet and loaded stretches of 10 turns each; under load A is 1.2x slower, B 1.4x:
+        # the true ratio is 0.5 quiet and 0.5 * 1.2 / 1.4 loaded.
+        spans_a, spans_b = alternating(40, 40)
+        loaded = lambda k: (k // 10) % 2 == 1  # noqa: E731
+        a_ms = [50.0 * (1.2 if loaded(k) else 1.0) for k in range(40)]
+        b_ms = [100.0 * (1.4 if loaded(k) else 1.0) for k in range(40)]
+        pairs = s.sandwiches(spans_a, a_ms, spans_b, b_ms)
+        quiet, busy, n = s.load_halves(a_ms, pairs)
+        self.assertEqual(n, 19)
+        self.assertAlmostEqual(quiet, 0.5, places=12)
+        self.assertAlmostEqual(busy, 0.5 * 1.2 / 1.4, places=12)
+
+    def test_noise_alone_does_not_split_the_halves(self):
+        # A/A with independent noise on every step: sorting by the neighbours' times must not
+        # sort the ratios (a step's own noise is not in its neighbours).
+        rng = random.Random(7)
+        spans_a, spans_b = alternating(401, 401)
+        a_ms = [100.0 * math.exp(rng.gauss(0.0, 0.05)) for _ in range(401)]
+        b_ms = [100.0 * math.exp(rng.gauss(0.0, 0.05)) for _ in range(401)]
+        quiet, busy, n = s.load_halves(a_ms, s.sandwiches(spans_a, a_ms, spans_b, b_ms))
+        self.assertEqual(n, 199)
+        self.assertLess(abs(quiet - busy), 0.02)  # ~2.5 standard errors of their difference
+
+    def test_too_few_steps(self):
+        spans_a, spans_b = alternating(4, 4)
+        self.assertIsNone(s.load_halves([1.0] * 4,
+                                        s.sandwiches(spans_a, [1.0] * 4, spans_b, [1.0] * 4)))
 
 
 class Verdict(unittest.TestCase):
