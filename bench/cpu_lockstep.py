@@ -298,7 +298,7 @@ def main():
                   ("—" if not r["load_halves"] else
                    f"{r['load_halves']['less_loaded']:.3f} / {r['load_halves']['more_loaded']:.3f}")
                   + " |")
-    md += [""] + [f"The machine around `{r['comparison']}`: "
+    md += [""] + [f"The machine around {r['comparison']}: "
                   f"{witness_text(r['witness']['before'], r['witness']['after'])} (cpu_step's "
                   f"probes on the tiny model)." for r in rows]
     md += ["", "Each step of microtrain ran between two of the peer's and is divided by their mean "
