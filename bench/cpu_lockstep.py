@@ -43,12 +43,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lockstep_stats as stats  # noqa: E402
+from cpu_bench_rows import GOALS, ISA_LIMITS, TORCH_AVX2, isa_of, levels_cpu_step_runs  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ISA_LIMITS = ("MT_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
-TORCH_AVX2 = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-              "ATEN_CPU_CAPABILITY": "avx2"}
-GOALS = {"avx2": 0.50, "avx512": 0.40}  # issue 27
 
 
 def parse_args():
@@ -79,16 +76,9 @@ def parse_args():
     return a
 
 
-def cpu_isa_levels(cpu_step):
-    p = subprocess.run([cpu_step, "--list-cpu-isa"], capture_output=True, text=True)
-    if p.returncode != 0 or not p.stdout.split():
-        sys.exit(f"cpu_lockstep: {cpu_step} --list-cpu-isa failed: {p.stderr.strip()}")
-    return p.stdout.split()
-
-
 def comparisons(a):
     """(name, microtrain level, peer side (label, env, expected ISA), goal) to run."""
-    levels = cpu_isa_levels(a.cpu_step)
+    levels = levels_cpu_step_runs(a.cpu_step, "cpu_lockstep")
     if a.peer == "microtrain":
         best = levels[0]
         return [(f"{best} / {best}", best, (f"microtrain `{best}`", {"MT_CPU_ISA": best}, best),
@@ -117,10 +107,6 @@ def side_command(a, impl, json_path, turn_in, turn_out):
     if impl == "microtrain":
         return [a.cpu_step] + common
     return [a.python, os.path.join(ROOT, "bench", "torch_cpu_step.py")] + common
-
-
-def isa_of(r):
-    return r["cpu_isa"] if r["impl"] == "microtrain" else r["isa"]["cpu_capability"]
 
 
 def run_pair(a, name, level, peer, tmp):

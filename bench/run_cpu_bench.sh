@@ -92,19 +92,12 @@ for c in CONFIGS:
 if ROUNDS < 1:
     sys.exit(f"run_cpu_bench: MT_BENCH_ROUNDS must be >= 1, got {ROUNDS}")
 
-# The variables that limit an ISA: cleared for every process, set only where a row asks.
-ISA_LIMITS = ("MT_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
-TORCH_AVX2 = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-              "ATEN_CPU_CAPABILITY": "avx2"}
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from cpu_bench_rows import GOALS, ISA_LIMITS, TORCH_AVX2, isa_of, levels_cpu_step_runs  # noqa: E402
 
 
 def cpu_isa_levels():
-    """The levels microtrain runs on this CPU, best first (cpu_step's own detection)."""
-    p = subprocess.run([CPU_STEP, "--list-cpu-isa"], capture_output=True, text=True)
-    if p.returncode != 0 or not p.stdout.split():
-        sys.exit(f"run_cpu_bench: {CPU_STEP} --list-cpu-isa failed (exit {p.returncode}): "
-                 f"{p.stderr.strip()}; is it a cpu_step built from this tree?")
-    return p.stdout.split()
+    return levels_cpu_step_runs(CPU_STEP, "run_cpu_bench")
 
 
 def bench_rows():
@@ -138,11 +131,6 @@ def cpu_busy_seconds():
         v = [int(x) for x in f.readline().split()[1:]]
     idle = v[3] + v[4]  # idle + iowait
     return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def isa_of(r):
-    """The ISA a process says it ran: microtrain's level, PyTorch's ATen CPU capability."""
-    return r["cpu_isa"] if r["impl"] == "microtrain" else r["isa"]["cpu_capability"]
 
 
 def run_one(row, preset, B, T, extra=(), tag=""):
@@ -284,8 +272,8 @@ slug = re.sub(r"[^a-z0-9]+", "-", cpu_model.lower()).strip("-") + f"-{os.cpu_cou
 stem = os.path.join(OUT_DIR, f"cpu-{now:%Y-%m-%dT%H%M}-{slug}" + ("-smoke" if SMOKE else ""))
 ROWS, SUPPORTED, AVX2_DEN, AVX2_NOTE = bench_rows()
 # The ratios the goal names (issue 27): (name, numerator row, denominator row, goal or None).
-RATIOS = [("AVX2 level / PyTorch limited to AVX2", "mt-avx2", AVX2_DEN, 0.50),
-          ("AVX-512 level / PyTorch native", "mt-avx512", "pt-native", 0.40),
+RATIOS = [("AVX2 level / PyTorch limited to AVX2", "mt-avx2", AVX2_DEN, GOALS["avx2"]),
+          ("AVX-512 level / PyTorch native", "mt-avx512", "pt-native", GOALS["avx512"]),
           ("baseline level / PyTorch native", "mt-baseline", "pt-native", None)]
 ROUNDS_TEXT = f"{ROUNDS} round" + ("s" if ROUNDS != 1 else "")
 print(f"== {cpu_model}, {os.cpu_count()} CPUs, {THREADS} threads, {ROUNDS_TEXT} per config, "
