@@ -33,7 +33,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -43,7 +42,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lockstep_stats as stats  # noqa: E402
-from cpu_bench_rows import GOALS, ISA_LIMITS, TORCH_AVX2, isa_of, levels_cpu_step_runs  # noqa: E402
+from cpu_bench_common import (GOALS, ISA_LIMITS, TORCH_AVX2, cpu_identity, isa_of,  # noqa: E402
+                              levels_cpu_step_runs, result_slug, write_atomically)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -193,17 +193,6 @@ def measured(r):
     return spans, ms
 
 
-def cpu_label():
-    model = "cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            m = re.search(r"^model name\s*:\s*(.+)$", f.read(), re.M)
-            model = m.group(1) if m else model
-    except OSError:
-        pass
-    return re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")[:40], model
-
-
 def witness_text(before, after):
     def one(w):
         if not w or w.get("copy_gbps") is None:
@@ -212,17 +201,9 @@ def witness_text(before, after):
     return f"{one(before)} before, {one(after)} after"
 
 
-def write_atomically(path, text):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def main():
     a = parse_args()
-    label, model = cpu_label()
+    model, _ = cpu_identity()
     rows, records = [], []
     tmp = tempfile.mkdtemp(prefix="cpu_lockstep_")
     try:
@@ -300,7 +281,7 @@ def main():
     print("\n" + text)
     if a.out_dir:
         os.makedirs(a.out_dir, exist_ok=True)
-        base = os.path.join(a.out_dir, f"cpu-lockstep-{stamp}-{label}-{os.cpu_count()}c")
+        base = os.path.join(a.out_dir, f"cpu-lockstep-{stamp}-{result_slug(model)}")
         write_atomically(base + ".md", text)
         write_atomically(base + ".json", json.dumps(
             {"date_utc": stamp, "commit": commit, "command": cmd, "cpu_model": model,

@@ -7,7 +7,7 @@
 //   cpu_step --list-cpu-isa        the CPU ISA levels this CPU runs, best first, one a line
 //   cpu_step ... --turn-in FIFO --turn-out FIFO [--turn-settle-ms 100]
 //                                  take turns with a peer process step by step
-//                                  (bench/cpu_lockstep.py, which states the protocol)
+//                                  (bench/cpu_lockstep.py; bench/turns.py states the protocol)
 //
 // The ISA level (kernels/cpu/cpu_isa.h) is the backend's: MT_CPU_ISA, else the best this CPU runs.
 // The JSON names it ("cpu_isa", and the GEMM it brings, "gemm_impl") so a row of
@@ -146,26 +146,17 @@ mt::RunConfig bench_config(const Args& a, const mt::GPTConfig& model, int T) {
 // Per measured step, in ms; the losses of every step (warm-up included).
 struct StepSeries {
     std::vector<double> forward, backward, optimizer, step, losses;
-    // Every step's start and end (warm-up included) on CLOCK_MONOTONIC in ms, the clock the
-    // peer (Python's time.monotonic) reads too: bench/cpu_lockstep.py checks that no two steps
-    // of the pair overlapped.
+    // Every step's start and end (warm-up included) in ms on CLOCK_MONOTONIC (libstdc++'s
+    // steady_clock, which Python's time.monotonic reads too): the session's own record of the
+    // step, its host start plus its wall time. bench/cpu_lockstep.py checks that no two steps of
+    // the pair overlapped.
     std::vector<std::pair<double, double>> spans;
 };
 
-// Milliseconds on CLOCK_MONOTONIC (libstdc++'s steady_clock), comparable across processes.
-double monotonic_ms() {
-    return std::chrono::duration<double, std::milli>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
-// Lockstep with a peer process (bench/cpu_lockstep.py's protocol): before each step, one byte is
-// read from `turn_in` (blocking until the peer's step has ended), then the process waits
-// `settle_ms` (the peer's OpenMP threads stop spinning and go to sleep, so they take no core
-// from this step); after the step, one byte is written to `turn_out`. Both FIFOs are opened
-// read-write, which on Linux never blocks and keeps a reader on each, so neither side's open or
-// last write waits for the other. The driver hands the first turn out and kills a side whose
-// peer died (a read here would wait forever).
+// Lockstep with a peer process, the protocol bench/turns.py states (its Python side): one byte
+// read from `turn_in` before each step, a pause of `settle_ms` for the peer's threads to go to
+// sleep, one byte written to `turn_out` after the step; both FIFOs opened read-write, so no open
+// or last write waits for the peer.
 class Turns {
   public:
     Turns(const std::string& in, const std::string& out, int settle_ms)
@@ -215,12 +206,11 @@ bool run_steps(mt::TrainingSession& session, const Args& a, StepSeries& series) 
         turns = std::make_unique<Turns>(a.turn_in, a.turn_out, a.turn_settle_ms);
     mt::StepLoopOptions loop;
     loop.warmup_steps = a.warmup;
-    loop.before_step = [&](int) {
-        if (turns) turns->wait_for_turn();
-        series.spans.emplace_back(monotonic_ms(), 0.0);
-    };
-    loop.on_step = [&](const mt::TrainingSession::CompletedStep&) {
-        series.spans.back().second = monotonic_ms();
+    if (turns) loop.before_step = [&](int) { turns->wait_for_turn(); };
+    loop.on_step = [&](const mt::TrainingSession::CompletedStep& done) {
+        const double start =
+            std::chrono::duration<double, std::milli>(done.host_start.time_since_epoch()).count();
+        series.spans.emplace_back(start, start + done.record.times.wall_ms);
         if (turns) turns->pass_turn();
     };
     loop.after_step = [&](const mt::StepRecord& rec, int) {

@@ -73,7 +73,7 @@ fi
 export OMP_NUM_THREADS=$THREADS
 export CPU_STEP THREADS ROOT PYTHON REPRO
 exec /usr/bin/python3 - <<'PY'
-import datetime, json, os, re, resource, socket, subprocess, sys, tempfile, time
+import datetime, json, os, resource, socket, subprocess, sys, tempfile, time
 
 ROOT = os.environ["ROOT"]
 CPU_STEP = os.environ["CPU_STEP"]
@@ -93,7 +93,8 @@ if ROUNDS < 1:
     sys.exit(f"run_cpu_bench: MT_BENCH_ROUNDS must be >= 1, got {ROUNDS}")
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from cpu_bench_rows import GOALS, ISA_LIMITS, TORCH_AVX2, isa_of, levels_cpu_step_runs  # noqa: E402
+from cpu_bench_common import (GOALS, ISA_LIMITS, TORCH_AVX2, cpu_identity, isa_of,  # noqa: E402
+                              levels_cpu_step_runs, result_slug, write_atomically)
 
 
 def cpu_isa_levels():
@@ -239,17 +240,7 @@ def round_order(rows, r):
     return base[k:] + base[:k]
 
 
-cpu_model, cpu_family_model = "unknown", {}
-with open("/proc/cpuinfo") as f:
-    for line in f:
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and cpu_model == "unknown":
-            cpu_model = value.strip()
-        elif key in ("cpu family", "model") and key not in cpu_family_model:
-            cpu_family_model[key] = value.strip()
-        if not line.strip():
-            break  # the first processor's block is enough
+cpu_model, cpu_family_model = cpu_identity()
 # A VM's model name is often generic ("AMD EPYC"): family and model tell Zen 4 (25/17, AVX-512 on
 # 256-bit pipes) from Zen 5 (26, full-width AVX-512), and so what the AVX-512 level can gain.
 cpu_id = ", ".join(f"{k} {v}" for k, v in cpu_family_model.items())
@@ -268,7 +259,7 @@ commit = git("rev-parse", "--short", "HEAD") or "unknown"
 # Uncommitted edits of the code the benchmark measures (the build compiles the working tree).
 dirty = git("status", "--porcelain", "--", "kernels", "model", "optim", "engine",
             "bench/cpu_step.cpp", "bench/torch_cpu_step.py")
-slug = re.sub(r"[^a-z0-9]+", "-", cpu_model.lower()).strip("-") + f"-{os.cpu_count()}c"
+slug = result_slug(cpu_model)
 stem = os.path.join(OUT_DIR, f"cpu-{now:%Y-%m-%dT%H%M}-{slug}" + ("-smoke" if SMOKE else ""))
 ROWS, SUPPORTED, AVX2_DEN, AVX2_NOTE = bench_rows()
 # The ratios the goal names (issue 27): (name, numerator row, denominator row, goal or None).
@@ -423,12 +414,6 @@ L.append("```\n" + prof_text.rstrip() + "\n```\n")
 report = "\n".join(L) + "\n"
 
 os.makedirs(OUT_DIR, exist_ok=True)
-def write_atomically(path, text):
-    fd, tmp = tempfile.mkstemp(prefix=".cpu_bench.", dir=os.path.dirname(path))
-    os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the results from the other users
-    with os.fdopen(fd, "w") as f:
-        f.write(text); f.flush(); os.fsync(f.fileno())
-    os.replace(tmp, path)
 for v in results.values():
     for runs in v["runs"].values():
         for r in runs:

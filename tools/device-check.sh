@@ -205,17 +205,15 @@ build() {
     cmake --build "$BUILD" -j"$JOBS" --target microtrain $TESTS_STR
     # Registers / spills of the hot kernels, for kernels/cuda/README.md: one nvcc per file, all at
     # once (each is single-threaded), printed in file order.
-    local f
-    for f in attention layernorm classifier adamw encoder matmul packed128; do
-        [[ -f $ROOT/kernels/cuda/$f.cu ]] || continue
+    local f hot=(attention layernorm classifier adamw encoder matmul packed128)
+    for f in "${hot[@]}"; do
         # shellcheck disable=SC2046
         nvcc -I"$ROOT" -O3 -std=c++20 --expt-relaxed-constexpr -arch=sm_"$ARCH" -Xptxas -v \
             $([[ $f == adamw ]] && echo --fmad=false) -c "$ROOT/kernels/cuda/$f.cu" \
             -o "/tmp/mt_ptxas_$f.o" > "/tmp/mt_ptxas_$f.txt" 2>&1 &
     done
     wait
-    for f in attention layernorm classifier adamw encoder matmul packed128; do
-        [[ -f /tmp/mt_ptxas_$f.txt ]] || continue
+    for f in "${hot[@]}"; do
         echo "-- $f.cu"
         grep -E "Compiling entry|registers|spill" "/tmp/mt_ptxas_$f.txt" || true
     done
