@@ -222,12 +222,13 @@ def main():
             halves = stats.load_halves(o_ms, indexed)
             if not ratios:
                 sys.exit(f"cpu_lockstep: {name}: no step of ours lies between two of the peer's")
-            low, high, cover = stats.median_ci(ratios)
+            q = stats.ratio_verdict(ratios, goal)
+            low, high, cover = q["low"], q["high"], q["coverage"]
             row = {"comparison": name, "level": level, "peer": peer[0], "goal": goal,
                    "ours_ms": stats.median(o_ms), "theirs_ms": stats.median(t_ms),
-                   "ratio": stats.median(ratios), "ci": [low, high], "ci_coverage": cover,
-                   "ratio_min": min(ratios), "ratio_max": max(ratios), "pairs": len(ratios),
-                   "verdict": stats.verdict(low, high, goal),
+                   "ratio": q["median"], "ci": [low, high], "ci_coverage": cover,
+                   "ratio_min": q["min"], "ratio_max": q["max"], "pairs": q["n"],
+                   "verdict": q["verdict"],
                    "load_halves": None if halves is None else
                    {"less_loaded": halves[0], "more_loaded": halves[1], "steps_each": halves[2]},
                    "witness": {"before": before, "after": after}}

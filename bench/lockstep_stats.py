@@ -104,3 +104,15 @@ def verdict(low, high, goal):
     if low > goal:
         return "missed"
     return "undecided at this noise"
+
+
+def ratio_verdict(ratios, goal):
+    """Paired ratios (each from two runs that met the same stretch of the machine: sandwiched
+    steps, or the two processes of one benchmark round) summarised the one way both CPU benchmarks
+    report them: the median, its distribution-free interval with the coverage it really has (with
+    fewer than 6 values no interval reaches 95 %: it is then min–max, e.g. 75 % for 3 rounds), and
+    the goal judged on that interval."""
+    low, high, coverage = median_ci(ratios)
+    return {"median": median(ratios), "low": low, "high": high, "coverage": coverage,
+            "min": min(ratios), "max": max(ratios), "n": len(ratios),
+            "verdict": verdict(low, high, goal)}

@@ -95,6 +95,7 @@ if ROUNDS < 1:
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from cpu_bench_common import (GOALS, ISA_LIMITS, TORCH_AVX2, cpu_identity, isa_of,  # noqa: E402
                               levels_cpu_step_runs, result_slug, write_atomically)
+from lockstep_stats import ratio_verdict  # noqa: E402
 
 
 def cpu_isa_levels():
@@ -216,15 +217,15 @@ def summarize(runs):
 
 
 def paired_ratio(runs, num, den, goal):
-    """num's step / den's step, per round (the two ran in the same round), over the rounds."""
+    """num's step / den's step, per round (the two ran in the same round), over the rounds: the
+    median, its interval and the verdict on it (lockstep_stats.ratio_verdict, as cpu_lockstep.py
+    reports its sandwiched steps)."""
     if num not in runs or den not in runs:
         return None
     per_round = [a["step_ms"]["median"] / b["step_ms"]["median"]
                  for a, b in zip(runs[num], runs[den])]
-    m = median(per_round)
-    return {"num": num, "den": den, "goal": goal, "median": m, "min": min(per_round),
-            "max": max(per_round), "per_round": per_round,
-            "met": None if goal is None else m <= goal,
+    return {"num": num, "den": den, "goal": goal, "per_round": per_round,
+            **ratio_verdict(per_round, goal),
             "rounds_within_goal": None if goal is None else sum(x <= goal for x in per_round)}
 
 
@@ -345,8 +346,11 @@ L.append(f"- {ROUNDS_TEXT} per config; a round runs every row once, each a separ
          "the order rotated by one each round (the JSON's `order`). Step time = median over rounds "
          "of each process's median step; the range is min–max of those per-process medians.")
 L.append("- Ratios pair the two rows of one round (the two processes ran minutes apart at most): "
-         "the median of the per-round ratios, with their min–max; a goal is met when that median "
-         "is at or below it.")
+         "the median of the per-round ratios and the median's distribution-free interval with "
+         "the confidence it has (with fewer than 6 rounds it is their min–max: 75 % for 3 "
+         "rounds). A goal is met or missed only when all of that interval is on one side of it, "
+         "else undecided at this noise: more rounds, or bench/cpu_lockstep.py (the two processes "
+         "taking turns step by step), decide it.")
 L.append("- Model FLOPs per step: (6 N + 6·L·C·T) × tokens, N every parameter (llm.c's "
          "count, GPT::training_flops_per_step; identical on every row, checked). GFLOP/s = that / step time; "
          "% probe = GFLOP/s / the 1024³ sgemm probe measured in the same process.")
@@ -377,7 +381,8 @@ for preset, v in results.items():
                  f"{s['peak_rss_mib']:.0f} | {s['initial_loss']:.3f} | "
                  f"{100 * s['max_foreign_cpu_share']:.0f}% |")
 L.append("")
-L.append("| config | ratio of step times | median over rounds (min–max) | goal | verdict |")
+L.append("| config | ratio of step times | median over rounds (interval, confidence) | goal | "
+         "verdict |")
 L.append("|---|---|---|---|---|")
 for preset, v in results.items():
     for name, num, den, goal in RATIOS:
@@ -389,9 +394,9 @@ for preset, v in results.items():
                      "the CPU) | " + (f"≤ {goal:.2f}" if goal else "—") + " | — |")
             continue
         verdict = "shown (no goal)" if goal is None else (
-            f"**{'met' if q['met'] else 'missed'}** ({q['rounds_within_goal']} of "
-            f"{len(q['per_round'])} within)")
-        L.append(f"| {preset} | {name} | {q['median']:.2f} ({q['min']:.2f}–{q['max']:.2f}) | "
+            f"**{q['verdict']}** ({q['rounds_within_goal']} of {q['n']} rounds within)")
+        L.append(f"| {preset} | {name} | {q['median']:.2f} ({q['low']:.2f}–{q['high']:.2f}, "
+                 f"{100 * q['coverage']:.0f} %) | "
                  + (f"≤ {goal:.2f}" if goal else "—") + f" | {verdict} |")
 L.append("")
 L.append("Probes (median over the rounds, each measured in the benchmark process itself):\n")

@@ -4,7 +4,7 @@ sandwich ratio cancels a linear drift exactly where the ratio of medians does no
 overlap are refused; the median's interval is the order statistics the binomial tables give
 (n 5, 10, 20) and covers the true median as often as it says on 2000 simulated comparisons; a
 ratio that depends on the load shows in the two load halves and noise alone does not; the goal
-is judged on the interval.
+is judged on the interval, for run_cpu_bench.sh's few rounds too (min–max at the coverage it has).
 
     python3 tests/lockstep_stats_test.py [-v]
 """
@@ -129,6 +129,30 @@ class Verdict(unittest.TestCase):
         self.assertEqual(s.verdict(0.51, 0.56, 0.50), "missed")
         self.assertEqual(s.verdict(0.48, 0.52, 0.50), "undecided at this noise")
         self.assertEqual(s.verdict(0.9, 1.1, None), "no goal")
+
+    def test_three_rounds_that_straddle_the_goal_are_undecided(self):
+        # run_cpu_bench.sh's 3 rounds: the interval is min–max, which covers the median with
+        # probability 1 - 2 (1/2)^3 = 0.75; one round on the other side of the goal leaves the
+        # verdict open (it once printed "missed (1 of 3 within)").
+        q = s.ratio_verdict([0.56, 0.45, 0.59], 0.50)
+        self.assertEqual((q["median"], q["low"], q["high"]), (0.56, 0.45, 0.59))
+        self.assertAlmostEqual(q["coverage"], 0.75, places=12)
+        self.assertEqual(q["verdict"], "undecided at this noise")
+        self.assertEqual(s.ratio_verdict([0.52, 0.51, 0.53], 0.50)["verdict"], "missed")
+        self.assertEqual(s.ratio_verdict([0.47, 0.49, 0.48], 0.50)["verdict"], "met")
+
+    def test_many_values_use_the_order_statistics_interval(self):
+        # 20 ratios 0.40, 0.41, ... 0.59: the 95 % interval is x(6)..x(15) (binomial table), so
+        # 0.45..0.54 straddles 0.50, and 0.55 as a goal is met, 0.44 missed.
+        ratios = [0.40 + 0.01 * i for i in range(20)]
+        random.Random(3).shuffle(ratios)
+        q = s.ratio_verdict(ratios, 0.50)
+        self.assertAlmostEqual(q["low"], 0.45, places=12)
+        self.assertAlmostEqual(q["high"], 0.54, places=12)
+        self.assertEqual((q["n"], q["verdict"]), (20, "undecided at this noise"))
+        self.assertEqual(s.ratio_verdict(ratios, 0.55)["verdict"], "met")
+        self.assertEqual(s.ratio_verdict(ratios, 0.44)["verdict"], "missed")
+        self.assertEqual(s.ratio_verdict(ratios, None)["verdict"], "no goal")
 
 
 if __name__ == "__main__":
