@@ -197,7 +197,7 @@ size_t dq_smem_bytes(int hs) {
 }
 
 template <class K>
-void set_smem(K kernel, size_t bytes, const char* name) {
+void set_smem(K kernel, size_t bytes, const char* name, const char* fallback) {
     if (bytes <= 48 * 1024) return;
     int dev = 0, optin = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -205,7 +205,7 @@ void set_smem(K kernel, size_t bytes, const char* name) {
     if (bytes > static_cast<size_t>(optin))
         throw BackendError(std::string("flash attention: ") + name + " needs " +
                            std::to_string(bytes) + " bytes of shared memory, the device allows " +
-                           std::to_string(optin) + "; use kernels.attention: naive");
+                           std::to_string(optin) + "; use kernels.attention: " + fallback);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(bytes)));
 }
@@ -501,7 +501,8 @@ void flash_attention_forward(DType dt, void* out, float* lse, const void* qkv, i
     const size_t smem = fwd_smem_bytes(hs);
     dispatch(dt, [&](auto tag) {
         using E = decltype(tag);
-        set_smem(flash_attention_forward_kernel<E>, smem, "flash_attention_forward_kernel");
+        set_smem(flash_attention_forward_kernel<E>, smem, "flash_attention_forward_kernel",
+                 "naive");
         flash_attention_forward_kernel<E><<<grid, 32 * kFwdWarps, smem, s>>>(
             static_cast<E*>(out), lse, static_cast<const E*>(qkv), T, C, NH);
     });
@@ -522,8 +523,9 @@ void flash_attention_backward(DType dt, void* dqkv, const void* dout, const void
             Dsum, static_cast<const E*>(dout), static_cast<const E*>(out), B, T, C, NH);
         CUDA_CHECK_LAUNCH("flash_backward_preprocess_kernel");
         const size_t s1 = dkdv_smem_bytes(hs), s2 = dq_smem_bytes(hs);
-        set_smem(flash_attention_backward_dkdv_kernel<E>, s1, "flash_attention_backward_dkdv");
-        set_smem(flash_attention_backward_dq_kernel<E>, s2, "flash_attention_backward_dq");
+        set_smem(flash_attention_backward_dkdv_kernel<E>, s1, "flash_attention_backward_dkdv",
+                 "naive");
+        set_smem(flash_attention_backward_dq_kernel<E>, s2, "flash_attention_backward_dq", "naive");
         flash_attention_backward_dkdv_kernel<E>
             <<<grid, 128, s1, s>>>(static_cast<E*>(dqkv), static_cast<const E*>(dout),
                                    static_cast<const E*>(qkv), lse, Dsum, T, C, NH);
@@ -631,31 +633,35 @@ struct TcShape {
         2 * kTileBytes + 2 * kInnerBytes + 2 * kInner * sizeof(float);  // + lse, D
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+[[maybe_unused]] __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// Every instruction below needs sm_80+ (bf16 mma.sync and cp.async; ldmatrix sm_75): compiled
+// for an older architecture (CMAKE_CUDA_ARCHITECTURES 70 or 75) they become a trap, so the rest
+// of the CUDA backend still builds there, and the launcher refuses such a device before any runs.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define MT_TC_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define MT_TC_ASM(...) __trap()
+#endif
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
+    MT_TC_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+              : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+              : "r"(smem_u32(p)));
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
+    MT_TC_ASM("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+              : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+              : "r"(smem_u32(p)));
 }
 // d += A B, one m16n8k16 tensor-core MMA (bf16 in, fp32 accumulate).
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                           uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
+    MT_TC_ASM(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();  // bf16 MMA needs sm_80+; the launcher refuses older devices
-#endif
 }
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
@@ -692,16 +698,16 @@ __device__ __forceinline__ const bf16* frag_nk(const bf16* tile, int n0, int k0,
 // read, `src` only has to be a legal address). The "memory" clobbers keep the compiler from
 // moving ordinary shared-memory accesses across the copy, its commit and its wait.
 __device__ __forceinline__ void cp_async_16(bf16* dst, const bf16* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
+    MT_TC_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+              "r"(valid ? 16 : 0)
+              : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    MT_TC_ASM("cp.async.commit_group;\n" ::: "memory");
 }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");  // the tile is readable after
+    MT_TC_ASM("cp.async.wait_group %0;\n" ::"n"(N) : "memory");  // the tile is readable after
 }
 
 // Starts copying rows r0..r0+ROWS-1 (columns 0..HS-1) of a row-major matrix with leading
@@ -1042,28 +1048,41 @@ void prepare_device_once() {
             "capability 8.0 or newer; device " +
             std::to_string(dev) + " has " + std::to_string(major) +
             ".x; use kernels.attention: flash");
-    set_smem(flash_tc_forward_kernel<64>, TcShape<64>::kForwardSmem, "flash_tc_forward_kernel<64>");
+    set_smem(flash_tc_forward_kernel<64>, TcShape<64>::kForwardSmem, "flash_tc_forward_kernel<64>",
+             "flash");
     set_smem(flash_tc_forward_kernel<128>, TcShape<128>::kForwardSmem,
-             "flash_tc_forward_kernel<128>");
+             "flash_tc_forward_kernel<128>", "flash");
     set_smem(flash_tc_backward_dkdv_kernel<64>, TcShape<64>::kBackwardSmem,
-             "flash_tc_backward_dkdv_kernel<64>");
+             "flash_tc_backward_dkdv_kernel<64>", "flash");
     set_smem(flash_tc_backward_dkdv_kernel<128>, TcShape<128>::kBackwardSmem,
-             "flash_tc_backward_dkdv_kernel<128>");
+             "flash_tc_backward_dkdv_kernel<128>", "flash");
     set_smem(flash_tc_backward_dq_kernel<64>, TcShape<64>::kBackwardSmem,
-             "flash_tc_backward_dq_kernel<64>");
+             "flash_tc_backward_dq_kernel<64>", "flash");
     set_smem(flash_tc_backward_dq_kernel<128>, TcShape<128>::kBackwardSmem,
-             "flash_tc_backward_dq_kernel<128>");
+             "flash_tc_backward_dq_kernel<128>", "flash");
     ready.insert(dev);
 }
+
+}  // namespace
+
+void flash_tc_check_shape(const char* what, int C, int NH) {
+    if (NH <= 0 || C % NH != 0)
+        throw BackendError(std::string("flash_tc attention (") + what + "): n_embd " +
+                           std::to_string(C) + " is not a multiple of n_head " +
+                           std::to_string(NH) + " (the heads split the channels evenly)");
+    const int hs = C / NH;
+    if (!flash_tc_supports_head_size(hs))
+        throw BackendError(std::string("flash_tc attention (") + what +
+                           "): kernels for head size 64 or 128, got n_embd / n_head = " +
+                           std::to_string(hs) + "; use kernels.attention: flash");
+}
+
+namespace {
 
 // The shape and alignment a call must have (host arithmetic only), then the device preparation.
 void check_flash_tc_call(const char* what, int C, int NH,
                          std::initializer_list<const void*> pointers) {
-    const int hs = C / NH;
-    if (!flash_tc_supports_head_size(hs))
-        throw BackendError(std::string("flash_tc attention (") + what +
-                           "): head size n_embd / n_head = " + std::to_string(hs) +
-                           " is not supported (64 or 128); use kernels.attention: flash");
+    flash_tc_check_shape(what, C, NH);
     for (const void* p : pointers)
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
             throw BackendError(std::string("flash_tc attention (") + what +

@@ -549,7 +549,7 @@ class CudaBackend final : public Backend {
     // workspace policy at the top of this file).
     void reserve_attention_workspace(AttentionImpl impl, int B, int T, int C, int NH) override {
         check_attention_impl(impl);
-        if (impl == AttentionImpl::flash_tc) check_flash_tc_head_size(C, NH);
+        if (impl == AttentionImpl::flash_tc) cuda::flash_tc_check_shape("workspace", C, NH);
         const size_t need = attention_workspace_needed(impl, dt(), B, T, C, NH);
         if (need <= attn_ws_bytes_) return;
         synchronize();
@@ -592,13 +592,6 @@ class CudaBackend final : public Backend {
 #else
         throw BackendError(kCudnnNotBuilt);
 #endif
-    }
-    static void check_flash_tc_head_size(int C, int NH) {
-        if (!flash_tc_supports_head_size(C / NH))
-            throw BackendError(
-                "kernels.attention: flash_tc has kernels for head size 64 or 128, "
-                "got n_embd / n_head = " +
-                std::to_string(C / NH) + "; use kernels.attention: flash");
     }
     void kernel(const op::AttentionForward& a) {
         check_attention_impl(a.impl);

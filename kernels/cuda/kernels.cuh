@@ -141,6 +141,8 @@ void flash_attention_backward(DType dt, void* dqkv, const void* dout, const void
 // size 64 or 128 (flash_tc_supports_head_size), 16-byte aligned tensors, compute capability 8.0+
 // (each launcher throws BackendError otherwise). saved = logsumexp (B,NH,T), as flash. Workspace:
 // D = rowsum(dO * O) (B,NH,T) fp32. The backward adds into dqkv, deterministically.
+// Throws BackendError naming `what` unless NH divides C into heads of a size flash_tc has.
+void flash_tc_check_shape(const char* what, int C, int NH);
 size_t flash_tc_attention_workspace_bytes(int B, int T, int C, int NH);
 void flash_tc_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
                                 cudaStream_t s);
