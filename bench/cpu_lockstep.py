@@ -22,11 +22,14 @@ for their own): the `avx2` level against PyTorch limited to AVX2 (MKL_ENABLE_INS
 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2; issue 27's goal <= 0.50) and, where the CPU has
 AVX-512, the `avx512` level against PyTorch native (<= 0.40). Each process checks what it ran
 (cpu_step's `cpu_isa`, PyTorch's ATen capability); a mislabelled run stops the script.
-`--peer microtrain` pairs two cpu_step processes at the best level instead (no PyTorch: the
-protocol's own check, ctest cpu_lockstep_protocol; a ratio near 1 is what it should show).
+`--peer microtrain` pairs two cpu_step processes at the same level instead, the best one or each
+of --levels (no PyTorch: an A/A check of the method, where a ratio near 1 is what it should show,
+and the protocol's own test, ctest cpu_lockstep_protocol).
 
 Output: a table on stdout and, with --out-dir, cpu-lockstep-<UTC>-<cpu>-<N>c.md and .json
-(every step of both sides, their spans, the ratios), written atomically.
+(every step of both sides, their spans, the ratios), written atomically after every comparison:
+a run that fails or is interrupted (Ctrl-C or SIGTERM stops both processes of the pair) keeps
+the comparisons it finished, and the report says how many of how many those are.
 """
 
 import argparse
@@ -79,15 +82,17 @@ def parse_args():
 def comparisons(a):
     """(name, microtrain level, peer side (label, env, expected ISA), goal) to run."""
     levels = levels_cpu_step_runs(a.cpu_step, "cpu_lockstep")
-    if a.peer == "microtrain":
-        best = levels[0]
-        return [(f"{best} / {best}", best, (f"microtrain `{best}`", {"MT_CPU_ISA": best}, best),
-                 None)]
-    wanted = a.levels.split() or [lv for lv in ("avx2", "avx512") if lv in levels]
+    default = levels[:1] if a.peer == "microtrain" else [
+        lv for lv in ("avx2", "avx512") if lv in levels]
+    wanted = a.levels.split() or default
     out = []
     for lv in wanted:
         if lv not in levels:
             sys.exit(f"cpu_lockstep: --levels has '{lv}'; this CPU runs {' '.join(levels)}")
+        if a.peer == "microtrain":  # A/A: the same level on both sides
+            out.append((f"`{lv}` / `{lv}`", lv, (f"microtrain `{lv}`", {"MT_CPU_ISA": lv}, lv),
+                        None))
+            continue
         if lv == "avx2" and "avx512" in levels:
             peer = ("PyTorch limited to AVX2", dict(TORCH_AVX2), "AVX2")
         elif lv == "avx2":
@@ -134,21 +139,23 @@ def run_pair(a, name, level, peer, tmp):
     limit = 120 + (a.warmup + a.steps) * 2 * 60  # a minute a step is far beyond any real step
     deadline = time.monotonic() + limit
     failed = None
-    while not failed:
-        for tag, p, _, _ in procs:
-            if p.poll() not in (None, 0):
-                failed = (tag, f"exit code {p.returncode}")
-        if failed or all(p.poll() == 0 for _, p, _, _ in procs):
-            break
-        if time.monotonic() > deadline:
-            failed = ("both", f"still running after {limit} s")
-        time.sleep(0.2)
-    os.close(first)
-    for tag, p, log, _ in procs:
-        if p.poll() is None:  # its peer died: it would wait for a turn forever
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        log.close()
+    try:
+        while not failed:
+            for tag, p, _, _ in procs:
+                if p.poll() not in (None, 0):
+                    failed = (tag, f"exit code {p.returncode}")
+            if failed or all(p.poll() == 0 for _, p, _, _ in procs):
+                break
+            if time.monotonic() > deadline:
+                failed = ("both", f"still running after {limit} s")
+            time.sleep(0.2)
+    finally:  # also on Ctrl-C: the sides run in sessions of their own, which it does not reach
+        os.close(first)
+        for tag, p, log, _ in procs:
+            if p.poll() is None:  # its peer died (or we stop): it would wait for a turn forever
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            log.close()
     if failed:
         tails = []
         for tag, p, _, cmd in procs:
@@ -201,13 +208,62 @@ def witness_text(before, after):
     return f"{one(before)} before, {one(after)} after"
 
 
+def report_text(a, model, stamp, commit, cmd, rows, records, total):
+    """The markdown report of the comparisons done so far (`total` were asked for)."""
+    md = [f"# CPU lockstep comparison {stamp}Z", "",
+          f"`{cmd}` at commit `{commit}`; {model}, {os.cpu_count()} CPUs; {a.preset} B{a.batch} "
+          f"T{records[0]['ours']['T']}, fp32, {a.threads} threads; {a.warmup} warm-up + {a.steps} measured "
+          f"steps per side, the two processes taking turns (settle {a.settle_ms} ms).", ""]
+    if len(rows) < total:
+        md += [f"**{len(rows)} of the {total} comparisons asked for.** The run stopped (it failed "
+               "or was interrupted) during the next one, or is still running it; the rows below "
+               "were measured in full.", ""]
+    md += ["| comparison | microtrain ms | peer ms | ratio (median of sandwiched steps) | 95 % "
+           "interval | min–max | steps | goal | verdict | ratio, less / more loaded half |",
+           "|---|---:|---:|---:|---|---|---:|---|---|---|"]
+    for r in rows:
+        goal = "—" if r["goal"] is None else f"≤ {r['goal']:.2f}"
+        md.append(f"| {r['comparison']} | {r['ours_ms']:.1f} | {r['theirs_ms']:.1f} | "
+                  f"{r['ratio']:.3f} | {r['ci'][0]:.3f}–{r['ci'][1]:.3f} "
+                  f"({100 * r['ci_coverage']:.1f} %) | {r['ratio_min']:.3f}–{r['ratio_max']:.3f} | "
+                  f"{r['pairs']} | {goal} | {r['verdict']} | " +
+                  ("—" if not r["load_halves"] else
+                   f"{r['load_halves']['less_loaded']:.3f} / {r['load_halves']['more_loaded']:.3f}")
+                  + " |")
+    md += [""] + [f"The machine around {r['comparison']}: "
+                  f"{witness_text(r['witness']['before'], r['witness']['after'])} (cpu_step's "
+                  f"probes on the tiny model)." for r in rows]
+    md += ["", "Each step of microtrain ran between two of the peer's and is divided by their mean "
+           "(the drift of the machine over seconds cancels); the interval is the median's "
+           "distribution-free 95 % interval; a goal is met or missed only when all of the "
+           "interval is on one side. The last column splits the steps by the load around them "
+           "(the mean time of microtrain's two neighbouring steps): where the halves differ, "
+           "the ratio depends on how loaded the machine was, and a busy machine's ratio is not "
+           "a quiet one's (bench/lockstep_stats.py). A whole run on a loaded host moves both "
+           "sides at once, which the halves cannot see: the probes before and after say what "
+           "state the machine was in."]
+    return "\n".join(md) + "\n"
+
+
+def stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt  # a killed run (a job's time limit) ends as Ctrl-C does
+
+
 def main():
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     a = parse_args()
     model, _ = cpu_identity()
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M")
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    cmd = " ".join(sys.argv)
+    base = os.path.join(a.out_dir, f"cpu-lockstep-{stamp}-{result_slug(model)}") if a.out_dir \
+        else None
+    todo = comparisons(a)
     rows, records = [], []
     tmp = tempfile.mkdtemp(prefix="cpu_lockstep_")
     try:
-        for name, level, peer, goal in comparisons(a):
+        for name, level, peer, goal in todo:
             print(f"cpu_lockstep: {name}, {a.preset} B{a.batch} T{a.seq_len or 'max'}, {a.threads} threads, "
                   f"{a.warmup} warm-up + {a.steps} steps each, taking turns", flush=True)
             before = machine_witness(a, tmp)
@@ -243,52 +299,25 @@ def main():
                 print(f"  the ratio in the less loaded half of the steps {halves[0]:.3f}, in the "
                       f"more loaded half {halves[1]:.3f} ({halves[2]} steps each)", flush=True)
             print(f"  the machine: {witness_text(before, after)}", flush=True)
+            if base:  # after every comparison: what was measured survives a later failure
+                os.makedirs(a.out_dir, exist_ok=True)
+                write_atomically(base + ".md", report_text(a, model, stamp, commit, cmd, rows,
+                                                           records, len(todo)))
+                write_atomically(base + ".json", json.dumps(
+                    {"date_utc": stamp, "commit": commit, "command": cmd, "cpu_model": model,
+                     "args": vars(a), "comparisons_asked": len(todo), "comparisons": records},
+                    indent=1) + "\n")
+    except KeyboardInterrupt:
+        kept = f"; {base}.md and .json hold the {len(rows)} finished" if rows and base else ""
+        where = (f"during comparison {len(rows) + 1} of {len(todo)}" if len(rows) < len(todo)
+                 else "after the last comparison")
+        sys.exit(f"cpu_lockstep: interrupted {where}{kept}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M")
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip() or "unknown"
-    cmd = " ".join(sys.argv)
-    md = [f"# CPU lockstep comparison {stamp}Z", "",
-          f"`{cmd}` at commit `{commit}`; {model}, {os.cpu_count()} CPUs; {a.preset} B{a.batch} "
-          f"T{records[0]['ours']['T']}, fp32, {a.threads} threads; {a.warmup} warm-up + {a.steps} measured "
-          f"steps per side, the two processes taking turns (settle {a.settle_ms} ms).", "",
-          "| comparison | microtrain ms | peer ms | ratio (median of sandwiched steps) | 95 % "
-          "interval | min–max | steps | goal | verdict | ratio, less / more loaded half |",
-          "|---|---:|---:|---:|---|---|---:|---|---|---|"]
-    for r in rows:
-        goal = "—" if r["goal"] is None else f"≤ {r['goal']:.2f}"
-        md.append(f"| {r['comparison']} | {r['ours_ms']:.1f} | {r['theirs_ms']:.1f} | "
-                  f"{r['ratio']:.3f} | {r['ci'][0]:.3f}–{r['ci'][1]:.3f} "
-                  f"({100 * r['ci_coverage']:.1f} %) | {r['ratio_min']:.3f}–{r['ratio_max']:.3f} | "
-                  f"{r['pairs']} | {goal} | {r['verdict']} | " +
-                  ("—" if not r["load_halves"] else
-                   f"{r['load_halves']['less_loaded']:.3f} / {r['load_halves']['more_loaded']:.3f}")
-                  + " |")
-    md += [""] + [f"The machine around {r['comparison']}: "
-                  f"{witness_text(r['witness']['before'], r['witness']['after'])} (cpu_step's "
-                  f"probes on the tiny model)." for r in rows]
-    md += ["", "Each step of microtrain ran between two of the peer's and is divided by their mean "
-           "(the drift of the machine over seconds cancels); the interval is the median's "
-           "distribution-free 95 % interval; a goal is met or missed only when all of the "
-           "interval is on one side. The last column splits the steps by the load around them "
-           "(the mean time of microtrain's two neighbouring steps): where the halves differ, "
-           "the ratio depends on how loaded the machine was, and a busy machine's ratio is not "
-           "a quiet one's (bench/lockstep_stats.py). A whole run on a loaded host moves both "
-           "sides at once, which the halves cannot see: the probes before and after say what "
-           "state the machine was in."]
-    text = "\n".join(md) + "\n"
-    print("\n" + text)
-    if a.out_dir:
-        os.makedirs(a.out_dir, exist_ok=True)
-        base = os.path.join(a.out_dir, f"cpu-lockstep-{stamp}-{result_slug(model)}")
-        write_atomically(base + ".md", text)
-        write_atomically(base + ".json", json.dumps(
-            {"date_utc": stamp, "commit": commit, "command": cmd, "cpu_model": model,
-             "args": vars(a), "comparisons": records}, indent=1) + "\n")
+    print("\n" + report_text(a, model, stamp, commit, cmd, rows, records, len(todo)))
+    if base:
         print(f"cpu_lockstep: wrote {base}.md and .json")
-
 
 if __name__ == "__main__":
     main()
