@@ -16,11 +16,14 @@
 # Every process does 2 warm-up + 5 measured steps and its own sgemm / copy probes. The ratios the
 # goal names (issue 27) are paired per round — AVX2 level / PyTorch-AVX2 (goal <= 0.50), AVX-512
 # level / PyTorch native (goal <= 0.40), baseline / PyTorch native (no goal) — and reported as the
-# median over rounds with their min–max. Then one profiled microtrain run of gpt2-mini at the best
-# level (cpu_step --profile) gives the per-op roofline table. Writes
+# median over rounds with the median's interval, the goal judged on that interval (met, missed or
+# undecided; lockstep_stats.ratio_verdict). Then one profiled microtrain run of gpt2-mini at the
+# best level (cpu_step --profile) gives the per-op roofline table. Writes
 #   bench/results/cpu-<UTC date-time>-<cpu model>-<N>c[-smoke].md   (the tables)
 #   bench/results/cpu-<UTC date-time>-<cpu model>-<N>c[-smoke].json (every run's JSON + summary)
-# atomically, and prints the tables. About 20 minutes on 2 idle cores with AVX-512 (5 rows).
+# atomically, and prints the tables. Until then every finished process is appended to
+# ...[-smoke].partial.jsonl beside them, so a run that fails or is stopped (Ctrl-C, SIGTERM)
+# keeps what it measured; the report replaces it. About 20 minutes on 2 idle cores with AVX-512.
 #
 # Environment (all optional):
 #   MT_BENCH_ROUNDS=3                     rounds per config
@@ -73,7 +76,7 @@ fi
 export OMP_NUM_THREADS=$THREADS
 export CPU_STEP THREADS ROOT PYTHON REPRO
 exec /usr/bin/python3 - <<'PY'
-import datetime, json, os, resource, socket, subprocess, sys, tempfile, time
+import datetime, json, os, resource, signal, socket, subprocess, sys, tempfile, time
 
 ROOT = os.environ["ROOT"]
 CPU_STEP = os.environ["CPU_STEP"]
@@ -135,6 +138,33 @@ def cpu_busy_seconds():
     return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def keep(preset, B, T, tag, r):
+    """Appends a finished process's record to PARTIAL at once: a run that fails or is stopped
+    later keeps every process it measured (one JSON object per line)."""
+    os.makedirs(OUT_DIR, exist_ok=True)
+    rec = {k: v for k, v in r.items() if k != "stdout"}
+    with open(PARTIAL, "a") as f:
+        f.write(json.dumps({"preset": preset, "B": B, "T": T, "round": tag.strip(),
+                            "record": rec}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def shown(path):
+    """A path as the report names it: relative to the tree when inside it."""
+    rel = os.path.relpath(path, ROOT)
+    return os.path.abspath(path) if rel.startswith("..") else rel
+
+
+def kept_so_far():
+    return (f"; the processes measured so far are in {shown(PARTIAL)}"
+            if os.path.exists(PARTIAL) else "")
+
+
+def stopped(signum, frame):
+    sys.exit(f"run_cpu_bench: stopped ({signal.Signals(signum).name}){kept_so_far()}")
+
+
 def run_one(row, preset, B, T, extra=(), tag=""):
     """Runs one benchmark process; returns its JSON plus the noise measured around it."""
     fd, path = tempfile.mkstemp(prefix=f"cpu_bench_{row['id']}_", suffix=".json")
@@ -158,14 +188,15 @@ def run_one(row, preset, B, T, extra=(), tag=""):
         sys.stdout.write(p.stdout)
         os.unlink(path)
         sys.exit(f"run_cpu_bench: {' '.join(f'{k}={v}' for k, v in row['env'].items())} "
-                 f"{' '.join(cmd)} failed with exit code {p.returncode}")
+                 f"{' '.join(cmd)} failed with exit code {p.returncode}{kept_so_far()}")
     with open(path) as f:
         r = json.load(f)
     os.unlink(path)
     if row["expect"] and isa_of(r) != row["expect"]:
         limits = " ".join(f"{k}={v}" for k, v in row["env"].items()) or "no ISA limit"
         sys.exit(f"run_cpu_bench: row '{row['label']}' ({limits}) must run {row['expect']}, but "
-                 f"the process reported {isa_of(r)}: its numbers would be mislabelled")
+                 f"the process reported {isa_of(r)}: its numbers would be mislabelled"
+                 f"{kept_so_far()}")
     own = (child1.ru_utime - child0.ru_utime) + (child1.ru_stime - child0.ru_stime)
     # CPU time other processes used while this one ran, as a share of the machine: the noise.
     ncpu = os.cpu_count() or 1
@@ -173,6 +204,7 @@ def run_one(row, preset, B, T, extra=(), tag=""):
                   "loadavg_1min_before": load0, "process_wall_s": wall}
     r["row"] = row["id"]
     r["stdout"] = p.stdout
+    keep(preset, B, T, tag, r)
     print(f"  {preset:10s} {row['id']:12s}{tag} ({isa_of(r)}) step "
           f"{r['step_ms']['median']:9.1f} ms  {r['gflops']:6.1f} GFLOP/s  "
           f"RSS {r['peak_rss_mib']:6.0f} MiB  (other processes used "
@@ -262,6 +294,9 @@ dirty = git("status", "--porcelain", "--", "kernels", "model", "optim", "engine"
             "bench/cpu_step.cpp", "bench/torch_cpu_step.py")
 slug = result_slug(cpu_model)
 stem = os.path.join(OUT_DIR, f"cpu-{now:%Y-%m-%dT%H%M}-{slug}" + ("-smoke" if SMOKE else ""))
+PARTIAL = stem + ".partial.jsonl"  # every finished process, until the report replaces it
+signal.signal(signal.SIGTERM, stopped)
+signal.signal(signal.SIGINT, stopped)
 ROWS, SUPPORTED, AVX2_DEN, AVX2_NOTE = bench_rows()
 # The ratios the goal names (issue 27): (name, numerator row, denominator row, goal or None).
 RATIOS = [("AVX2 level / PyTorch limited to AVX2", "mt-avx2", AVX2_DEN, GOALS["avx2"]),
@@ -270,7 +305,8 @@ RATIOS = [("AVX2 level / PyTorch limited to AVX2", "mt-avx2", AVX2_DEN, GOALS["a
 ROUNDS_TEXT = f"{ROUNDS} round" + ("s" if ROUNDS != 1 else "")
 print(f"== {cpu_model}, {os.cpu_count()} CPUs, {THREADS} threads, {ROUNDS_TEXT} per config, "
       f"rows {' '.join(x['id'] for x in ROWS)}, {WARMUP} warm-up + {STEPS} measured steps per "
-      f"process; load average {os.getloadavg()[0]:.2f} at start")
+      f"process; load average {os.getloadavg()[0]:.2f} at start; each finished process is "
+      f"kept in {shown(PARTIAL)} until the report is written")
 
 results = {}
 for preset in CONFIGS:
@@ -287,7 +323,7 @@ for preset in CONFIGS:
     for rid, v in s.items():
         if abs(v["flops_per_step"] - f0) > 1e-9 * f0:
             sys.exit(f"run_cpu_bench: {preset}: model FLOPs differ ({rid} {v['flops_per_step']}, "
-                     f"pt-native {f0}): the rows are not the same model")
+                     f"pt-native {f0}): the rows are not the same model{kept_so_far()}")
     ratios = {name: paired_ratio(runs, num, den, goal) for name, num, den, goal in RATIOS}
     results[preset] = {"B": B, "T": T, "order": orders, "summary": s, "runs": runs,
                        "ratios": ratios}
@@ -432,7 +468,8 @@ write_atomically(stem + ".json", json.dumps(
                                          for n, a, b, g in RATIOS],
      "avx2_note": AVX2_NOTE, "configs": results, "profile_gpt2_mini": profile}, indent=1) + "\n")
 write_atomically(stem + ".md", report)
+os.unlink(PARTIAL)  # all of it is in the report now
 print()
 print(report)
-print(f"wrote {os.path.relpath(stem, ROOT)}.md and .json")
+print(f"wrote {shown(stem)}.md and .json")
 PY
