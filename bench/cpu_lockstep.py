@@ -36,6 +36,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -256,7 +257,7 @@ def main():
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M")
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "unknown"
-    cmd = " ".join(sys.argv)
+    cmd = shlex.join(sys.argv)  # quoted: a --levels list reproduces as one argument
     base = os.path.join(a.out_dir, f"cpu-lockstep-{stamp}-{result_slug(model)}") if a.out_dir \
         else None
     todo = comparisons(a)
