@@ -20,8 +20,8 @@ which must then be enough to cover it: they are not timed). Prints one JSON line
 import argparse
 import json
 import math
+import statistics
 import sys
-import time
 
 import torch
 import torch.nn as nn
@@ -136,7 +136,7 @@ def main():
     res = {
         "impl": "pytorch", "torch": torch.__version__, "device": torch.cuda.get_device_name(0),
         "preset": a.preset, "B": a.B, "T": a.T, "precision": a.precision, "attention": a.attention,
-        "compile": a.compile, "ms_per_step_median": sorted(times)[len(times) // 2],
+        "compile": a.compile, "ms_per_step_median": statistics.median(times),
         "steps": a.steps, "ms_per_step_mean": mean, "ms_per_step_min": min(times),
         "tokens_per_s": a.B * a.T / (mean / 1e3), "final_loss": loss_v,
         "peak_mem_mib": torch.cuda.max_memory_allocated() / 2**20,

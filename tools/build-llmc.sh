@@ -13,7 +13,9 @@
 #         MT_LLMC_CUDNN_FRONTEND (default: .deps/cudnn-frontend/include, else .cudnn-frontend/include)
 #         and cuDNN 9 itself from the CUDA toolkit or PyTorch's wheel (nvidia-cudnn-cu13), found
 #         the way CMakeLists.txt finds it for microtrain's own cuDNN build.
-# Environment: MT_LLMC_ARCH (default 90: sm_90, H100/H200), NVCC (default: nvcc on PATH).
+# Environment: MT_LLMC_ARCH (default 90: sm_90, H100/H200), NVCC (default: nvcc on PATH),
+# MT_LLMC_WITHOUT_MAKE=1 (what a machine without GNU make does: the plain binary by the
+# Makefile's own nvcc command, written out below; the device image is not known to have make).
 #
 # Exit 0 with the binary in place, else non-zero with the reason on stderr (and in build.log).
 set -uo pipefail
@@ -106,11 +108,20 @@ else
     make_args+=(USE_CUDNN=0 "NVCC=$NVCC_BIN")
 fi
 
-echo "\$ make ${make_args[*]}" >> "$LOG"
-t=$(date +%s)
-if ! (cd "$work" && make "${make_args[@]}") >> "$LOG" 2>&1; then
-    tail -n 20 "$LOG" >&2
-    die "make failed after $(($(date +%s) - t)) s (log: $LOG)"
+build_cmd=(make "${make_args[@]}")
+if [[ ${MT_LLMC_WITHOUT_MAKE:-0} == 1 ]] || ! command -v make > /dev/null; then
+    [[ $CUDNN == 0 ]] || die "--cudnn needs GNU make (cudnn_att.cpp's own rule); none here"
+    # The Makefile's recipe for train_gpt2cu with these variables (llm.c f1e2ace): NVCC_FLAGS,
+    # PFLAGS (bf16), the source, NVCC_LDFLAGS (the NVML link patched out above), -o.
+    build_cmd=("$NVCC_BIN" --threads=0 --use_fast_math -std=c++17 -O3
+        --generate-code "arch=compute_$ARCH,code=[compute_$ARCH,sm_$ARCH]" -DENABLE_BF16
+        train_gpt2.cu -lcublas -lcublasLt -o train_gpt2cu)
 fi
-cp "$work/train_gpt2cu" "$OUTDIR/$name" || die "make succeeded but left no $work/train_gpt2cu"
+echo "\$ ${build_cmd[*]}" >> "$LOG"
+t=$(date +%s)
+if ! (cd "$work" && "${build_cmd[@]}") >> "$LOG" 2>&1; then
+    tail -n 20 "$LOG" >&2
+    die "${build_cmd[0]##*/} failed after $(($(date +%s) - t)) s (log: $LOG)"
+fi
+cp "$work/train_gpt2cu" "$OUTDIR/$name" || die "the build succeeded but left no $work/train_gpt2cu"
 echo "build-llmc: $OUTDIR/$name built in $(($(date +%s) - t)) s ($("$NVCC_BIN" --version | tail -1))" | tee -a "$LOG"

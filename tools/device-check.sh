@@ -63,7 +63,7 @@ summary_md() {
     if [[ $DRY == 1 ]]; then
         echo "DRY RUN: no GPU, the test binaries of $BUILD (their GPU cases skip), no build, no labs"
     else
-        echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2> /dev/null || echo unknown)"
+        echo "GPU: $(timeout 10 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2> /dev/null || echo unknown)"
     fi
     echo "commit: $(git -C "$ROOT" log --oneline -1 2> /dev/null || echo unknown)"
     echo "total so far: $(($(date +%s) - T0)) s; logs in device-check.tar.gz (and $WORK there)"
@@ -176,17 +176,18 @@ export -f env_info
 build_gtest() {
     [[ -d "$DEPS/src/googletest" ]] || { echo "no $DEPS: run tools/pack-deps.sh on a dev machine and carry .deps"; return 1; }
     cmake -S "$DEPS/src/googletest" -B "$GT_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON -DCMAKE_INSTALL_PREFIX="$GT_PREFIX"
-    cmake --build "$GT_BUILD" -j"$JOBS"
-    cmake --install "$GT_BUILD"
+        -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON -DCMAKE_INSTALL_PREFIX="$GT_PREFIX" &&
+        cmake --build "$GT_BUILD" -j"$JOBS" &&
+        cmake --install "$GT_BUILD"
 }
 export -f build_gtest
 
 # ---- 2. configure (every find_package pointed into .deps) ----
+# (A stage runs in a bash of its own, without this script's `set -e`: every stage function returns
+# the status of what it is for, not of the report lines after it.)
 configure() {
     cmake_with_deps -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMT_ENABLE_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGTest_DIR="$GT_PREFIX/lib/cmake/GTest"
-    grep -q "MT_HAVE_CUDA" "$BUILD/CMakeCache.txt" || true
+        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGTest_DIR="$GT_PREFIX/lib/cmake/GTest" || return
     grep -E "^(Eigen3|CLI11|nlohmann_json|yaml-cpp|GTest)_DIR:" "$BUILD/CMakeCache.txt"
     # NCCL: the toolkit's or PyTorch's wheel (nvidia-nccl-cu13); NOTFOUND = the NCCL tests skip.
     grep -E "^MT_NCCL_(INCLUDE_DIR|LIBRARY):" "$BUILD/CMakeCache.txt" || true
@@ -201,8 +202,9 @@ ALL_TESTS="test_peak_flops test_backend_ops test_cuda_backend test_cuda_attentio
 read -r -d '' -a TESTS <<< "${MT_DC_TESTS:-$ALL_TESTS}" || true
 export TESTS_STR="${TESTS[*]}"
 build() {
+    local rc=0
     # shellcheck disable=SC2086
-    cmake --build "$BUILD" -j"$JOBS" --target microtrain $TESTS_STR
+    cmake --build "$BUILD" -j"$JOBS" --target microtrain $TESTS_STR || rc=$?
     # Registers / spills of the hot kernels, for kernels/cuda/README.md: one nvcc per file, all at
     # once (each is single-threaded), printed in file order.
     local f hot=(attention layernorm classifier adamw encoder matmul packed128)
@@ -217,6 +219,7 @@ build() {
         echo "-- $f.cu"
         grep -E "Compiling entry|registers|spill" "/tmp/mt_ptxas_$f.txt" || true
     done
+    return "$rc"
 }
 export -f build
 
@@ -228,9 +231,9 @@ build_cudnn() {
     cmake_with_deps -S "$ROOT" -B "$CUDNN_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DMT_ENABLE_CUDA=ON -DMT_ENABLE_CUDNN=ON \
         -DMT_CUDNN_FRONTEND_INCLUDE_DIR="$DEPS/cudnn-frontend/include" \
-        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGTest_DIR="$GT_PREFIX/lib/cmake/GTest"
+        -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DGTest_DIR="$GT_PREFIX/lib/cmake/GTest" || return
     # cuDNN: the toolkit's or PyTorch's wheel (nvidia-cudnn-cu13); the frontend from .deps.
-    grep -E "^MT_CUDNN_(FRONTEND_INCLUDE_DIR|INCLUDE_DIR|LIBRARY):" "$CUDNN_BUILD/CMakeCache.txt"
+    grep -E "^MT_CUDNN_(FRONTEND_INCLUDE_DIR|INCLUDE_DIR|LIBRARY):" "$CUDNN_BUILD/CMakeCache.txt" || true
     cmake --build "$CUDNN_BUILD" -j"$JOBS" --target test_cuda_cudnn_attention microtrain
 }
 export -f build_cudnn

@@ -27,7 +27,8 @@
 #   binaries prebuilt into .deps/llm.c-bin when they load here, else built from .deps/llm.c),
 #   shards (microtrain write-tokens), then per batch size: microtrain (its variants in
 #   interleaved rounds; at B 32 without `naive`, the slowest, whose lesson B 16 shows), PyTorch
-#   eager, PyTorch compiled, llm.c; then the peers' second round at each batch size. A peer that
+#   eager, llm.c, PyTorch compiled (the costliest last); then the peers' second round at each
+#   batch size. A peer that
 #   failed once is not run again (its first failure is in the summary).
 # Environment: MT_GB_BATCHES ("16 32"), MT_GB_BUDGET_S (420), MT_GB_ARCH (90), MT_GB_WORK,
 # MT_GB_PEER_ROUNDS (2), PYTHON (python3); the dry run's build folder MT_GB_BUILD (build/release);
@@ -114,6 +115,7 @@ stage() {
     t=$(date +%s)
     { echo "\$ $*"; echo; } > "$WORK/$name.log"
     echo "== [$(date -u +%H:%M:%S)] $name (limit ${limit}s)"
+    export MT_GB_STAGE_LIMIT=$limit  # the cut limit, for a stage that sets an inner one (llm.c)
     st=$(run_limited "$WORK/$name.log" "$limit" "$@") || true
     echo "- $name: $st in $(($(date +%s) - t)) s (limit $limit s)" >> "$STAGES"
     [[ $st == ok ]] || tail -n 12 "$WORK/$name.log" | sed 's/^/      /' >> "$STAGES"
@@ -159,8 +161,8 @@ build_again() {
 }
 
 # loads BIN: every shared library it needs is found (ldd says "not found" otherwise).
-loads() {
-    [[ -x $1 ]] && ! LD_LIBRARY_PATH="$LLMC_LD_PATH" ldd "$1" 2>&1 | grep -q "not found"
+loads() {  # -f, not -x: a carried file may arrive without its execute bit (set when copied)
+    [[ -f $1 ]] && ! LD_LIBRARY_PATH="$LLMC_LD_PATH" ldd "$1" 2>&1 | grep -q "not found"
 }
 
 # llm.c's binaries into LLMC_BIN: the prebuilt ones from .deps/llm.c-bin where they load here;
@@ -172,7 +174,8 @@ llmc_prepare() {
     local name ok=0
     for name in train_gpt2cu train_gpt2cu-cudnn; do
         if loads "$DEPS/llm.c-bin/$name"; then
-            cp "$DEPS/llm.c-bin/$name" "$LLMC_BIN/" && echo "$name: prebuilt, loads" && ok=1
+            cp "$DEPS/llm.c-bin/$name" "$LLMC_BIN/" && chmod +x "$LLMC_BIN/$name" &&
+                echo "$name: prebuilt, loads" && ok=1
         elif [[ -e "$DEPS/llm.c-bin/$name" ]]; then
             echo "$name: prebuilt but does not load here:"
             LD_LIBRARY_PATH="$LLMC_LD_PATH" ldd "$DEPS/llm.c-bin/$name" | grep "not found"
@@ -197,12 +200,12 @@ llmc_prepare() {
 # the same distribution), so that the peers are still measured; the summary says so.
 shards() {
     mkdir -p "$WORK/shards"
-    if [[ -x $BUILD/microtrain ]]; then
+    if [[ -x $BUILD/microtrain ]] &&
         "$BUILD/microtrain" write-tokens "$WORK/shards/train_000000.bin" --count 1048577 --seed 1 &&
-            "$BUILD/microtrain" write-tokens "$WORK/shards/val_000000.bin" --count 65537 --seed 2
-        return
+        "$BUILD/microtrain" write-tokens "$WORK/shards/val_000000.bin" --count 65537 --seed 2; then
+        return 0
     fi
-    echo "no $BUILD/microtrain: the shards are written by gpu-bench.sh's Python fallback"
+    echo "no $BUILD/microtrain, or its write-tokens failed: the shards are written by gpu-bench.sh's Python fallback"
     touch "$WORK/shards/FALLBACK"
     "$PY" - "$WORK/shards" <<'PYEOF'
 import random, struct, sys
@@ -256,9 +259,17 @@ torch_run() {  # torch_run eager|compile B ROUND
     local flag=() json="$WORK/torch-$1-b$2-r$3.json"
     [[ $1 == compile ]] && flag=(--compile)
     # compile: the warm-up steps cover the compilation (not timed).
+    local rc=0
     PYTHONUNBUFFERED=1 "$PY" "$ROOT/bench/torch_gpu_step.py" --preset gpt2-124M -B "$2" -T "$T" \
         --precision bf16 --attention sdpa --warmup "$([[ $1 == compile ]] && echo 5 || echo 3)" \
-        --steps 10 "${flag[@]}" --json "$json" && append_peer "$3" < "$json"
+        --steps 10 "${flag[@]}" --json "$json" || rc=$?
+    if [[ $rc == 0 && -s $json ]]; then
+        append_peer "$3" < "$json"
+    else  # a row saying why it has no numbers (the log's tail is in the stage list)
+        printf '{"impl": "pytorch", "compile": %s, "attention": "sdpa", "B": %d, "error": "exit status %d: see torch-%s-b%s-r%s.log in the tar"}\n' \
+            "$([[ $1 == compile ]] && echo true || echo false)" "$2" "$rc" "$1" "$2" "$3" | append_peer "$3"
+    fi
+    return "$rc"
 }
 
 # llm.c from random init (-e d12) on the shards: B and T as microtrain, one GPU, bf16, no
@@ -287,8 +298,13 @@ llmc_run() {  # llmc_run VARIANT(plain|cudnn) B ROUND
         # Line-buffered (stdbuf): a run cut by its time limit keeps the steps it printed.
         local line_buffered=()
         command -v stdbuf > /dev/null && line_buffered=(stdbuf -oL)
-        # Its own limit, inside the stage's 60 s, so that a hung run still leaves a row saying so.
-        (cd "$WORK" && LD_LIBRARY_PATH="$LLMC_LD_PATH" timeout --kill-after=5 45 \
+        # Its own limit, 12 s inside the stage's (as the budget cut it) and at most 45 s, so that
+        # a hung or cut run still leaves a row with what it printed. --foreground keeps llm.c in
+        # the stage's process group: were the stage's limit to strike first, it stops llm.c too.
+        local lim=$((${MT_GB_STAGE_LIMIT:-60} - 12))
+        ((lim > 45)) && lim=45
+        ((lim < 5)) && lim=5
+        (cd "$WORK" && LD_LIBRARY_PATH="$LLMC_LD_PATH" timeout --foreground --kill-after=5 "$lim" \
             "${line_buffered[@]}" "$bin" "${args[@]}") > "$log" 2>&1 || rc=$?
     else
         echo "no $bin (see the llm.c stage's log)" > "$log"
@@ -297,8 +313,9 @@ llmc_run() {  # llmc_run VARIANT(plain|cudnn) B ROUND
     cat "$log"
     "$PY" "$ROOT/tools/gpu_bench_summary.py" --parse-llmc "$log" "${parse[@]}" |
         "$PY" -c 'import json, sys
-d = json.loads(sys.stdin.read()); d.setdefault("B", int(sys.argv[1]))
-if int(sys.argv[2]) and "error" not in d: d["error"] = f"exit status {sys.argv[2]}"
+d = json.loads(sys.stdin.read()); d.setdefault("B", int(sys.argv[1])); rc = int(sys.argv[2])
+if rc and "tokens_per_s" in d: d["exit_status"] = rc  # stopped after its timed steps: keep them
+elif rc: d.setdefault("error", f"exit status {rc}")
 print(json.dumps(d))' "$2" "$rc" | append_peer "$3"
     return "$rc"
 }
@@ -347,15 +364,21 @@ peer_stage() {  # peer_stage KIND NAME LIMIT CMD...
     fi
     stage "$@" || gave_up[$kind]="$1"
 }
+# Cheapest first, so that a short budget cuts torch.compile (a cold compile takes a minute or two
+# at each batch size) rather than llm.c, half of the comparison.
 peers() {  # peers B ROUND
+    local v
     if [[ $DRY != 1 ]]; then
         peer_stage torch-eager "torch-eager-b$1-r$2" 60 torch_run eager "$1" "$2"
+    fi
+    # The dry run parses the one fixture (B 16) once: more copies of it would show nothing more.
+    if [[ $DRY != 1 || ($1 == "${BATCHES%% *}" && $2 == 1) ]]; then
+        for v in "${llmc_variants[@]}"; do peer_stage "llmc-$v" "llmc-$v-b$1-r$2" 60 llmc_run "$v" "$1" "$2"; done
+    fi
+    if [[ $DRY != 1 ]]; then
         peer_stage torch-compile "torch-compile-b$1-r$2" 150 torch_run compile "$1" "$2"
     fi
-    local v
-    # The dry run parses the one fixture (B 16) once: more copies of it would show nothing more.
-    [[ $DRY == 1 && ($1 != "${BATCHES%% *}" || $2 != 1) ]] && return 0
-    for v in "${llmc_variants[@]}"; do peer_stage "llmc-$v" "llmc-$v-b$1-r$2" 60 llmc_run "$v" "$1" "$2"; done
+    return 0
 }
 for B in $BATCHES; do
     ((B >= 32)) && echo "- microtrain-b$B: without \`naive\` (the slowest variant; B 16 shows it)" >> "$STAGES"

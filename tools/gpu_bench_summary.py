@@ -66,7 +66,7 @@ def percentile(xs, q):
 # train_gpt2.cu: "step %4d/%d | loss %7.6f (%+.2fz)| norm %6.4f (%+.2fz)| lr %.2e | %.2f ms |
 # %.1f%% bf16 MFU | %.0f tok/s". The MFU is -100 % on a GPU its table lacks (it returns -1).
 LLMC_STEP = re.compile(
-    r"^step\s+(\d+)/(\d+) \| loss ([-+0-9.eEnaif]+) \([^)]*\)\| norm ([-+0-9.eEnaif]+) \([^)]*\)\| "
+    r"^step\s+(\d+)/(\d+) \| loss\s+([-+0-9.eEnaif]+) \([^)]*\)\| norm\s+([-+0-9.eEnaif]+) \([^)]*\)\| "
     r"lr ([-+0-9.e]+) \| ([0-9.]+) ms \| (-?[0-9.]+)% bf16 MFU \| ([0-9.]+) tok/s")
 LLMC_TABLE = re.compile(r"^\|\s*([^|]+?)\s*\|\s*(.*?)\s*\|\s*$")
 LLMC_MEMORY = re.compile(r"^device memory usage: (\d+) MiB / (\d+) MiB")
@@ -158,6 +158,8 @@ def microtrain_rows(path):
 def peer_name(p):
     dry = (f", round {p['round']}" if p.get("round") else "") + (" (DRY: fixture, not a run)" if p.get("dry") else "")
     if p.get("impl") == "llm.c":
+        if p.get("exit_status"):  # its timed steps printed, then it stopped (its own time limit)
+            dry += f", exit status {p['exit_status']} after them"
         return f"llm.c {p.get('commit', '')[:7]}, {p.get('attention', '?')} attention{dry}".replace("llm.c ,", "llm.c,")
     return f"PyTorch {p.get('torch', '')} {'torch.compile' if p.get('compile') else 'eager'}, {p.get('attention')}{dry}"
 
@@ -177,8 +179,9 @@ def peer_rows(path, peak):
             rows.append({"name": peer_name(p), "B": p.get("B"),
                          "note": "no numbers: " + " / ".join(lines[:1] + lines[1:][-3:])})
             continue
-        tps = p["tokens_per_s"]
-        mfu = tps * flops_per_token(p["preset"], p["T"]) / peak if (peak and p.get("preset") in PRESETS) else None
+        tps = p.get("tokens_per_s")
+        mfu = (tps * flops_per_token(p["preset"], p["T"]) / peak
+               if (tps and peak and p.get("preset") in PRESETS and p.get("T")) else None)
         if "ms_per_step_p10" in p:
             ms = f"{p['ms_per_step_median']:.2f} ({p['ms_per_step_p10']:.2f}–{p['ms_per_step_p90']:.2f})"
         else:
