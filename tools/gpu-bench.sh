@@ -28,8 +28,7 @@
 #   shards (microtrain write-tokens), then per batch size: microtrain (its variants in
 #   interleaved rounds; at B 32 without `naive`, the slowest, whose lesson B 16 shows), PyTorch
 #   eager, llm.c, PyTorch compiled (the costliest last); then the peers' second round at each
-#   batch size. A peer that
-#   failed once is not run again (its first failure is in the summary).
+#   batch size. A peer that failed once is not run again (its first failure is in the summary).
 # Environment: MT_GB_BATCHES ("16 32"), MT_GB_BUDGET_S (420), MT_GB_ARCH (90), MT_GB_WORK,
 # MT_GB_PEER_ROUNDS (2), PYTHON (python3); the dry run's build folder MT_GB_BUILD (build/release);
 # MT_GB_BUILD_DIR, a build already configured on this machine to reuse (device-check.sh's
