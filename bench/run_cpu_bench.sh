@@ -98,7 +98,7 @@ if ROUNDS < 1:
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from cpu_bench_common import (GOALS, ISA_LIMITS, TORCH_AVX2, cpu_identity, isa_of,  # noqa: E402
                               levels_cpu_step_runs, result_slug, write_atomically)
-from lockstep_stats import ratio_verdict  # noqa: E402
+from lockstep_stats import median, ratio_verdict  # noqa: E402
 
 
 def cpu_isa_levels():
@@ -210,12 +210,6 @@ def run_one(row, preset, B, T, extra=(), tag=""):
           f"RSS {r['peak_rss_mib']:6.0f} MiB  (other processes used "
           f"{100 * r['noise']['foreign_cpu_share']:.0f}% of the CPU)", flush=True)
     return r
-
-
-def median(v):
-    s = sorted(v)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 QUIET = 0.05
