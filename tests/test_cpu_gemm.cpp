@@ -111,11 +111,13 @@ void check_against_reference(const char* name, GemmFn fn, const Shape& s) {
 }
 
 // Edges of the packed GEMMs' blocking (avx512: MR 12, NR 32, NC <= 384; avx2: MR 6, NR 16,
-// NC <= 256; both KC <= 384, MC <= 1536).
+// NC <= 256; both KC <= 384, MC <= 1536), and long sums (K >= 16 max(M, N)), which are cut into
+// K slices: 5 chunks in 3 slices of 2, 2 and 1; 11 chunks in 4 slices; a ragged 389-row C whose
+// rows cross the 384-row blocks of a slice.
 const Shape kShapes[] = {
-    {1, 1, 1},     {5, 7, 3},      {12, 32, 16},   {13, 33, 17}, {11, 31, 15},
-    {24, 64, 385}, {37, 100, 800}, {64, 770, 40},  {100, 45, 9}, {1600, 40, 20},
-    {3, 1000, 64}, {48, 96, 1},    {29, 389, 769},
+    {1, 1, 1},      {5, 7, 3},      {12, 32, 16},  {13, 33, 17},    {11, 31, 15},  {24, 64, 385},
+    {37, 100, 800}, {64, 770, 40},  {100, 45, 9},  {1600, 40, 20},  {3, 1000, 64}, {48, 96, 1},
+    {29, 389, 769}, {24, 40, 1600}, {6, 16, 4000}, {389, 37, 6300},
 };
 
 TEST(CpuGemm, EigenMatchesDoubleReferenceForEveryLayout) {
@@ -185,11 +187,12 @@ TEST(CpuGemm, ZeroKOverwritesWithZerosOrLeavesAccumulatorAlone) {
 }
 
 // The trainer promises bitwise-identical results for any thread count; the GEMM is most of it.
-// Both shapes: the packed GEMM cuts C's columns among the threads when N > M and its rows when
-// M > N, in pieces whose edges fall inside a register tile for some thread counts.
+// The shapes: the packed GEMM cuts C's columns among the threads when N > M and its rows when
+// M > N, in pieces whose edges fall inside a register tile for some thread counts; a long sum
+// (K >= 16 max(M, N)) is cut into K slices that the threads share.
 TEST(CpuGemm, ResultIsBitwiseTheSameForAnyThreadCount) {
     const int saved = omp_get_max_threads();
-    for (const Shape s : {Shape{130, 1000, 800}, Shape{1000, 130, 800}}) {
+    for (const Shape s : {Shape{130, 1000, 800}, Shape{1000, 130, 800}, Shape{64, 48, 4000}}) {
         std::mt19937 rng(7);
         const Vec a = random_vec(size_t(s.M) * s.K, rng), b = random_vec(size_t(s.N) * s.K, rng);
         for (GemmFn fn : {mt::cpu::gemm, mt::cpu::gemm_naive, mt::cpu::gemm_blocked}) {

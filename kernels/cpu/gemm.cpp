@@ -49,7 +49,10 @@
 //   the micro-kernel adds in k order; threads only split M and N. So the result is bitwise the
 //   same for any thread count. Threads share nothing and never wait for each other inside a
 //   GEMM: a piece that cuts the rows packs all of B, one that cuts the columns all of A, and the
-//   longer side is cut so that the operand every piece packs whole is the smaller.
+//   longer side is cut so that the operand every piece packs whole is the smaller. A long sum
+//   (K >= 16 max(M, N): the LM head's dY W) is the exception: there both operands are long, so
+//   the K chunks are grouped into up to 4 slices fixed by the shape, one piece each, whose
+//   partial products are added to C in slice order (long_sum).
 //   Memory: each thread packs into two buffers of its own (thread_local, fixed maximum sizes,
 //   obtained once on the thread's first GEMM and reused for the life of the thread); no GEMM
 //   allocates after that.
@@ -241,6 +244,24 @@ void gemm_blocked(int M, int N, int K, GemmOperand A, GemmOperand B, float* C, l
 
 // ---- gemm_packed --------------------------------------------------------------------------------
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+namespace {
+
+// Packing a panel of an A stored (M,K) (dY in the backward's dY W: the LM head's (B*T, Vp)
+// logit gradient, 200 KiB a row) reads kc floats from each of the panel's rows: short streams
+// far apart, which the hardware prefetcher barely starts on before they end, so the pack waits
+// on DRAM. Each step of 16 k therefore also asks for the same line of each row of the next
+// panel, one panel ahead (the LM head's dY W on 2 cores, avx2: 3-5 % faster; bench/README.md,
+// "The LM head's backward"). Prefetches never fault.
+inline void prefetch_next_rows(GemmOperand A, int i, int rows, int k) {
+    for (int r = 0; r < rows; r++)
+        _mm_prefetch(reinterpret_cast<const char*>(A.data + static_cast<long>(i + r) * A.ld + k),
+                     _MM_HINT_T0);
+}
+
+}  // namespace
+#endif
+
 #if defined(__AVX512F__)
 
 // ---- the avx512 level: 12x32 tile, 24 zmm accumulators ---------------------------------------
@@ -293,7 +314,8 @@ inline void transpose16x16(__m512 r[16]) {
 
 // Packs rows [i0, i0+mr) x k [p0, p0+kc) of logical A into one panel: dst[k*12 + i], rows
 // beyond mr zero (the micro-kernel always computes 12 rows; the store drops the padding).
-void pack_a_panel(float* dst, GemmOperand A, int i0, int mr, int p0, int kc) {
+// next_mr: rows of the next panel (0: none), whose lines it prefetches (see prefetch_next_rows).
+void pack_a_panel(float* dst, GemmOperand A, int i0, int mr, int next_mr, int p0, int kc) {
     constexpr __mmask16 kPanel = (1u << kMR) - 1u;
     if (A.transposed) {  // A stored (K,M): the 12 values for one k are contiguous
         const __mmask16 rows = first_lanes(mr);
@@ -305,6 +327,7 @@ void pack_a_panel(float* dst, GemmOperand A, int i0, int mr, int p0, int kc) {
     }
     // A stored (M,K): load 16 k from each row, transpose, store 12 lanes per k.
     for (int k0 = 0; k0 < kc; k0 += 16) {
+        prefetch_next_rows(A, i0 + kMR, next_mr, p0 + k0);
         const int kk = std::min(16, kc - k0);
         const __mmask16 kmask = first_lanes(kk);
         __m512 r[16];
@@ -498,8 +521,9 @@ inline void transpose8x8(__m256 r[8]) {
 // Packs rows [i0, i0+mr) x k [p0, p0+kc) of logical A into one panel: dst[k*6 + i], rows beyond
 // mr zero (the micro-kernel always computes 6 rows; the store drops the padding). Each k's 6
 // values are written as one 8-lane store whose last 2 lanes the next k overwrites: the buffer
-// has a spare line past its end for the final one (PackBuffer).
-void pack_a_panel(float* dst, GemmOperand A, int i0, int mr, int p0, int kc) {
+// has a spare line past its end for the final one (PackBuffer). next_mr: rows of the next panel
+// (0: none), whose lines it prefetches (see prefetch_next_rows).
+void pack_a_panel(float* dst, GemmOperand A, int i0, int mr, int next_mr, int p0, int kc) {
     if (A.transposed) {  // A stored (K,M): the 6 values for one k are contiguous
         const __m256i rows = first_lanes8(mr);
         for (int k = 0; k < kc; k++)
@@ -510,6 +534,7 @@ void pack_a_panel(float* dst, GemmOperand A, int i0, int mr, int p0, int kc) {
     }
     // A stored (M,K): 8 k from each of the 6 rows (2 zero rows), transposed to 8 k-vectors.
     for (int k0 = 0; k0 < kc; k0 += 8) {
+        if (k0 % 16 == 0) prefetch_next_rows(A, i0 + kMR, next_mr, p0 + k0);
         const int kk = std::min(8, kc - k0);
         const __m256i kmask = first_lanes8(kk);
         __m256 r[8];
@@ -703,7 +728,8 @@ void packed_piece(int i_begin, int i_end, int j_begin, int j_end, int K, int kc_
             const bool acc = accumulate || p0 > 0;
             for (int ip = 0; ip < apanels; ip++)
                 pack_a_panel(apack + ip * kMR * kc, A, i0 + ip * kMR,
-                             std::min(kMR, mcur - ip * kMR), p0, kc);
+                             std::min(kMR, mcur - ip * kMR),
+                             std::clamp(mcur - (ip + 1) * kMR, 0, kMR), p0, kc);
             for (int j0 = j_begin; j0 < j_end; j0 += kNCMax) {
                 const int ncur = std::min(kNCMax, j_end - j0), bpanels = ceil_div(ncur, kNR);
                 for (int q = 0; q < bpanels; q++)
@@ -717,6 +743,94 @@ void packed_piece(int i_begin, int i_end, int j_begin, int j_end, int K, int kc_
                                      std::min(kNR, ncur - q * kNR), acc);
                 }
             }
+        }
+    }
+}
+
+// A long sum (K far longer than both sides of C: the LM head's dY W, (B*T, Vp) x (Vp, C)) cut
+// by rows would make every piece pack all of B (W: 50 MiB, 4 times on 2 threads x 2 pieces,
+// 25 Mcycles a thread for B's packing alone). Instead the sum over k is cut into up to
+// kLongSumSlices slices of whole K chunks, one piece each, that pack disjoint parts of A and B;
+// slice 0 accumulates into C, the others write partial products that are then added to C in
+// slice order. The slices depend on the shape alone, so the result still does not depend on the
+// thread count (it differs in rounding from the unsliced sum; both are within the float bound).
+// Measured on dY W (avx2, 2 cores): B's packing 6 instead of 25 Mcycles a thread, the GEMM 3-4 %
+// faster than cut by rows (bench/README.md, "The LM head's backward"). Only for N <= kNCMax (one
+// B block per K chunk), so the levels may differ for 256 < N <= 384; they promise no bitwise
+// agreement (tests/test_cpu_isa.cpp).
+constexpr int kLongSumSlices = 4;
+constexpr long kLongSumMaxOutputs = 1l << 20;  // M*N of a sliced product: 12 MiB of partials
+constexpr int kLongSumRows = 384;              // rows of A packed at a time (576 KiB, L2)
+
+float* long_sum_partials() {
+    thread_local PackBuffer buf(static_cast<size_t>(kLongSumSlices - 1) * kLongSumMaxOutputs);
+    return buf.get();
+}
+
+// Number of K slices for C (M,N) (+)= A B over K, 1 when the sum is not long. K chunks are
+// kc_step long; a slice is a run of whole chunks, and no slice is empty.
+int long_sum_slices(int M, int N, int K, int kchunks) {
+    if (K < 16 * std::max(M, N) || N > kNCMax || static_cast<long>(M) * N > kLongSumMaxOutputs ||
+        kchunks < kLongSumSlices)
+        return 1;
+    return ceil_div(kchunks, ceil_div(kchunks, kLongSumSlices));
+}
+
+// One slice: C (M,N) (+)= A[:, k_begin:k_end) B[k_begin:k_end, :), N <= kNCMax. The BLIS order
+// for a long sum: for each K chunk, B (KC x N) packed once into L2; then A in blocks of
+// kLongSumRows rows, each packed and multiplied by all of B. C is read and written once per K
+// chunk (from L3: 1 MiB for the LM head), the price of packing B once.
+template <class BOp>
+void long_sum_slice(int M, int N, int k_begin, int k_end, int kc_step, GemmOperand A, BOp B,
+                    float* C, long ldc, bool accumulate) {
+    float* const apack = a_pack_buffer();
+    float* const bpack = b_pack_buffer();
+    const int bpanels = ceil_div(N, kNR);
+    for (int p0 = k_begin; p0 < k_end; p0 += kc_step) {
+        const int kc = std::min(k_end, p0 + kc_step) - p0;
+        const bool acc = accumulate || p0 > k_begin;
+        for (int q = 0; q < bpanels; q++)
+            pack_b_panel(bpack + q * kNR * kc, B, q * kNR, std::min(kNR, N - q * kNR), p0, kc);
+        for (int i0 = 0; i0 < M; i0 += kLongSumRows) {
+            const int mcur = std::min(kLongSumRows, M - i0), apanels = ceil_div(mcur, kMR);
+            for (int ip = 0; ip < apanels; ip++)
+                pack_a_panel(apack + ip * kMR * kc, A, i0 + ip * kMR,
+                             std::min(kMR, mcur - ip * kMR),
+                             std::clamp(mcur - (ip + 1) * kMR, 0, kMR), p0, kc);
+            for (int ip = 0; ip < apanels; ip++) {
+                const int i = i0 + ip * kMR;
+                for (int q = 0; q < bpanels; q++)
+                    micro_kernel(kc, apack + ip * kMR * kc, bpack + q * kNR * kc,
+                                 C + i * ldc + q * kNR, ldc, std::min(kMR, M - i),
+                                 std::min(kNR, N - q * kNR), acc);
+            }
+        }
+    }
+}
+
+// The sliced product: the slices in parallel (dynamic: a thread that lost its core hands its
+// share to the others), then C += partial 1, 2, ... in that order, rows in parallel.
+template <class BOp>
+void long_sum(int M, int N, int K, int kc_step, int slices, int threads, GemmOperand A, BOp B,
+              float* C, long ldc, bool accumulate) {
+    const int kchunks = ceil_div(K, kc_step), per_slice = ceil_div(kchunks, slices);
+    float* const partials = long_sum_partials();
+    const long plane = static_cast<long>(M) * N;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(std::min(threads, slices))
+    for (int s = 0; s < slices; s++) {
+        const int k0 = s * per_slice * kc_step, k1 = std::min(K, (s + 1) * per_slice * kc_step);
+        if (s == 0)
+            long_sum_slice(M, N, k0, k1, kc_step, A, B, C, ldc, accumulate);
+        else
+            long_sum_slice(M, N, k0, k1, kc_step, A, B, partials + (s - 1) * plane, N, false);
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int i = 0; i < M; i++) {
+        float* c = C + i * ldc;
+        for (int s = 1; s < slices; s++) {
+            const float* part = partials + (s - 1) * plane + static_cast<long>(i) * N;
+#pragma omp simd
+            for (int j = 0; j < N; j++) c[j] += part[j];
         }
     }
 }
@@ -746,6 +860,8 @@ void gemm_packed_impl(int M, int N, int K, GemmOperand A, BOp B, float* C, long 
     const int kc_step = ceil_div(K, kchunks);
 
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (const int slices = long_sum_slices(M, N, K, kchunks); slices > 1)
+        return long_sum(M, N, K, kc_step, slices, threads, A, B, C, ldc, accumulate);
     const bool by_rows = M >= N;
     const int side = by_rows ? M : N, align = by_rows ? kMR : kNR;
     const int piece = ceil_div(ceil_div(side, threads * kPiecesPerThread), align) * align;

@@ -7,8 +7,9 @@
 //   (24 zmm accumulators), on the avx2 level with a 6x16 one (12 ymm); the default on both;
 // - gemm_eigen ("blas"): Eigen's GEMM on shape-determined pieces, what a framework would call
 //   (the baseline level's GEMM, and the peer bench/cpu_gemm.cpp measures the packed one against).
-// All give results that do not depend on the thread count (the sum over k is split into chunks
-// that depend only on K, and threads split only M and N).
+// All give results that do not depend on the thread count (the sum over k is split into chunks,
+// and gemm_packed's long sums into slices, that depend only on the shape; threads split only M
+// and N, or take whole slices).
 #pragma once
 
 #include <cstdint>
