@@ -713,6 +713,35 @@ bool gemm_packed_available() {
 
 namespace {
 
+// The three steps both loop nests below are made of. Blocks are packed panel by panel, in order
+// (the avx2 packing's overlapping stores rely on it); an A block's row count is a multiple of kMR
+// except at the end of C, so a panel never straddles two blocks.
+
+// Rows [i0, i0+mcur) x k [p0, p0+kc) of A into the A block, each panel prefetching the next's rows.
+inline void pack_a_block(float* apack, GemmOperand A, int i0, int mcur, int p0, int kc) {
+    for (int ip = 0; ip < ceil_div(mcur, kMR); ip++)
+        pack_a_panel(apack + ip * kMR * kc, A, i0 + ip * kMR, std::min(kMR, mcur - ip * kMR),
+                     std::clamp(mcur - (ip + 1) * kMR, 0, kMR), p0, kc);
+}
+
+// Columns [j0, j0+ncur) x k [p0, p0+kc) of B into the B block.
+template <class BOp>
+void pack_b_block(float* bpack, BOp B, int j0, int ncur, int p0, int kc) {
+    for (int q = 0; q < ceil_div(ncur, kNR); q++)
+        pack_b_panel(bpack + q * kNR * kc, B, j0 + q * kNR, std::min(kNR, ncur - q * kNR), p0, kc);
+}
+
+// C (mcur, ncur) at c (+)= the packed A block times the packed B block: every A panel (L1)
+// against every B panel (streamed from L2).
+void multiply_blocks(int mcur, int ncur, int kc, const float* apack, const float* bpack, float* c,
+                     long ldc, bool accumulate) {
+    for (int ip = 0; ip < ceil_div(mcur, kMR); ip++)
+        for (int q = 0; q < ceil_div(ncur, kNR); q++)
+            micro_kernel(kc, apack + ip * kMR * kc, bpack + q * kNR * kc,
+                         c + static_cast<long>(ip) * kMR * ldc + q * kNR, ldc,
+                         std::min(kMR, mcur - ip * kMR), std::min(kNR, ncur - q * kNR), accumulate);
+}
+
 // One thread's share of the product: rows [i_begin, i_end) x columns [j_begin, j_end) of C, the
 // BLIS loop nest on this thread's own packed A block (MC x KC, L3) and B block (KC x NC, L2).
 // Nothing is shared with the other threads, so nothing waits for them.
@@ -722,26 +751,15 @@ void packed_piece(int i_begin, int i_end, int j_begin, int j_end, int K, int kc_
     float* const apack = a_pack_buffer();
     float* const bpack = b_pack_buffer();
     for (int i0 = i_begin; i0 < i_end; i0 += kMCMax) {
-        const int mcur = std::min(kMCMax, i_end - i0), apanels = ceil_div(mcur, kMR);
+        const int mcur = std::min(kMCMax, i_end - i0);
         for (int p0 = 0; p0 < K; p0 += kc_step) {
             const int kc = std::min(K, p0 + kc_step) - p0;
-            const bool acc = accumulate || p0 > 0;
-            for (int ip = 0; ip < apanels; ip++)
-                pack_a_panel(apack + ip * kMR * kc, A, i0 + ip * kMR,
-                             std::min(kMR, mcur - ip * kMR),
-                             std::clamp(mcur - (ip + 1) * kMR, 0, kMR), p0, kc);
+            pack_a_block(apack, A, i0, mcur, p0, kc);
             for (int j0 = j_begin; j0 < j_end; j0 += kNCMax) {
-                const int ncur = std::min(kNCMax, j_end - j0), bpanels = ceil_div(ncur, kNR);
-                for (int q = 0; q < bpanels; q++)
-                    pack_b_panel(bpack + q * kNR * kc, B, j0 + q * kNR,
-                                 std::min(kNR, ncur - q * kNR), p0, kc);
-                for (int ip = 0; ip < apanels; ip++) {
-                    const int i = i0 + ip * kMR;
-                    for (int q = 0; q < bpanels; q++)
-                        micro_kernel(kc, apack + ip * kMR * kc, bpack + q * kNR * kc,
-                                     C + i * ldc + j0 + q * kNR, ldc, std::min(kMR, i_end - i),
-                                     std::min(kNR, ncur - q * kNR), acc);
-                }
+                const int ncur = std::min(kNCMax, j_end - j0);
+                pack_b_block(bpack, B, j0, ncur, p0, kc);
+                multiply_blocks(mcur, ncur, kc, apack, bpack, C + i0 * ldc + j0, ldc,
+                                accumulate || p0 > 0);
             }
         }
     }
@@ -785,25 +803,14 @@ void long_sum_slice(int M, int N, int k_begin, int k_end, int kc_step, GemmOpera
                     float* C, long ldc, bool accumulate) {
     float* const apack = a_pack_buffer();
     float* const bpack = b_pack_buffer();
-    const int bpanels = ceil_div(N, kNR);
     for (int p0 = k_begin; p0 < k_end; p0 += kc_step) {
         const int kc = std::min(k_end, p0 + kc_step) - p0;
-        const bool acc = accumulate || p0 > k_begin;
-        for (int q = 0; q < bpanels; q++)
-            pack_b_panel(bpack + q * kNR * kc, B, q * kNR, std::min(kNR, N - q * kNR), p0, kc);
+        pack_b_block(bpack, B, 0, N, p0, kc);
         for (int i0 = 0; i0 < M; i0 += kLongSumRows) {
-            const int mcur = std::min(kLongSumRows, M - i0), apanels = ceil_div(mcur, kMR);
-            for (int ip = 0; ip < apanels; ip++)
-                pack_a_panel(apack + ip * kMR * kc, A, i0 + ip * kMR,
-                             std::min(kMR, mcur - ip * kMR),
-                             std::clamp(mcur - (ip + 1) * kMR, 0, kMR), p0, kc);
-            for (int ip = 0; ip < apanels; ip++) {
-                const int i = i0 + ip * kMR;
-                for (int q = 0; q < bpanels; q++)
-                    micro_kernel(kc, apack + ip * kMR * kc, bpack + q * kNR * kc,
-                                 C + i * ldc + q * kNR, ldc, std::min(kMR, M - i),
-                                 std::min(kNR, N - q * kNR), acc);
-            }
+            const int mcur = std::min(kLongSumRows, M - i0);
+            pack_a_block(apack, A, i0, mcur, p0, kc);
+            multiply_blocks(mcur, N, kc, apack, bpack, C + i0 * ldc, ldc,
+                            accumulate || p0 > k_begin);
         }
     }
 }
@@ -811,9 +818,9 @@ void long_sum_slice(int M, int N, int k_begin, int k_end, int kc_step, GemmOpera
 // The sliced product: the slices in parallel (dynamic: a thread that lost its core hands its
 // share to the others), then C += partial 1, 2, ... in that order, rows in parallel.
 template <class BOp>
-void long_sum(int M, int N, int K, int kc_step, int slices, int threads, GemmOperand A, BOp B,
-              float* C, long ldc, bool accumulate) {
-    const int kchunks = ceil_div(K, kc_step), per_slice = ceil_div(kchunks, slices);
+void long_sum(int M, int N, int K, int kchunks, int kc_step, int slices, int threads, GemmOperand A,
+              BOp B, float* C, long ldc, bool accumulate) {
+    const int per_slice = ceil_div(kchunks, slices);
     float* const partials = long_sum_partials();
     const long plane = static_cast<long>(M) * N;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(std::min(threads, slices))
@@ -861,7 +868,7 @@ void gemm_packed_impl(int M, int N, int K, GemmOperand A, BOp B, float* C, long 
 
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (const int slices = long_sum_slices(M, N, K, kchunks); slices > 1)
-        return long_sum(M, N, K, kc_step, slices, threads, A, B, C, ldc, accumulate);
+        return long_sum(M, N, K, kchunks, kc_step, slices, threads, A, B, C, ldc, accumulate);
     const bool by_rows = M >= N;
     const int side = by_rows ? M : N, align = by_rows ? kMR : kNR;
     const int piece = ceil_div(ceil_div(side, threads * kPiecesPerThread), align) * align;
