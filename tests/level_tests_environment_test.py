@@ -9,9 +9,16 @@ isa_avx2: and isa_baseline: cases ran at the best level the CPU had, and nothing
 reads the discovered tests back from ctest itself (ctest --show-only=json-v1, in the build
 directory) and checks each one's ENVIRONMENT.
 
+Then it runs one case of each level through ctest and checks what ctest calls it: a level the CPU
+lacks (avx512 on an AVX2-only machine) must read "Skipped" with the reason, a level it has
+"Passed" after the case said it ran that level's kernels. A global gtest environment that skips
+makes gtest report its cases as passed: until 2026-12-06 ctest listed 87 avx512 cases as passed
+on AVX2 machines that had run none of them.
+
 usage: level_tests_environment_test.py BUILD_DIR LEVEL [LEVEL ...]
 """
 import json
+import re
 import subprocess
 import sys
 
@@ -25,6 +32,26 @@ def environment(test):
     return {}
 
 
+def check_one_case_runs_or_skips(build_dir, name, level):
+    """Runs `name` through ctest; returns the problems with what ctest called it."""
+    run = subprocess.run(["ctest", "-V", "-R", "^" + re.escape(name) + "$"], cwd=build_dir,
+                         capture_output=True, text=True, timeout=600)
+    out = run.stdout + run.stderr
+    verdict = re.search(r"Test +#\d+: \S+ \.*\s*(?:\*\*\*)?(Passed|Skipped|Failed|Not Run)", out)
+    if not verdict:
+        return [f"{name}: ctest printed no verdict:\n{out[-2000:]}"]
+    verdict = verdict.group(1)
+    if "this CPU lacks" in out:
+        if verdict != "Skipped":
+            return [f"{name}: the CPU lacks level {level}, yet ctest says {verdict}, not Skipped"]
+        print(f"{name}: Skipped (this CPU lacks {level})")
+        return []
+    if verdict != "Passed" or f"kernels of the level {level} (MT_CPU_ISA)" not in out:
+        return [f"{name}: ctest says {verdict}; expected Passed at level {level}:\n{out[-2000:]}"]
+    print(f"{name}: Passed at level {level}")
+    return []
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -33,6 +60,7 @@ def main():
                              capture_output=True, text=True).stdout
     tests = json.loads(listing)["tests"]
     problems, per_level = [], {level: 0 for level in levels}
+    first_case = {}
     for test in tests:
         name = test["name"]
         if "." not in name or name.endswith("_NOT_BUILT"):  # not a gtest case
@@ -46,6 +74,7 @@ def main():
                 problems.append(f"{name}: level {level} is not one this build compiles {levels}")
                 continue
             per_level[level] += 1
+            first_case.setdefault(level, name)
             want["MT_CPU_ISA"] = level
         elif "MT_CPU_ISA" in env:
             problems.append(f"{name}: sets MT_CPU_ISA={env['MT_CPU_ISA']} without an isa_ prefix")
@@ -56,6 +85,8 @@ def main():
     for level, count in per_level.items():
         if count == 0:
             problems.append(f"no isa_{level}: test was discovered: the level's kernels go untested")
+    for level, name in first_case.items():
+        problems += check_one_case_runs_or_skips(build_dir, name, level)
     for line in problems[:20]:
         print(line)
     if problems:
