@@ -209,10 +209,10 @@ def witness_text(before, after):
     return f"{one(before)} before, {one(after)} after"
 
 
-def report_text(a, model, stamp, commit, cmd, rows, records, total):
+def report_text(a, machine, stamp, commit, cmd, rows, records, total):
     """The markdown report of the comparisons done so far (`total` were asked for)."""
     md = [f"# CPU lockstep comparison {stamp}Z", "",
-          f"`{cmd}` at commit `{commit}`; {model}, {os.cpu_count()} CPUs; {a.preset} B{a.batch} "
+          f"`{cmd}` at commit `{commit}`; {machine}, {os.cpu_count()} CPUs; {a.preset} B{a.batch} "
           f"T{records[0]['ours']['T']}, fp32, {a.threads} threads; {a.warmup} warm-up + {a.steps} measured "
           f"steps per side, the two processes taking turns (settle {a.settle_ms} ms).", ""]
     if len(rows) < total:
@@ -253,13 +253,15 @@ def stop_on_sigterm(signum, frame):
 def main():
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     a = parse_args()
-    model, _ = cpu_identity()
+    model, family_model = cpu_identity()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M")
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "unknown"
     cmd = shlex.join(sys.argv)  # quoted: a --levels list reproduces as one argument
     base = os.path.join(a.out_dir, f"cpu-lockstep-{stamp}-{result_slug(model)}") if a.out_dir \
         else None
+    # The slug keeps the bare model name; the report adds family and model (Zen 3 or Zen 4).
+    machine = model + "".join(f", {k} {v}" for k, v in family_model.items())
     todo = comparisons(a)
     rows, records = [], []
     tmp = tempfile.mkdtemp(prefix="cpu_lockstep_")
@@ -302,11 +304,11 @@ def main():
             print(f"  the machine: {witness_text(before, after)}", flush=True)
             if base:  # after every comparison: what was measured survives a later failure
                 os.makedirs(a.out_dir, exist_ok=True)
-                write_atomically(base + ".md", report_text(a, model, stamp, commit, cmd, rows,
+                write_atomically(base + ".md", report_text(a, machine, stamp, commit, cmd, rows,
                                                            records, len(todo)))
                 write_atomically(base + ".json", json.dumps(
                     {"date_utc": stamp, "commit": commit, "command": cmd, "cpu_model": model,
-                     "args": vars(a), "comparisons_asked": len(todo), "comparisons": records},
+                     "cpu_family_model": family_model, "args": vars(a), "comparisons_asked": len(todo), "comparisons": records},
                     indent=1) + "\n")
     except KeyboardInterrupt:
         kept = f"; {base}.md and .json hold the {len(rows)} finished" if rows and base else ""
@@ -316,7 +318,7 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print("\n" + report_text(a, model, stamp, commit, cmd, rows, records, len(todo)))
+    print("\n" + report_text(a, machine, stamp, commit, cmd, rows, records, len(todo)))
     if base:
         print(f"cpu_lockstep: wrote {base}.md and .json")
 
