@@ -197,6 +197,29 @@ TEST(CpuBackend, CopiesMemsetAndCastParamsMoveTheBytes) {
     EXPECT_EQ(back, std::vector<float>(5, 0.0f));
 }
 
+// A large memset is split among the team (kernels/cpu/cpu_backend.cpp): every byte of the range
+// and none outside it, for any team size, an odd length and a start off any alignment.
+TEST(CpuBackend, MemsetZeroClearsExactlyItsBytesForEveryThreadCount) {
+    const int saved_threads = omp_get_max_threads();
+    constexpr size_t kGuard = 64, kOffset = 5;
+    for (const size_t bytes : {size_t{(1u << 20) - 1}, size_t{(3u << 20) + 37}})
+        for (const int threads : {1, 2, 3, 4}) {
+            mt::BackendOptions o;
+            o.num_threads = threads;
+            auto be = mt::create_backend(mt::BackendKind::cpu, o);
+            std::vector<unsigned char> buf(kOffset + bytes + kGuard, 0xAB);
+            be->memset_zero(buf.data() + kOffset, bytes);
+            for (size_t i = 0; i < kOffset; ++i)
+                ASSERT_EQ(buf[i], 0xAB) << "before the range, byte " << i << ", " << threads;
+            for (size_t i = kOffset; i < kOffset + bytes; ++i)
+                ASSERT_EQ(buf[i], 0)
+                    << "byte " << i - kOffset << " of " << bytes << ", " << threads;
+            for (size_t i = kOffset + bytes; i < buf.size(); ++i)
+                ASSERT_EQ(buf[i], 0xAB) << "after the range, byte " << i << ", " << threads;
+        }
+    omp_set_num_threads(saved_threads);
+}
+
 TEST(CpuBackend, AttentionDispatchesToTheChosenVariantAndItsSavedSize) {
     const int B = 2, T = 9, C = 12, NH = 3;
     std::mt19937 rng(5);

@@ -304,8 +304,28 @@ class CpuBackend final : public Backend {
     void copy_device(void* dst, const void* src, size_t bytes) override {
         copy(dst, src, bytes);
     }
+    // The activation gradients (15 MB a block for gpt2-mini) are zeroed before each block's
+    // backward, into the last-level cache the block's ops then read them from. One memset is one
+    // core's store stream: 16 GB/s on a Zen 3, where the second core sat idle (4.2-7.5 ms a
+    // step; the team's: 2.8-4.4, alternating runs). The team clears one contiguous share each, a
+    // multiple of 64 bytes (whole cache lines of an aligned buffer). Small buffers skip the
+    // team's start; buffers past the cache stay one stream, which DRAM already absorbs (the 64 MB
+    // parameter gradients: 1.9-2.5 ms alone, 2.4-2.8 with the team).
     void memset_zero(void* dst, size_t bytes) override {
-        if (bytes) std::memset(dst, 0, bytes);
+        constexpr size_t kTeamMinBytes = size_t{1} << 20, kTeamMaxBytes = size_t{32} << 20;
+        constexpr size_t kLine = 64;
+        if (bytes < kTeamMinBytes || bytes > kTeamMaxBytes || threads_ == 1) {
+            if (bytes) std::memset(dst, 0, bytes);
+            return;
+        }
+#pragma omp parallel
+        {
+            const size_t team = static_cast<size_t>(omp_get_num_threads());
+            const size_t share = (bytes / team + kLine - 1) / kLine * kLine;
+            const size_t begin = std::min(bytes, share * static_cast<size_t>(omp_get_thread_num()));
+            const size_t end = std::min(bytes, begin + share);
+            if (end > begin) std::memset(static_cast<char*>(dst) + begin, 0, end - begin);
+        }
     }
     void synchronize_device() override {}  // ops are synchronous: nothing to wait for
     std::unique_ptr<TimingEvent> create_event() override {
