@@ -2,8 +2,8 @@
 // the entries named isa_<level>:...; each sets MT_CPU_ISA=<level>): a global test environment
 // that skips the whole binary, with the reason, where MT_CPU_ISA names a level this CPU lacks
 // (avx512 on an AVX2-only CI machine) and tags the skip so that ctest lists the cases as skipped,
-// not passed, and says which level the tests run. A name that is not a
-// level is not skipped: the tests then fail on the backend's error, as a typo should.
+// not passed, and says which level the tests run. A name that is not a level is not skipped: the
+// tests then fail on the backend's error, as a typo should.
 #pragma once
 
 #include <gtest/gtest.h>
