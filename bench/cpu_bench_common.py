@@ -50,6 +50,13 @@ def cpu_identity():
     return model, family_model
 
 
+def machine_text(cpu_model, family_model):
+    """The model name with its family and model, e.g. "AMD EPYC (cpu family 25, model 1)": a
+    VM's name is often generic, and family and model tell Zen 3, Zen 4 and Zen 5 apart."""
+    ids = ", ".join(f"{k} {v}" for k, v in family_model.items())
+    return f"{cpu_model} ({ids})" if ids else cpu_model
+
+
 def result_slug(cpu_model):
     """<cpu model>-<N>c for a results file name, e.g. amd-epyc-2c."""
     return re.sub(r"[^a-z0-9]+", "-", cpu_model.lower()).strip("-") + f"-{os.cpu_count()}c"

@@ -47,7 +47,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lockstep_stats as stats  # noqa: E402
 from cpu_bench_common import (GOALS, ISA_LIMITS, TORCH_AVX2, cpu_identity, isa_of,  # noqa: E402
-                              levels_cpu_step_runs, result_slug, write_atomically)
+                              levels_cpu_step_runs, machine_text, result_slug,
+                              write_atomically)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -260,8 +261,7 @@ def main():
     cmd = shlex.join(sys.argv)  # quoted: a --levels list reproduces as one argument
     base = os.path.join(a.out_dir, f"cpu-lockstep-{stamp}-{result_slug(model)}") if a.out_dir \
         else None
-    # The slug keeps the bare model name; the report adds family and model (Zen 3 or Zen 4).
-    machine = model + "".join(f", {k} {v}" for k, v in family_model.items())
+    machine = machine_text(model, family_model)  # the slug keeps the bare model name
     todo = comparisons(a)
     rows, records = [], []
     tmp = tempfile.mkdtemp(prefix="cpu_lockstep_")
@@ -308,7 +308,8 @@ def main():
                                                            records, len(todo)))
                 write_atomically(base + ".json", json.dumps(
                     {"date_utc": stamp, "commit": commit, "command": cmd, "cpu_model": model,
-                     "cpu_family_model": family_model, "args": vars(a), "comparisons_asked": len(todo), "comparisons": records},
+                     "cpu_family_model": family_model, "args": vars(a),
+                     "comparisons_asked": len(todo), "comparisons": records},
                     indent=1) + "\n")
     except KeyboardInterrupt:
         kept = f"; {base}.md and .json hold the {len(rows)} finished" if rows and base else ""

@@ -97,7 +97,8 @@ if ROUNDS < 1:
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from cpu_bench_common import (GOALS, ISA_LIMITS, TORCH_AVX2, cpu_identity, isa_of,  # noqa: E402
-                              levels_cpu_step_runs, result_slug, write_atomically)
+                              levels_cpu_step_runs, machine_text, result_slug,
+                              write_atomically)
 from lockstep_stats import median, ratio_verdict  # noqa: E402
 
 
@@ -270,7 +271,6 @@ def round_order(rows, r):
 cpu_model, cpu_family_model = cpu_identity()
 # A VM's model name is often generic ("AMD EPYC"): family and model tell Zen 4 (25/17, AVX-512 on
 # 256-bit pipes) from Zen 5 (26, full-width AVX-512), and so what the AVX-512 level can gain.
-cpu_id = ", ".join(f"{k} {v}" for k, v in cpu_family_model.items())
 now = datetime.datetime.now(datetime.timezone.utc)
 
 
@@ -344,7 +344,7 @@ if SMOKE:
 L.append(f"- Code: commit `{commit}`" + (
     "; uncommitted changes in the measured code: " + ", ".join(
         f"`{l[3:]}`" for l in dirty.splitlines()) if dirty else ", clean working tree") + ".")
-L.append(f"- Machine: {cpu_model}" + (f" ({cpu_id})" if cpu_id else "") +
+L.append(f"- Machine: {machine_text(cpu_model, cpu_family_model)}"
          f", {os.cpu_count()} CPUs (`{socket.gethostname()}`); microtrain's "
          f"ISA levels on this CPU: {', '.join(SUPPORTED)}; {THREADS} threads on both sides "
          f"(OMP_NUM_THREADS={THREADS}), fp32.")

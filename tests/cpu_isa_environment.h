@@ -26,11 +26,12 @@ class CpuIsaEnvironment : public ::testing::Environment {
         if (isa) {
             const auto missing = cpu::missing_cpu_features(*isa, cpu::detect_cpu_features());
             if (!missing.empty()) {
+                const std::string reason =
+                    "MT_CPU_ISA=" + std::string(env) + ": this CPU lacks " + join(missing, ", ");
                 // gtest reports the binary's cases as passed when its environment skips them;
                 // ctest counts a case as skipped when its output has gtest's skip tag, so say it.
-                std::cout << "[  SKIPPED ] every case: MT_CPU_ISA=" << env << ", this CPU lacks "
-                          << join(missing, ", ") << "\n";
-                GTEST_SKIP() << "MT_CPU_ISA=" << env << ": this CPU lacks " << join(missing, ", ");
+                std::cout << "[  SKIPPED ] every case: " << reason << "\n";
+                GTEST_SKIP() << reason;
             }
         }
         std::cout << "[ CPU ISA  ] kernels of the level "
