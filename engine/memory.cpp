@@ -10,6 +10,8 @@
 #include <fstream>
 #include <string>
 
+#include "kernels/huge_pages.h"
+
 namespace mt {
 
 size_t process_peak_rss_bytes() {
@@ -139,7 +141,10 @@ void MemoryTracker::phase_end(Phase p) {
 }
 
 void MemoryTracker::finish() {
-    if (backend_.kind() == BackendKind::cpu) summary_.process_peak_rss = process_peak_rss_bytes();
+    if (backend_.kind() != BackendKind::cpu) return;
+    summary_.process_peak_rss = process_peak_rss_bytes();
+    if (const long long huge = huge_page_resident_bytes(); huge >= 0)
+        summary_.process_huge_page_bytes = static_cast<size_t>(huge);
 }
 
 }  // namespace mt

@@ -62,7 +62,13 @@ struct MemorySummary {
     std::string device_kind;  // "cudaMemGetInfo" or "RSS"
     size_t device_total = 0;  // device capacity (CUDA) or physical RAM (CPU); 0 if unknown
     size_t device_used_peak = 0;
-    size_t process_peak_rss = 0;  // CPU: ru_maxrss (whole process); 0 on CUDA
+    size_t process_peak_rss = 0;  // CPU: VmHWM since reset_peak_rss (whole process); 0 on CUDA
+    // CPU: the process's anonymous memory on 2 MiB pages at the end of the run (AnonHugePages,
+    // kernels/huge_pages.h); nullopt on CUDA or where the kernel does not say. The kernel grants
+    // a huge page only when it finds 2 MiB of free contiguous memory, which a busy machine may
+    // lack; without it the buffer gets 4 KiB pages, only those touched counted. So the same
+    // config's peak RSS may differ between two runs by up to this much, for the machine's sake.
+    std::optional<size_t> process_huge_page_bytes;
     // The phase whose tracked peak is highest (nullopt before any step).
     // (Precisely: among the phases whose peak equals the highest, the one that allocated the most
     // on top of what was live when it began; nullopt when no phase allocates anything, i.e. the
@@ -81,7 +87,7 @@ class MemoryTracker {
     void phase_begin(Phase p);
     void phase_end(Phase p);
     const MemorySummary& summary() const { return summary_; }
-    // Refreshes process_peak_rss (call at the end of the run).
+    // Refreshes process_peak_rss and process_huge_page_bytes (call at the end of the run).
     void finish();
 
   private:

@@ -147,6 +147,7 @@ MemoryRecord memory_record(const MemoryEstimate& estimate, const MemorySummary& 
     o.largest_category = m.largest_category();
     o.device = {m.device_available, m.device_kind, m.device_total, m.device_used_peak};
     o.process_peak_rss_bytes = m.process_peak_rss;
+    o.process_huge_page_bytes = m.process_huge_page_bytes;
     return o;
 }
 

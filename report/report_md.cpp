@@ -346,8 +346,15 @@ void write_memory_peaks(std::ostringstream& o, const Results& res) {
     for (const VariantResult& v : res.variants) {
         if (v.status == RunStatus::skipped) continue;
         o << "\n- `" << v.name << "`: " << memory_peak_text(v);
-        if (const size_t rss = v.memory.process_peak_rss_bytes; rss > 0)
-            o << "; process peak RSS (getrusage, whole process so far) " << mib(rss) << " MiB";
+        if (const size_t rss = v.memory.process_peak_rss_bytes; rss > 0) {
+            o << "; process peak RSS (since its setup) " << mib(rss) << " MiB";
+            // The kernel grants a 2 MiB page only where it finds free contiguous memory: the
+            // same config on a busier machine may peak up to those bytes lower.
+            if (const auto huge = v.memory.process_huge_page_bytes; huge && *huge > 0)
+                o << ", " << mib(*huge)
+                  << " MiB of it on 2 MiB pages at the end (granted as the machine's free memory "
+                     "allows: another run may peak up to that much lower)";
+        }
     }
     o << "\n\nPer-phase peaks (tracked MiB / device-or-RSS MiB):\n\n| Variant |";
     for (Phase p : kAllPhases) o << " " << enum_name(p) << " |";

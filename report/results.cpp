@@ -186,6 +186,7 @@ struct JsonFields<MemoryRecord> {
         json_field("largest_category", &S::largest_category),
         json_field("device", &S::device),
         json_field("process_peak_rss_bytes", &S::process_peak_rss_bytes),
+        json_key_if_present("process_huge_page_bytes", &S::process_huge_page_bytes),
     };
 };
 

@@ -152,6 +152,9 @@ struct MemoryRecord {
     MemoryCategory largest_category = MemoryCategory::params;
     DeviceMemoryRecord device;
     size_t process_peak_rss_bytes = 0;
+    // Of the process's memory, the bytes on 2 MiB pages at the end (engine/memory.h); absent on
+    // CUDA and where the kernel does not say.
+    std::optional<size_t> process_huge_page_bytes;
 };
 
 // One row of the per-op table (KernelStat with its derived rates).

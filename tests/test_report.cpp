@@ -19,6 +19,7 @@
 #include "report/step_files.h"
 #include "report/suggestions.h"
 #include "tests/hand_made_run.h"
+#include "tests/test_util.h"
 
 namespace mt {
 namespace {
@@ -566,6 +567,44 @@ TEST(ReportMd, ASmallMemoryChangeIsShownInBytesNotRoundedToZero) {
     EXPECT_NE(md.find("| data | 0.0 | 14094 B | +14094 B |", block), std::string::npos) << md;
     const std::string table = md_section(md, "## Comparison");
     EXPECT_NE(table.find(" | -14094 B | "), std::string::npos) << table;
+}
+
+// A CPU variant's process peak RSS says how much of it sat on 2 MiB pages: the kernel grants them
+// as free memory allows, so the same config may peak up to that much lower on another run.
+TEST(ReportMd, APeakRssPartlyOnHugePagesSaysAnotherRunMayPeakThatMuchLower) {
+    HandMadeExperiment ex;
+    ex.name = "rss";
+    ex.baseline = "baseline";
+    HandMadeRun base = make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20);
+    base.memory.process_peak_rss = size_t{103} << 20;
+    base.memory.process_huge_page_bytes = size_t{2} << 20;
+    HandMadeRun none =
+        make_run("none", {10, 10.1, 9.9, 10, 10.05}, 5.0, 100 << 20, {{"optim.impl", "fused"}});
+    none.memory.process_peak_rss = size_t{101} << 20;
+    none.memory.process_huge_page_bytes = 0;
+    ex.runs.push_back(base);
+    ex.runs.push_back(none);
+    const std::string md = render_report_md(ex.results());
+    const size_t b = md.find("- `baseline`: ");
+    const size_t n = md.find("- `none`: ");
+    ASSERT_NE(b, std::string::npos) << md;
+    ASSERT_NE(n, std::string::npos) << md;
+    const std::string base_line = md.substr(b, md.find('\n', b) - b);
+    const std::string none_line = md.substr(n, md.find('\n', n) - n);
+    EXPECT_CONTAINS(base_line,
+                    "process peak RSS (since its setup) 103.0 MiB, 2.0 MiB of it on "
+                    "2 MiB pages at the end");
+    EXPECT_CONTAINS(base_line, "another run may peak up to that much lower");
+    EXPECT_CONTAINS(none_line, "process peak RSS (since its setup) 101.0 MiB");
+    EXPECT_EQ(none_line.find("2 MiB pages"), std::string::npos) << none_line;
+    // results.json keeps the figure, and leaves the key out where the kernel did not say.
+    ex.runs[1].memory.process_huge_page_bytes.reset();
+    const json j = results_to_json(ex.results());
+    EXPECT_EQ(j["variants"][0]["memory"]["process_huge_page_bytes"], 2 << 20);
+    EXPECT_FALSE(j["variants"][1]["memory"].contains("process_huge_page_bytes"));
+    const Results back = results_from_json(j, "results.json");
+    EXPECT_EQ(back.variants[0].memory.process_huge_page_bytes, size_t{2} << 20);
+    EXPECT_FALSE(back.variants[1].memory.process_huge_page_bytes.has_value());
 }
 
 // run.cuda_graph: a replayed step's device work is one phase, its forward; the knob is in the

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <fstream>
 #include <set>
@@ -176,7 +177,10 @@ TEST_F(RoundsTest, EveryVariantRunsInAProcessOfItsOwn) {
 }
 
 // The same config first and last, a larger one between them: one after another in one process,
-// the last would inherit the larger one's heap; in processes of their own they read the same.
+// the last would inherit the larger one's heap; in processes of their own they read the same,
+// but for the 2 MiB pages the kernel grants as the machine's free memory allows (the GEMM's pack
+// buffer asks for them: a clean clone's CI under ASan, beside other tests, gave the first one and
+// not the last, 97.76 against 95.80 MiB).
 TEST_F(RoundsTest, PeakRssDoesNotDependOnTheVariantsPlaceInTheFile) {
     const ExperimentRun ex = run_experiment(load_experiment(write_yaml("  - name: first\n"
                                                                        "  - name: larger\n"
@@ -195,8 +199,14 @@ TEST_F(RoundsTest, PeakRssDoesNotDependOnTheVariantsPlaceInTheFile) {
     const double a = static_cast<double>(first.memory.process_peak_rss_bytes);
     const double b = static_cast<double>(last.memory.process_peak_rss_bytes);
     ASSERT_GT(a, 0);
-    EXPECT_NEAR(b / a, 1.0, 0.02) << "first " << a / (1 << 20) << " MiB, last " << b / (1 << 20)
-                                  << " MiB";
+    const auto huge = [](const VariantResult& v) {
+        return static_cast<double>(v.memory.process_huge_page_bytes.value_or(0));
+    };
+    const double granted_apart = std::abs(huge(first) - huge(last));
+    EXPECT_LE(std::abs(b - a), 0.02 * a + granted_apart)
+        << "first " << a / (1 << 20) << " MiB (" << huge(first) / (1 << 20)
+        << " MiB on 2 MiB pages), last " << b / (1 << 20) << " MiB (" << huge(last) / (1 << 20)
+        << " MiB on 2 MiB pages)";
     EXPECT_GT(static_cast<double>(larger.memory.process_peak_rss_bytes), b);
 }
 

@@ -17,6 +17,7 @@
 #include "engine/profile.h"
 #include "engine/timing.h"
 #include "kernels/backend.h"
+#include "kernels/huge_pages.h"
 
 namespace mt {
 namespace {
@@ -213,6 +214,9 @@ TEST(MemoryTracker, TransientAllocationInsideAPhaseIsNotMissed) {
     EXPECT_GE(s.tracked_peak_total, size_t(5) << 20);
     EXPECT_EQ(s.device_kind, "RSS");
     EXPECT_GT(s.process_peak_rss, 0u);
+    // What of the process sits on 2 MiB pages, where the kernel says (whole pages only).
+    EXPECT_EQ(s.process_huge_page_bytes.has_value(), huge_page_resident_bytes() >= 0);
+    EXPECT_EQ(s.process_huge_page_bytes.value_or(0) % kHugePageBytes, 0u);
 }
 
 TEST(MemoryTracker, NoPeakPhaseWhenEverythingIsAllocatedAtSetup) {
