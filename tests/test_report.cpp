@@ -570,8 +570,8 @@ TEST(ReportMd, ASmallMemoryChangeIsShownInBytesNotRoundedToZero) {
 }
 
 // A CPU variant's process peak RSS says how much of it sat on 2 MiB pages: the kernel grants them
-// as free memory allows, so the same config may peak up to that much lower on another run.
-TEST(ReportMd, APeakRssPartlyOnHugePagesSaysAnotherRunMayPeakThatMuchLower) {
+// as free memory allows, so the same config may peak lower on another run, by at most that.
+TEST(ReportMd, APeakRssPartlyOnHugePagesSaysAnotherRunMayPeakLowerByAtMostThat) {
     HandMadeExperiment ex;
     ex.name = "rss";
     ex.baseline = "baseline";
@@ -594,7 +594,8 @@ TEST(ReportMd, APeakRssPartlyOnHugePagesSaysAnotherRunMayPeakThatMuchLower) {
     EXPECT_CONTAINS(base_line,
                     "process peak RSS (since its setup) 103.0 MiB, 2.0 MiB of it on "
                     "2 MiB pages at the end");
-    EXPECT_CONTAINS(base_line, "another run may peak up to that much lower");
+    EXPECT_CONTAINS(base_line,
+                    "where it grants fewer, the same config peaks lower, by at most that)");
     EXPECT_CONTAINS(none_line, "process peak RSS (since its setup) 101.0 MiB");
     EXPECT_EQ(none_line.find("2 MiB pages"), std::string::npos) << none_line;
     // results.json keeps the figure, and leaves the key out where the kernel did not say.
