@@ -288,7 +288,14 @@ void encoder_forward_then_wait(Backend& b, const op::EncoderForward& a) {
 
 // The end-to-end proof of the calls on a busy machine: with a neighbour burning a core in
 // bursts, a variant with a known added cost is called slower, and an A/A control (the
-// baseline's config under another name) is called neither faster nor slower.
+// baseline's config under another name) is called neither faster nor slower. 15 rounds of 2
+// steps: a round is paired only where its two slices met the same load, and short slices meet
+// less of the neighbour's 0.2 s phases, while many rounds leave pairs enough after those left
+// out. With 5 rounds of 6 steps the ASan build's slices (several times slower) straddled the
+// phases, most rounds were left out ("the two slices met different loads") and the call stayed
+// inconclusive in 2 of 3 runs on the Zen 3 (a clean clone's CI failed on it); with 15 rounds
+// it was decided in 10 of 10 there (5 beside another ASan test), and the release build decided
+// it either way. Without the 3 ms delay the test fails.
 TEST_F(RoundsTest, ADelayedVariantIsCalledSlowerWhileANeighbourBurnsACoreInBursts) {
     RunnerOptions o = quiet();
     o.inject_variant = "delayed";
@@ -299,13 +306,13 @@ TEST_F(RoundsTest, ADelayedVariantIsCalledSlowerWhileANeighbourBurnsACoreInBurst
     const ExperimentSpec spec = load_experiment(write_yaml("  - name: baseline\n"
                                                            "  - name: control\n"
                                                            "  - name: delayed\n"),
-                                                {"run.measure_steps=30"});
+                                                {"run.measure_steps=30", "run.rounds=15"});
     BurstingNeighbour neighbour;
     constexpr int kAttempts = 3;
     std::vector<std::string> calls;
     for (int attempt = 0; attempt < kAttempts; ++attempt) {
         const Results res = run_experiment(spec, o).results;
-        ASSERT_EQ(res.experiment.rounds, 5);
+        ASSERT_EQ(res.experiment.rounds, 15);
         auto row = [&](const std::string& name) -> const ComparisonRow& {
             for (const ComparisonRow& r : res.comparison.rows)
                 if (r.variant == name) return r;
