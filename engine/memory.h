@@ -66,8 +66,9 @@ struct MemorySummary {
     // CPU: the process's anonymous memory on 2 MiB pages at the end of the run (AnonHugePages,
     // kernels/huge_pages.h); nullopt on CUDA or where the kernel does not say. The kernel grants
     // a huge page only when it finds 2 MiB of free contiguous memory, which a busy machine may
-    // lack; without it the buffer gets 4 KiB pages, only those touched counted. So the same
-    // config's peak RSS may differ between two runs by up to this much, for the machine's sake.
+    // lack, and counts a huge page whole, touched or not; without it the buffer gets 4 KiB pages,
+    // only those touched counted. So the same config on a busier machine peaks lower, by at most
+    // this much (in practice the untouched tails of the huge pages).
     std::optional<size_t> process_huge_page_bytes;
     // The phase whose tracked peak is highest (nullopt before any step).
     // (Precisely: among the phases whose peak equals the highest, the one that allocated the most

@@ -348,10 +348,7 @@ void write_memory_peaks(std::ostringstream& o, const Results& res) {
         o << "\n- `" << v.name << "`: " << memory_peak_text(v);
         if (const size_t rss = v.memory.process_peak_rss_bytes; rss > 0) {
             o << "; process peak RSS (since its setup) " << mib(rss) << " MiB";
-            // The kernel grants a 2 MiB page only where it finds free contiguous memory, and
-            // counts it whole, touched or not; a denied buffer gets 4 KiB pages, only the touched
-            // ones counted. So the same config on a busier machine peaks lower, by at most these
-            // bytes (in practice the untouched tails of the huge pages).
+            // Why this bounds the peak's swing between runs: engine/memory.h.
             if (const auto huge = v.memory.process_huge_page_bytes; huge && *huge > 0)
                 o << ", " << mib(*huge)
                   << " MiB of it on 2 MiB pages at the end (the kernel grants them as its free "

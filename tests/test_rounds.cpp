@@ -291,11 +291,8 @@ void encoder_forward_then_wait(Backend& b, const op::EncoderForward& a) {
 // baseline's config under another name) is called neither faster nor slower. 15 rounds of 2
 // steps: a round is paired only where its two slices met the same load, and short slices meet
 // less of the neighbour's 0.2 s phases, while many rounds leave pairs enough after those left
-// out. With 5 rounds of 6 steps the ASan build's slices (several times slower) straddled the
-// phases, most rounds were left out ("the two slices met different loads") and the call stayed
-// inconclusive in 2 of 3 runs on the Zen 3 (a clean clone's CI failed on it); with 15 rounds
-// it was decided in 10 of 10 there (5 beside another ASan test), and the release build decided
-// it either way. Without the 3 ms delay the test fails.
+// out (with 5 rounds of 6 steps the ASan build's slower slices straddled the phases and most
+// rounds were left out: inconclusive in 2 of 3 runs).
 TEST_F(RoundsTest, ADelayedVariantIsCalledSlowerWhileANeighbourBurnsACoreInBursts) {
     RunnerOptions o = quiet();
     o.inject_variant = "delayed";
