@@ -3,6 +3,8 @@
 # SECONDS from its seed corpus, after replaying every committed crash input. Fails if any target
 # crashes, leaks, times out, runs out of memory or trips a sanitizer; prints executions per target.
 #   tools/fuzz.sh [SECONDS]        default 60
+# Targets run side by side, one per core (MT_FUZZ_PARALLEL, default nproc); MT_FUZZ_JOBS sets the
+# build's parallelism (default 2).
 # Needs clang and libomp-dev (tools/setup.sh). Build dir: build/fuzz. New corpus entries go to
 # build/fuzz/corpus/<target>/ (the committed seeds in tests/fuzz/corpus/ are not modified);
 # a crashing input is saved as build/fuzz/artifacts/<target>/crash-*: reproduce it with
@@ -23,38 +25,62 @@ targets=(safetensors batch tokens experiment train_checkpoint results pretrained
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
 export OMP_NUM_THREADS=1
-status=0
-summary=()
-for t in "${targets[@]}"; do
-    bin=build/fuzz/fuzz_$t
-    work=build/fuzz/corpus/$t
-    art=build/fuzz/artifacts/$t
+
+# One target: replay its committed regressions, then fuzz it. Writes one summary line to
+# build/fuzz/fuzz_<target>.result ("ok ..." or the failure) and, on failure, what to read to
+# build/fuzz/fuzz_<target>.failure; prints nothing, so targets run side by side stay legible.
+fuzz_target() {
+    local t=$1 bin=build/fuzz/fuzz_$t work=build/fuzz/corpus/$t art=build/fuzz/artifacts/$t
+    local log=build/fuzz/fuzz_$t.log result=build/fuzz/fuzz_$t.result
+    local failure=build/fuzz/fuzz_$t.failure
     mkdir -p "$work" "$art"
-    log=build/fuzz/fuzz_$t.log
-    regressions=(tests/fuzz/regressions/$t/*)
-    if [[ -e "${regressions[0]}" ]]; then
-        if ! "$bin" -runs=1 "${regressions[@]}" >"$log.regressions" 2>&1; then
-            echo "fuzz: $t: a committed regression input fails again:" >&2
-            tail -n 40 "$log.regressions" >&2
-            status=1
-            summary+=("$t: REGRESSION")
-            continue
-        fi
+    rm -f "$failure"
+    local regressions=(tests/fuzz/regressions/$t/*)
+    if [[ -e "${regressions[0]}" ]] && ! "$bin" -runs=1 "${regressions[@]}" >"$log.regressions" 2>&1; then
+        { echo "fuzz: $t: a committed regression input fails again:"; tail -n 40 "$log.regressions"; } >"$failure"
+        echo "$t: REGRESSION" >"$result"
+        return
     fi
     # -timeout: an input taking 10 s is a hang; -rss_limit_mb / -malloc_limit_mb: a parser
     # allocating more than 2 GiB for a small input is a finding.
     if "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 \
         -print_final_stats=1 -artifact_prefix="$art/" "$work" "tests/fuzz/corpus/$t" \
         >"$log" 2>&1; then
+        local execs
         execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
-        summary+=("$t: ok, $execs executions in ${seconds}s")
+        echo "$t: ok, $execs executions in ${seconds}s" >"$result"
     else
-        echo "fuzz: $t FAILED; the end of $log:" >&2
-        tail -n 60 "$log" >&2
-        ls "$art" >&2 || true
-        status=1
-        summary+=("$t: FAILED (see $log, inputs in $art)")
+        { echo "fuzz: $t FAILED; the end of $log:"; tail -n 60 "$log"; ls "$art"; } >"$failure" 2>&1
+        echo "$t: FAILED (see $log, inputs in $art)" >"$result"
+    fi
+}
+
+# Each libFuzzer process is single-threaded: run as many targets at once as there are cores
+# (MT_FUZZ_PARALLEL to change), so the stage takes ceil(targets / cores) × SECONDS, each target
+# still fuzzed for SECONDS on a core of its own.
+parallel=${MT_FUZZ_PARALLEL:-$(nproc)}
+[[ "$parallel" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: MT_FUZZ_PARALLEL must be a positive integer, got '$parallel'" >&2; exit 2; }
+running=0
+for t in "${targets[@]}"; do
+    rm -f "build/fuzz/fuzz_$t.result"
+    fuzz_target "$t" &
+    if ((++running >= parallel)); then
+        wait -n || true # a target's failure is in its .result, read below
+        running=$((running - 1))
     fi
 done
-printf 'fuzz: %s\n' "${summary[@]}"
+wait
+
+status=0
+for t in "${targets[@]}"; do
+    result=build/fuzz/fuzz_$t.result
+    if [[ ! -s "$result" ]]; then
+        echo "$t: FAILED (its run ended without a result)" >"$result"
+    fi
+    if [[ -e "build/fuzz/fuzz_$t.failure" ]]; then
+        cat "build/fuzz/fuzz_$t.failure" >&2
+    fi
+    grep -q "^$t: ok" "$result" || status=1
+    echo "fuzz: $(cat "$result")"
+done
 exit $status
