@@ -15,9 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 [[ "$seconds" =~ ^[0-9]+$ ]] || { echo "usage: tools/fuzz.sh [SECONDS]" >&2; exit 2; }
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake --preset fuzz "${launcher[@]}" >/dev/null
+cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -j "${MT_FUZZ_JOBS:-2}"
 
 targets=(safetensors batch tokens experiment train_checkpoint results pretrained)

@@ -7,6 +7,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libeigen3-dev libyaml-cpp-dev libgtest-dev
       googletest libcli11-dev nlohmann-json3-dev libfmt-dev clang-tidy clang libomp-dev)
+# ccache: CMakeLists.txt compiles through it when present (a second build folder, a rebuild).
+pkgs+=(ccache)
 # The pinned formatter (tools/format.sh checks its version: 14.0.6).
 pkgs+=(clang-format-14)
 # Data parallel: Open MPI (mpirun -np N microtrain ...; tests/test_data_parallel.cpp).
