@@ -56,7 +56,8 @@ fuzz_target() {
 # Each libFuzzer process is single-threaded: run as many targets at once as there are cores
 # (MT_FUZZ_PARALLEL to change), so the stage takes ceil(targets / cores) × SECONDS, each target
 # still fuzzed for SECONDS on a core of its own.
-parallel=${MT_FUZZ_PARALLEL:-$(nproc)}
+# (GNU nproc counts OMP_NUM_THREADS, set to 1 above for the targets: ask it without.)
+parallel=${MT_FUZZ_PARALLEL:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}
 [[ "$parallel" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: MT_FUZZ_PARALLEL must be a positive integer, got '$parallel'" >&2; exit 2; }
 running=0
 for t in "${targets[@]}"; do
