@@ -28,28 +28,25 @@ export OMP_NUM_THREADS=1
 # build/fuzz/fuzz_<target>.result ("ok ..." or the failure) and, on failure, what to read to
 # build/fuzz/fuzz_<target>.failure; prints nothing, so targets run side by side stay legible.
 fuzz_target() {
-    local t=$1 bin=build/fuzz/fuzz_$t work=build/fuzz/corpus/$t art=build/fuzz/artifacts/$t
-    local log=build/fuzz/fuzz_$t.log result=build/fuzz/fuzz_$t.result
-    local failure=build/fuzz/fuzz_$t.failure
+    local t=$1 out=build/fuzz/fuzz_$t work=build/fuzz/corpus/$t art=build/fuzz/artifacts/$t
     mkdir -p "$work" "$art"
-    rm -f "$failure"
     local regressions=(tests/fuzz/regressions/$t/*)
-    if [[ -e "${regressions[0]}" ]] && ! "$bin" -runs=1 "${regressions[@]}" >"$log.regressions" 2>&1; then
-        { echo "fuzz: $t: a committed regression input fails again:"; tail -n 40 "$log.regressions"; } >"$failure"
-        echo "$t: REGRESSION" >"$result"
+    if [[ -e "${regressions[0]}" ]] && ! "$out" -runs=1 "${regressions[@]}" >"$out.log.regressions" 2>&1; then
+        { echo "fuzz: $t: a committed regression input fails again:"; tail -n 40 "$out.log.regressions"; } >"$out.failure"
+        echo "$t: REGRESSION" >"$out.result"
         return
     fi
     # -timeout: an input taking 10 s is a hang; -rss_limit_mb / -malloc_limit_mb: a parser
     # allocating more than 2 GiB for a small input is a finding.
-    if "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 \
+    if "$out" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 \
         -print_final_stats=1 -artifact_prefix="$art/" "$work" "tests/fuzz/corpus/$t" \
-        >"$log" 2>&1; then
+        >"$out.log" 2>&1; then
         local execs
-        execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
-        echo "$t: ok, $execs executions in ${seconds}s" >"$result"
+        execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out.log" | grep -o '[0-9]*$' || echo "?")
+        echo "$t: ok, $execs executions in ${seconds}s" >"$out.result"
     else
-        { echo "fuzz: $t FAILED; the end of $log:"; tail -n 60 "$log"; ls "$art"; } >"$failure" 2>&1
-        echo "$t: FAILED (see $log, inputs in $art)" >"$result"
+        { echo "fuzz: $t FAILED; the end of $out.log:"; tail -n 60 "$out.log"; ls "$art"; } >"$out.failure" 2>&1
+        echo "$t: FAILED (see $out.log, inputs in $art)" >"$out.result"
     fi
 }
 
@@ -61,7 +58,7 @@ parallel=${MT_FUZZ_PARALLEL:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 [[ "$parallel" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: MT_FUZZ_PARALLEL must be a positive integer, got '$parallel'" >&2; exit 2; }
 running=0
 for t in "${targets[@]}"; do
-    rm -f "build/fuzz/fuzz_$t.result"
+    rm -f "build/fuzz/fuzz_$t.result" "build/fuzz/fuzz_$t.failure"
     fuzz_target "$t" &
     if ((++running >= parallel)); then
         wait -n || true # a target's failure is in its .result, read below
@@ -72,14 +69,10 @@ wait
 
 status=0
 for t in "${targets[@]}"; do
-    result=build/fuzz/fuzz_$t.result
-    if [[ ! -s "$result" ]]; then
-        echo "$t: FAILED (its run ended without a result)" >"$result"
-    fi
-    if [[ -e "build/fuzz/fuzz_$t.failure" ]]; then
-        cat "build/fuzz/fuzz_$t.failure" >&2
-    fi
-    grep -q "^$t: ok" "$result" || status=1
-    echo "fuzz: $(cat "$result")"
+    out=build/fuzz/fuzz_$t
+    [[ -s "$out.result" ]] || echo "$t: FAILED (its run ended without a result)" >"$out.result"
+    [[ -e "$out.failure" ]] && cat "$out.failure" >&2
+    grep -q "^$t: ok" "$out.result" || status=1
+    echo "fuzz: $(cat "$out.result")"
 done
 exit $status
