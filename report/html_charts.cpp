@@ -52,7 +52,10 @@ const char* kLineColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
                              "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
 
 // A "nice" axis maximum and tick step for values up to `x`.
-std::pair<double, double> nice_axis(double x) {
+struct Axis {
+    double max, tick;
+};
+Axis nice_axis(double x) {
     if (!(x > 0)) return {1, 0.25};
     const double p = std::pow(10.0, std::floor(std::log10(x)));
     for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
@@ -108,7 +111,7 @@ std::string phase_chart(const std::vector<VariantResult>& vs) {
             max_ms = std::max({max_ms, sum, v.stats.step_ms.mean});
         }
     if (rows.empty()) return "";
-    const auto [amax, tick] = nice_axis(max_ms);
+    const Axis axis = nice_axis(max_ms);
     const double bar = 26, gap = 12, top = 34;
     const double h = top + rows.size() * (bar + gap) + 44;
     std::ostringstream o;
@@ -126,7 +129,7 @@ std::string phase_chart(const std::vector<VariantResult>& vs) {
         double x = kLeft;
         for (int i = 0; i < kPhaseColumnCount; ++i) {
             const double ms = bar_ms(*v, i);
-            const double w = kPlotW * ms / amax;
+            const double w = kPlotW * ms / axis.max;
             if (w <= 0) continue;
             o << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << bar
               << "\" fill=\"" << kPhaseColors[i] << "\"><title>" << phase_column_name(i) << ": "
@@ -141,7 +144,7 @@ std::string phase_chart(const std::vector<VariantResult>& vs) {
           << report_text::fixed(v->stats.step_ms.mean, 2) << " ms</text>";
         y += bar + gap;
     }
-    o << axis_x(kLeft, y, kPlotW, amax, tick, "ms") << "</svg></figure>\n";
+    o << axis_x(kLeft, y, kPlotW, axis.max, axis.tick, "ms") << "</svg></figure>\n";
     return o.str();
 }
 
@@ -154,7 +157,7 @@ std::string distribution_chart(const std::vector<VariantResult>& vs) {
             max_ms = std::max(max_ms, v.stats.step_ms.max);
         }
     if (rows.empty()) return "";
-    const auto [amax, tick] = nice_axis(max_ms);
+    const Axis axis = nice_axis(max_ms);
     const double band = 40, top = 12;
     const double h = top + rows.size() * band + 44;
     std::ostringstream o;
@@ -163,7 +166,7 @@ std::string distribution_chart(const std::vector<VariantResult>& vs) {
          "width=\""
       << kW << "\" height=\"" << h << "\" viewBox=\"0 0 " << kW << " " << h << "\">";
     double y = top;
-    auto X = [&](double ms) { return kLeft + kPlotW * ms / amax; };
+    auto X = [&](double ms) { return kLeft + kPlotW * ms / axis.max; };
     for (const VariantResult* v : rows) {
         const SeriesSummary& s = v->stats.step_ms;
         const double cy = y + band / 2;
@@ -191,7 +194,7 @@ std::string distribution_chart(const std::vector<VariantResult>& vs) {
           << report_text::fixed(s.median, 2) << " ms</text>";
         y += band;
     }
-    o << axis_x(kLeft, y + 4, kPlotW, amax, tick, "ms per step") << "</svg></figure>\n";
+    o << axis_x(kLeft, y + 4, kPlotW, axis.max, axis.tick, "ms per step") << "</svg></figure>\n";
     return o.str();
 }
 
@@ -275,7 +278,7 @@ std::string memory_chart(const std::vector<VariantResult>& vs) {
             max_b = std::max({max_b, sum, static_cast<double>(v.memory.estimate_total)});
         }
     if (rows.empty()) return "";
-    const auto [amax, tick] = nice_axis(to_mib(max_b));
+    const Axis axis = nice_axis(to_mib(max_b));
     const double bar = 26, gap = 14, top = 34;
     const double h = top + rows.size() * (bar + gap) + 44;
     std::ostringstream o;
@@ -295,7 +298,7 @@ std::string memory_chart(const std::vector<VariantResult>& vs) {
             const std::string cat = to_string(static_cast<MemoryCategory>(c));
             const double m = to_mib(static_cast<double>(v->memory.tracked_peak[c]));
             total += m;
-            const double w = kPlotW * m / amax;
+            const double w = kPlotW * m / axis.max;
             if (w <= 0) continue;
             o << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << bar
               << "\" fill=\"" << kCatColors[c] << "\"><title>" << cat << ": "
@@ -303,7 +306,7 @@ std::string memory_chart(const std::vector<VariantResult>& vs) {
             x += w;
         }
         const double est = to_mib(static_cast<double>(v->memory.estimate_total));
-        const double ex = kLeft + kPlotW * est / amax;
+        const double ex = kLeft + kPlotW * est / axis.max;
         o << "<line x1=\"" << ex << "\" y1=\"" << y - 3 << "\" x2=\"" << ex << "\" y2=\""
           << y + bar + 3 << "\" stroke=\"#000\" stroke-width=\"2\"><title>estimate "
           << report_text::fixed(est, 2) << " MiB</title></line>";
@@ -312,7 +315,7 @@ std::string memory_chart(const std::vector<VariantResult>& vs) {
           << report_text::fixed(est, 1) << ")</text>";
         y += bar + gap;
     }
-    o << axis_x(kLeft, y, kPlotW, amax, tick, "MiB") << "</svg></figure>\n";
+    o << axis_x(kLeft, y, kPlotW, axis.max, axis.tick, "MiB") << "</svg></figure>\n";
     return o.str();
 }
 
@@ -336,7 +339,10 @@ std::string tick_text(double v) {
 }
 
 // The log10 range [lo, hi] widened to whole decades around the values.
-std::pair<double, double> decades(double lo, double hi) {
+struct LogSpan {
+    double lo, hi;
+};
+LogSpan decades(double lo, double hi) {
     return {std::pow(10.0, std::floor(std::log10(lo))), std::pow(10.0, std::ceil(std::log10(hi)))};
 }
 
@@ -363,21 +369,23 @@ std::string roofline_chart(const VariantResult& v) {
         ilo = std::min(ilo, k->intensity), ihi = std::max(ihi, k->intensity);
         glo = std::min(glo, k->gflops_per_s), ghi = std::max(ghi, k->gflops_per_s);
     }
-    const auto [x0, x1] = decades(ilo, ihi);
-    const auto [y0, y1] = decades(glo, ghi);
+    const LogSpan xs = decades(ilo, ihi);
+    const LogSpan ys = decades(glo, ghi);
     const double top = 14, ph = 280, left = 70, pw = kW - left - 190, h = top + ph + 48;
-    auto X = [&](double i) { return left + pw * std::log(i / x0) / std::log(x1 / x0); };
-    auto Y = [&](double g) { return top + ph * (1 - std::log(g / y0) / std::log(y1 / y0)); };
+    auto X = [&](double i) { return left + pw * std::log(i / xs.lo) / std::log(xs.hi / xs.lo); };
+    auto Y = [&](double g) {
+        return top + ph * (1 - std::log(g / ys.lo) / std::log(ys.hi / ys.lo));
+    };
     std::ostringstream o;
     o << "<figure><figcaption>Roofline of " << html_escape(v.name)
       << ": each op's achieved GFLOP/s against its arithmetic intensity (log–log), under the "
          "roof of the measured peaks</figcaption>"
       << svg_open(h) << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << pw
       << "\" height=\"" << ph << "\" fill=\"none\" stroke=\"#888\"/>";
-    for (double t : log_ticks(x0, x1))
+    for (double t : log_ticks(xs.lo, xs.hi))
         o << "<text x=\"" << X(t) << "\" y=\"" << top + ph + 16
           << "\" font-size=\"11\" text-anchor=\"middle\">" << tick_text(t) << "</text>";
-    for (double t : log_ticks(y0, y1))
+    for (double t : log_ticks(ys.lo, ys.hi))
         o << "<text x=\"" << left - 6 << "\" y=\"" << Y(t) + 4
           << "\" font-size=\"11\" text-anchor=\"end\">" << tick_text(t) << "</text><line x1=\""
           << left << "\" y1=\"" << Y(t) << "\" x2=\"" << left + pw << "\" y2=\"" << Y(t)
@@ -388,9 +396,9 @@ std::string roofline_chart(const VariantResult& v) {
       << top + ph / 2 << ")\" text-anchor=\"middle\">GFLOP/s</text>";
     // The roof: the bandwidth slope up to the ridge, then flat at the peak.
     const double ridge = peak / bw;
-    const double slope_start = std::max(x0, y0 / bw);
+    const double slope_start = std::max(xs.lo, ys.lo / bw);
     o << "<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\" points=\"" << X(slope_start)
-      << "," << Y(slope_start * bw) << " " << X(ridge) << "," << Y(peak) << " " << X(x1) << ","
+      << "," << Y(slope_start * bw) << " " << X(ridge) << "," << Y(peak) << " " << X(xs.hi) << ","
       << Y(peak) << "\"><title>roof: " << report_text::fixed(bw, 1) << " GB/s × intensity, at most "
       << report_text::fixed(peak, 1) << " GFLOP/s (ridge " << report_text::fixed(ridge, 2)
       << " FLOP/byte)</title></polyline>"
@@ -421,7 +429,7 @@ std::string step_phase_chart(const std::vector<VariantResult>& vs) {
             for (const StepRow& s : v.steps) max_ms = std::max(max_ms, s.wall_ms);
         }
     if (rows.empty()) return "";
-    const auto [amax, tick] = nice_axis(max_ms);
+    const Axis axis = nice_axis(max_ms);
     const double panel = 90, gap = 26, top = 30, left = kLeft, pw = kPlotW;
     const double h = top + rows.size() * (panel + gap) + 20;
     std::ostringstream o;
@@ -438,7 +446,7 @@ std::string step_phase_chart(const std::vector<VariantResult>& vs) {
           << "\" font-size=\"12\" text-anchor=\"end\">" << html_escape(v->name) << "</text>"
           << "<line x1=\"" << left << "\" y1=\"" << y + panel << "\" x2=\"" << left + pw
           << "\" y2=\"" << y + panel << "\" stroke=\"#888\"/><text x=\"" << left + pw + 6
-          << "\" y=\"" << y + 10 << "\" font-size=\"11\">" << report_text::fixed(amax, 1)
+          << "\" y=\"" << y + 10 << "\" font-size=\"11\">" << report_text::fixed(axis.max, 1)
           << " ms</text><line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + pw
           << "\" y2=\"" << y << "\" stroke=\"#eee\"/>";
         for (size_t k = 0; k < v->steps.size(); ++k) {
@@ -450,7 +458,7 @@ std::string step_phase_chart(const std::vector<VariantResult>& vs) {
             double base = y + panel;
             for (int i = 0; i < kPhaseColumnCount; ++i) {
                 const double ms = std::max(0.0, i < kPhaseCount ? s.phases_ms[i] : s.other_ms);
-                const double bh = panel * ms / amax;
+                const double bh = panel * ms / axis.max;
                 if (bh <= 0) continue;
                 base -= bh;
                 o << "<rect x=\"" << x + slot * 0.1 << "\" y=\"" << base << "\" width=\""
@@ -481,10 +489,12 @@ std::string ladder_chart(const std::vector<VariantResult>& vs) {
             lo = std::min(lo, v.stats.step_ms.median), hi = std::max(hi, v.stats.step_ms.median);
         }
     if (rows.size() < 2 || hi / lo <= kLadderSpan) return "";
-    const auto [x0, x1] = decades(lo, hi);
+    const LogSpan xs = decades(lo, hi);
     const double bar = 22, gap = 10, top = 10;
     const double h = top + rows.size() * (bar + gap) + 40;
-    auto X = [&](double ms) { return kLeft + kPlotW * std::log(ms / x0) / std::log(x1 / x0); };
+    auto X = [&](double ms) {
+        return kLeft + kPlotW * std::log(ms / xs.lo) / std::log(xs.hi / xs.lo);
+    };
     std::ostringstream o;
     o << "<figure><figcaption>Median step time per variant, log axis (each gridline a factor)"
       << "</figcaption>" << svg_open(h);
@@ -501,7 +511,7 @@ std::string ladder_chart(const std::vector<VariantResult>& vs) {
           << "</text>";
         y += bar + gap;
     }
-    for (double t : log_ticks(x0, x1))
+    for (double t : log_ticks(xs.lo, xs.hi))
         o << "<line x1=\"" << X(t) << "\" y1=\"" << top << "\" x2=\"" << X(t) << "\" y2=\"" << y
           << "\" stroke=\"#ccc\"/><text x=\"" << X(t) << "\" y=\"" << y + 14
           << "\" font-size=\"11\" text-anchor=\"middle\">" << tick_text(t) << "</text>";
@@ -523,7 +533,7 @@ std::string comm_chart(const std::vector<VariantResult>& vs) {
                 max_ms, v.data_parallel->comm_exposed_ms + v.data_parallel->comm_overlapped_ms);
         }
     if (rows.empty()) return "";
-    const auto [amax, tick] = nice_axis(max_ms);
+    const Axis axis = nice_axis(max_ms);
     const double bar = 24, gap = 12, top = 34;
     const double h = top + rows.size() * (bar + gap) + 44;
     const char* const exposed_color = "#e15759";
@@ -536,8 +546,8 @@ std::string comm_chart(const std::vector<VariantResult>& vs) {
     double y = top;
     for (const VariantResult* v : rows) {
         const DataParallelRecord& d = *v->data_parallel;
-        const double we = kPlotW * d.comm_exposed_ms / amax;
-        const double wo = kPlotW * d.comm_overlapped_ms / amax;
+        const double we = kPlotW * d.comm_exposed_ms / axis.max;
+        const double wo = kPlotW * d.comm_overlapped_ms / axis.max;
         o << "<text x=\"" << kLeft - 8 << "\" y=\"" << y + bar / 2 + 4
           << "\" font-size=\"12\" text-anchor=\"end\">" << html_escape(v->name)
           << "</text><rect x=\"" << kLeft << "\" y=\"" << y << "\" width=\"" << we << "\" height=\""
@@ -552,7 +562,7 @@ std::string comm_chart(const std::vector<VariantResult>& vs) {
           << report_text::pct(d.comm_share) << " of the step)</text>";
         y += bar + gap;
     }
-    o << axis_x(kLeft, y, kPlotW, amax, tick, "ms per step") << "</svg></figure>\n";
+    o << axis_x(kLeft, y, kPlotW, axis.max, axis.tick, "ms per step") << "</svg></figure>\n";
     return o.str();
 }
 
@@ -575,22 +585,22 @@ std::string jitter_chart(const std::vector<VariantResult>& vs) {
         for (const StepRow& s : v.steps)
             if (!s.warmup && s.tokens > 0)
                 max_tok = std::max(max_tok, s.tokens), max_ms = std::max(max_ms, s.wall_ms);
-    const auto [tmax, ttick] = nice_axis(max_tok);
-    const auto [mmax, mtick] = nice_axis(max_ms);
+    const Axis tokens_axis = nice_axis(max_tok);
+    const Axis ms_axis = nice_axis(max_ms);
     const double top = 30, ph = 240, left = 70, pw = kW - left - 40, h = top + ph + 48;
-    auto X = [&](double t) { return left + pw * t / tmax; };
-    auto Y = [&](double ms) { return top + ph * (1 - ms / mmax); };
+    auto X = [&](double t) { return left + pw * t / tokens_axis.max; };
+    auto Y = [&](double ms) { return top + ph * (1 - ms / ms_axis.max); };
     std::ostringstream o;
     o << "<figure><figcaption>Step time against the tokens each measured step trained (one dot "
          "per step)</figcaption>"
       << svg_open(h) << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << pw
       << "\" height=\"" << ph << "\" fill=\"none\" stroke=\"#888\"/>";
-    for (double t = 0; t <= mmax * 1.0001; t += mtick)
+    for (double t = 0; t <= ms_axis.max * 1.0001; t += ms_axis.tick)
         o << "<text x=\"" << left - 6 << "\" y=\"" << Y(t) + 4
           << "\" font-size=\"11\" text-anchor=\"end\">" << tick_text(t) << "</text>";
     o << "<text x=\"12\" y=\"" << top + ph / 2 << "\" font-size=\"11\" transform=\"rotate(-90 12 "
       << top + ph / 2 << ")\" text-anchor=\"middle\">ms per step</text>"
-      << axis_x(left, top + ph, pw, tmax, ttick, "tokens per step");
+      << axis_x(left, top + ph, pw, tokens_axis.max, tokens_axis.tick, "tokens per step");
     std::vector<std::pair<std::string, std::string>> leg;
     int ci = 0;
     for (const VariantResult& v : vs) {
