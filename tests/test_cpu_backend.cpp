@@ -12,18 +12,12 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "tests/sanitizers.h"
 
 // Under AddressSanitizer (the asan preset) an impossible request must come back as nullptr,
 // as from the real allocator, so the backend can report OutOfMemoryError (ImpossibleAllocation
 // below); by default ASan aborts the process instead. The asan test preset sets the same option
 // in ASAN_OPTIONS; this covers running the executable by hand. ASAN_OPTIONS still overrides it.
-#if defined(__SANITIZE_ADDRESS__)
-#define MT_UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MT_UNDER_ASAN 1
-#endif
-#endif
 #ifdef MT_UNDER_ASAN
 extern "C" const char* __asan_default_options() {
     return "allocator_may_return_null=1";

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "tests/sanitizers.h"
 #include "tests/test_util.h"
 
 namespace mt {
@@ -307,7 +308,7 @@ TEST(StepCli, FlagsAreCheckedLikeTheirExperimentKeys) {
 // creation failed" and exit(1) with nothing else said. The backend tries the threads first and
 // fails with the count that could start and what to change.
 TEST(StepCli, ThreadsThatCannotStartAreAClearError) {
-#if defined(__SANITIZE_ADDRESS__)
+#ifdef MT_UNDER_ASAN
     GTEST_SKIP() << "AddressSanitizer reserves terabytes of shadow memory at start, beyond any "
                     "ulimit -v: the release build runs this test";
 #endif
