@@ -29,6 +29,7 @@ export OMP_NUM_THREADS=1
 # build/fuzz/fuzz_<target>.failure; prints nothing, so targets run side by side stay legible.
 fuzz_target() {
     local t=$1 out=build/fuzz/fuzz_$t work=build/fuzz/corpus/$t art=build/fuzz/artifacts/$t
+    rm -f "$out.result" "$out.failure"
     mkdir -p "$work" "$art"
     local regressions=(tests/fuzz/regressions/$t/*)
     if [[ -e "${regressions[0]}" ]] && ! "$out" -runs=1 "${regressions[@]}" >"$out.log.regressions" 2>&1; then
@@ -58,7 +59,6 @@ parallel=${MT_FUZZ_PARALLEL:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 [[ "$parallel" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: MT_FUZZ_PARALLEL must be a positive integer, got '$parallel'" >&2; exit 2; }
 running=0
 for t in "${targets[@]}"; do
-    rm -f "build/fuzz/fuzz_$t.result" "build/fuzz/fuzz_$t.failure"
     fuzz_target "$t" &
     if ((++running >= parallel)); then
         wait -n || true # a target's failure is in its .result, read below
