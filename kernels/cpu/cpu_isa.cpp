@@ -21,11 +21,17 @@ bool compiled(CpuIsa isa) {
 #endif
 }
 
-std::string level_names() {
+std::string names_of(const std::vector<CpuIsa>& levels) {
     std::vector<std::string> names;
-    for (CpuIsa isa : kAllLevels)
-        if (compiled(isa)) names.push_back(to_string(isa));
+    for (CpuIsa isa : levels) names.push_back(to_string(isa));
     return join(names, ", ");
+}
+
+std::string level_names() {
+    std::vector<CpuIsa> levels;
+    for (CpuIsa isa : kAllLevels)
+        if (compiled(isa)) levels.push_back(isa);
+    return names_of(levels);
 }
 
 }  // namespace
@@ -101,7 +107,7 @@ CpuIsa select_cpu_isa(std::string_view requested, const CpuFeatures& cpu) {
     if (const auto missing = missing_cpu_features(*isa, cpu); !missing.empty())
         throw BackendError("MT_CPU_ISA=" + std::string(requested) +
                            ": this CPU cannot run that level, it lacks " + join(missing, ", ") +
-                           "; choose a lower level (" + level_names() +
+                           "; choose a level it runs (" + names_of(runnable_cpu_isa_levels(cpu)) +
                            ") or unset MT_CPU_ISA to run the best one it has");
     return *isa;
 }
