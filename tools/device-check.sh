@@ -25,10 +25,10 @@
 # The cuDNN build (build/device-cudnn) also builds `microtrain`, so the benchmark call that
 # follows on the same warm machine reuses it instead of building again (bench/README.md, "One
 # device session"): MT_GB_BUILD_DIR=build/device-cudnn tools/gpu-bench.sh OUTDIR.
-# Environment: MT_DC_ARCH (default 90), MT_DC_JOBS (default nproc), MT_DC_WORK, MT_DC_DRY_RUN,
-# MT_DC_BUILD (dry run), MT_DC_TESTS (the test binaries, default every GPU test),
-# MT_DC_SKIP_BENCH (default 1; 0 adds the older GPT-2 124M B 8 comparison with PyTorch, ~6 minutes,
-# which gpu-bench.sh supersedes).
+# Environment: MT_DC_ARCH (default 90), MT_DC_JOBS (default: the cores this process may use),
+# MT_DC_WORK, MT_DC_DRY_RUN, MT_DC_BUILD (dry run), MT_DC_TESTS (the test binaries, default every
+# GPU test), MT_DC_SKIP_BENCH (default 1; 0 adds the older GPT-2 124M B 8 comparison with PyTorch,
+# ~6 minutes, which gpu-bench.sh supersedes).
 set -euo pipefail
 
 LOGDIR="${1:?usage: tools/device-check.sh LOGDIR}"
@@ -45,12 +45,12 @@ WORK="$(cd "$WORK" && pwd)"
 GT_BUILD="$ROOT/build/device-gtest"
 GT_PREFIX="$ROOT/build/device-gtest-install"
 ARCH="${MT_DC_ARCH:-90}"
-JOBS="${MT_DC_JOBS:-$(nproc)}"
 PY="${PYTHON:-python3}"
 T0=$(date +%s)
 BUDGET="${MT_DC_BUDGET_S:-450}"
 # shellcheck source=tools/device-common.sh
 source "$ROOT/tools/device-common.sh"
+JOBS="${MT_DC_JOBS:-$(cpu_cores)}"
 export ROOT DEPS BUILD GT_BUILD GT_PREFIX ARCH JOBS PY WORK
 declare -a NAMES=() STATUS=() SECS=()
 N=0

@@ -3,6 +3,8 @@
 #
 #   cmake_with_deps ARGS...        cmake with every find_package pointed into .deps (the device
 #                                  machine has no Debian packages of ours and no network)
+#   cpu_cores                      the cores this process may use, for make's -j (GNU nproc
+#                                  honours OMP_NUM_THREADS and OMP_THREAD_LIMIT: asked without)
 #   run_limited LOG LIMIT CMD...   runs CMD under a time limit, its output appended to LOG; prints
 #                                  its status (ok, TIMEOUT, FAIL(rc=N)) and returns 0 only for ok.
 #                                  CMD may be an exported shell function (it runs under bash -c).
@@ -11,6 +13,10 @@
 if ! command -v nvcc > /dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
     export PATH=/usr/local/cuda/bin:$PATH
 fi
+
+cpu_cores() {
+    env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc
+}
 
 cmake_with_deps() {
     cmake "$@" -DCMAKE_FIND_PACKAGE_PREFER_CONFIG=ON \
@@ -33,4 +39,4 @@ run_limited() {
     [[ $rc -eq 0 ]]
 }
 
-export -f cmake_with_deps run_limited
+export -f cpu_cores cmake_with_deps run_limited

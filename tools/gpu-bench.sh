@@ -148,7 +148,7 @@ build() {
     cmake_with_deps -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DMT_ENABLE_CUDA=ON -DMT_BUILD_TESTS=OFF -DMT_BUILD_BENCH=OFF \
         -DCMAKE_CUDA_ARCHITECTURES="$ARCH" "${cudnn[@]}" &&
-        cmake --build "$BUILD" -j"$(nproc)" --target microtrain
+        cmake --build "$BUILD" -j"$(cpu_cores)" --target microtrain
 }
 
 # build_again: the build device-check.sh left on this machine (MT_GB_BUILD_DIR, configured with
@@ -156,7 +156,7 @@ build() {
 build_again() {
     grep -q '^MT_ENABLE_CUDNN:BOOL=ON' "$BUILD/CMakeCache.txt" ||
         echo "$BUILD was configured without cuDNN: the cudnn variant will fail"
-    cmake --build "$BUILD" -j"$(nproc)" --target microtrain
+    cmake --build "$BUILD" -j"$(cpu_cores)" --target microtrain
 }
 
 # loads BIN: every shared library it needs is found (ldd says "not found" otherwise).
