@@ -77,6 +77,8 @@ int run_one_batch(const TrainArgs& a) {
     std::printf("microtrain train: %s (%s), %zu params, B=%d T=%d on %s\n", a.preset.c_str(),
                 config->describe().c_str(), session.n_params(), a.batch, a.seq_len,
                 session.backend().device_name().c_str());
+    if (const auto w = threads_beyond_cores(session.backend()))
+        std::printf("  warning: the CPU backend %s: %s\n", w->what.c_str(), w->fix.c_str());
     std::printf("initial loss should be near ln(V) = %.3f\n", std::log(double(config->vocab_size)));
     StepLoopOptions steps;
     steps.on_step = [](const TrainingSession::CompletedStep& done) {

@@ -870,6 +870,8 @@ int Trainer::run() {
                 spec_.name.c_str(), opts_.variant.empty() ? "" : (" / " + opts_.variant).c_str(),
                 cfg_.model.describe().c_str(), session_->n_params(), cfg_.data.batch_size,
                 cfg_.data.seq_len, cfg_.run.grad_accum, session_->backend().device_name().c_str());
+    if (const auto w = threads_beyond_cores(session_->backend()))
+        std::printf("  warning: the CPU backend %s: %s\n", w->what.c_str(), w->fix.c_str());
     if (world_.distributed())
         std::printf(
             "  data parallel: %d ranks (%s), ZeRO-%d; data.batch_size %d is per rank, "

@@ -1,6 +1,8 @@
 // The training step, defined once (see training_session.h).
 #include "engine/training_session.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -275,6 +277,22 @@ std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKi
         local && kind == BackendKind::cuda && World::current().distributed())
         bo.device_index = std::atoi(local);
     return create_backend(kind, bo);
+}
+
+std::optional<ThreadsBeyondCores> threads_beyond_cores(int threads, const UsableCores& cores) {
+    if (threads <= cores.count) return std::nullopt;
+    const std::string n = std::to_string(cores.count);
+    return ThreadsBeyondCores{
+        "runs " + std::to_string(threads) + " threads on " + n + " usable core" +
+            (cores.count == 1 ? "" : "s") + " (" + cores.source + ")",
+        "the extra threads take turns on the cores, and every barrier waits for the one "
+        "descheduled: unset `run.threads` (it defaults to the usable cores) or set it to " +
+            n + " or fewer"};
+}
+
+std::optional<ThreadsBeyondCores> threads_beyond_cores(const Backend& backend) {
+    if (backend.kind() != BackendKind::cpu) return std::nullopt;
+    return threads_beyond_cores(omp_get_max_threads(), usable_cpu_cores());
 }
 
 TrainingSession::TrainingSession(std::unique_ptr<Backend> backend, const RunConfig& cfg,

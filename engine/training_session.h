@@ -70,6 +70,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -83,6 +84,7 @@
 #include "engine/step_record.h"
 #include "engine/timing.h"
 #include "kernels/backend.h"
+#include "kernels/cpu_cores.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
 
@@ -98,6 +100,20 @@ struct ResourceError : std::runtime_error {
 // The backend a RunConfig asks for on `kind`: its precision, kernel choices and thread count.
 // Throws std::invalid_argument for run.threads outside 0..kMaxThreads.
 std::unique_ptr<Backend> create_training_backend(const RunConfig& cfg, BackendKind kind);
+
+// A CPU backend running more threads than this process may use (kernels/cpu_cores.h: the
+// affinity mask capped by the cgroup quota): the extra threads take turns on the cores and every
+// OpenMP barrier waits for the one the scheduler put aside, which can cost far more than the
+// cores' share. The commands print it when a run starts and the report repeats it at the top;
+// nullopt when the threads fit.
+struct ThreadsBeyondCores {
+    std::string what;  // "runs 8 threads on 2 usable cores (affinity mask: 2 CPUs)"
+    std::string fix;   // why it is slow, and the run.threads that fits
+};
+std::optional<ThreadsBeyondCores> threads_beyond_cores(int threads, const UsableCores& cores);
+// The same for a built backend: a CPU backend's threads (OpenMP's, as its constructor set them)
+// against this process's usable cores; nullopt on any other backend.
+std::optional<ThreadsBeyondCores> threads_beyond_cores(const Backend& backend);
 
 // Throws ResourceError when the estimate of what `cfg` allocates on `backend` (params, grads,
 // optimizer, activations, workspace, data) exceeds the memory the device has free (CPU:

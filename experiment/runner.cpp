@@ -155,6 +155,9 @@ std::unique_ptr<TrainingSession> set_up_session(const RunConfig& cfg, BackendKin
     // backend chose it at construction above).
     if (kind == BackendKind::cpu) v.cpu_isa = cpu::to_string(cpu::cpu_isa_from_environment());
     if (out) std::fprintf(out, "  device: %s\n", v.device_name.c_str());
+    if (const auto w = threads_beyond_cores(*backend); w && out)
+        std::fprintf(out, "  warning: '%s' %s: %s\n", v.name.c_str(), w->what.c_str(),
+                     w->fix.c_str());
 
     // The estimate against the device's memory before anything (the peak probe included) is
     // allocated: a variant that cannot fit is refused here (ResourceError), not OOM-killed later.

@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/training_session.h"
 #include "report/comparison.h"
 #include "report/format.h"
 #include "report/noise.h"
@@ -186,14 +187,12 @@ void write_header(std::ostringstream& o, const Results& res, const Comparison& c
         if (v.diverged)
             o << "\n**Warning: '" << v.name << "' " << divergence_warning(*v.diverged)
               << "** (its verdict is never keep)\n";
+    if (!env.usable_cores) return;
+    const UsableCores cores{*env.usable_cores, env.usable_cores_source.value_or("")};
     for (const VariantResult& v : res.variants)
-        if (env.usable_cores && v.backend == "cpu" && v.threads > *env.usable_cores)
-            o << "\n**Warning: '" << v.name << "' runs " << v.threads << " threads on "
-              << *env.usable_cores << " usable cores (" << env.usable_cores_source.value_or("")
-              << ")**: the extra threads take turns on the cores, and every barrier waits for "
-                 "the one descheduled: unset `run.threads` (it defaults to the usable cores) or "
-                 "set it to "
-              << *env.usable_cores << " or fewer.\n";
+        if (v.backend == "cpu")
+            if (const auto w = threads_beyond_cores(v.threads, cores))
+                o << "\n**Warning: '" << v.name << "' " << w->what << "**: " << w->fix << ".\n";
 }
 
 void write_answers(std::ostringstream& o, const VariantResult* ref, const Comparison& cmp) {

@@ -137,5 +137,50 @@ TEST(DefaultThreads, UnsetRunThreadsRunOnTheUsableCores) {
     EXPECT_EQ(threads, 1);
 }
 
+// More threads than usable cores is named with the cores' source and the run.threads that fits;
+// as many threads as cores, or fewer, says nothing.
+TEST(ThreadsBeyondCores, MoreThreadsThanUsableCoresAreNamedWithTheFix) {
+    const UsableCores two{2, "cgroup cpu.max 2 CPUs (affinity mask: 8 CPUs)"};
+    const auto w = threads_beyond_cores(8, two);
+    ASSERT_TRUE(w.has_value());
+    EXPECT_EQ(w->what,
+              "runs 8 threads on 2 usable cores (cgroup cpu.max 2 CPUs (affinity mask: "
+              "8 CPUs))");
+    EXPECT_NE(w->fix.find("every barrier waits for the one descheduled"), std::string::npos);
+    EXPECT_NE(w->fix.find("set it to 2 or fewer"), std::string::npos) << w->fix;
+    EXPECT_FALSE(threads_beyond_cores(2, two).has_value());
+    EXPECT_FALSE(threads_beyond_cores(1, two).has_value());
+    const auto one = threads_beyond_cores(2, UsableCores{1, "affinity mask: 1 CPU"});
+    ASSERT_TRUE(one.has_value());
+    EXPECT_EQ(one->what, "runs 2 threads on 1 usable core (affinity mask: 1 CPU)");
+}
+
+// A built CPU backend is judged by the threads it runs against the mask it runs in: run.threads
+// 2 in a mask narrowed to one CPU is warned about, run.threads 1 is not.
+TEST(ThreadsBeyondCores, ABackendWithMoreThreadsThanItsMaskIsWarnedAbout) {
+    if (mask_cpus() < 2) GTEST_SKIP() << "one CPU: nothing to narrow";
+    cpu_set_t saved, one;
+    ASSERT_EQ(sched_getaffinity(0, sizeof saved, &saved), 0);
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &saved)) {
+            CPU_SET(c, &one);
+            break;
+        }
+    const int before = omp_get_max_threads();
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    RunConfig two;
+    two.run.threads = 2;
+    const auto over = threads_beyond_cores(*create_training_backend(two, BackendKind::cpu));
+    RunConfig fits;
+    fits.run.threads = 1;
+    const auto within = threads_beyond_cores(*create_training_backend(fits, BackendKind::cpu));
+    sched_setaffinity(0, sizeof saved, &saved);
+    omp_set_num_threads(before);
+    ASSERT_TRUE(over.has_value());
+    EXPECT_EQ(over->what, "runs 2 threads on 1 usable core (affinity mask: 1 CPU)");
+    EXPECT_FALSE(within.has_value());
+}
+
 }  // namespace
 }  // namespace mt

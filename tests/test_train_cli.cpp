@@ -4,6 +4,7 @@
 // clean stop and after SIGKILL at random moments), the resume errors and the train: key checks.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -535,6 +536,32 @@ TEST(TrainCli, OneBatchSmokeTestStaysReachable) {
     const CliResult r = run_microtrain("train " + q(tiny_yaml(d, kSmallTrain)) + " --lr 0.1");
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_CONTAINS(r.output, "--lr is a flag of the one-batch smoke test");
+}
+
+// More threads than the cores this process may use is said when the run starts, with the fix:
+// both forms of train, run in an affinity mask of one CPU (taskset), with 2 threads.
+TEST(TrainCli, ThreadsBeyondTheUsableCoresAreWarnedAboutAtTheStart) {
+    cpu_set_t mask;
+    ASSERT_EQ(sched_getaffinity(0, sizeof mask, &mask), 0);
+    int cpu = 0;
+    while (!CPU_ISSET(cpu, &mask)) ++cpu;
+    const std::string pin = "taskset -c " + std::to_string(cpu) + " ";
+    TempDir d;
+    const std::string warning =
+        "warning: the CPU backend runs 2 threads on 1 usable core (affinity mask: 1 CPU)";
+    for (const std::string& args :
+         {std::string("train --steps 1 --threads 2"),
+          "train " + q(tiny_yaml(d, "train:\n  steps: 1\n")) + " --set run.threads=2 " +
+              "--out-dir " + q(d.file("run"))}) {
+        const CliResult over = run_shell(pin + "'" + MT_BINARY + "' " + args);
+        EXPECT_EQ(over.rc, 0) << args << over.output;
+        EXPECT_CONTAINS(over.output, warning);
+        EXPECT_CONTAINS(over.output, "set it to 1 or fewer");
+    }
+    const CliResult within = run_shell(pin + "'" + MT_BINARY + "' train --steps 1 --threads 1");
+    EXPECT_EQ(within.rc, 0) << within.output;
+    EXPECT_EQ(within.output.find("warning: the CPU backend runs"), std::string::npos)
+        << within.output;
 }
 
 // ---- the loader underneath: the validation split and starting at batch k -------------------
