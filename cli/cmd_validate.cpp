@@ -98,8 +98,9 @@ int run_validate(const ValidateArgs& a) {
                 tolerance.c_str(), spec.min_effect, spec.out_dir.c_str());
     for (const auto& o : a.overrides) std::printf("--set %s\n", o.c_str());
 
-    // The base config is what every variant starts from; the variants list only what they change.
-    // A variant's `changed` is relative to the base, so flatten(variant) minus changed == base.
+    // The base config is what every variant starts from; the variants list only what they change:
+    // the baseline against the base config, every other variant against the baseline (what the
+    // report compares it with).
     const RunConfig& first = spec.base;
     std::printf("\nbase config:\n");
     for (const auto& [key, value] : flatten(spec.base))
@@ -113,8 +114,16 @@ int run_validate(const ValidateArgs& a) {
         std::string line = "  " + v.variant;
         if (v.variant == spec.baseline) line += " (baseline)";
         std::printf("%s\n", line.c_str());
-        if (v.changed.empty()) {
-            std::printf("      the base config, unchanged\n");
+        if (v.variant == spec.baseline) {
+            for (const auto& [key, value] : spec.baseline_changes)
+                std::printf("      %s = %s\n", key.c_str(), value.c_str());
+            std::printf("      %s: every other variant is compared with it\n",
+                        spec.baseline_changes.empty() ? "the base config, unchanged"
+                                                      : "the base config with the above");
+        } else if (v.changed.empty()) {
+            std::printf(
+                "      the baseline's config, unchanged: an A/A check (its time call measures the "
+                "machine alone)\n");
         } else {
             for (const auto& [key, value] : v.changed)
                 std::printf("      %s = %s\n", key.c_str(), value.c_str());

@@ -1779,20 +1779,25 @@ struct Resolver {
     }
 };
 
-// The keys of `v` whose value differs from `base`. A variant that sets model.preset counts as one
-// change (model.preset), not one per dimension the preset implies.
-std::map<std::string, std::string> diff(const RunConfig& base, const RunConfig& v,
-                                        const Settings& variant_set) {
-    std::map<std::string, std::string> fb, out;
-    for (auto& [k, val] : flatten(base)) fb[k] = val;
-    const bool preset_set = variant_set.count("model.preset") > 0;
+// The keys of `v` whose value differs from `from` (the baseline variant: what the report compares
+// `v` with), given each one's `set:`. A model.preset set by either counts as one change
+// (model.preset), not one per dimension the preset implies; its value is `v`'s preset, or `v`'s
+// dimensions when `v` has none of its own.
+std::map<std::string, std::string> diff(const RunConfig& from, const RunConfig& v,
+                                        const Settings& from_set, const Settings& v_set) {
+    std::map<std::string, std::string> ff, out;
+    for (auto& [k, val] : flatten(from)) ff[k] = val;
+    const bool preset_set = v_set.count("model.preset") > 0 || from_set.count("model.preset") > 0;
     for (auto& [k, val] : flatten(v)) {
         if (k == "model.preset") continue;
-        if (preset_set && section_of(k) == "model" && !variant_set.count(k)) continue;
-        if (fb[k] != val) out[k] = val;
+        if (preset_set && section_of(k) == "model" && !v_set.count(k) && !from_set.count(k))
+            continue;
+        if (ff[k] != val) out[k] = val;
     }
-    if (preset_set && !(base.model == v.model))
-        out["model.preset"] = variant_set.at("model.preset").node.Scalar();
+    if (preset_set && !(from.model == v.model))
+        out["model.preset"] = v_set.count("model.preset") ? v_set.at("model.preset").node.Scalar()
+                              : v.model_preset.empty()    ? v.model.describe()
+                                                          : v.model_preset;
     return out;
 }
 
@@ -1843,6 +1848,7 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
         spec.variants.push_back(std::move(v));
     }
     std::map<std::string, std::string> name_where;
+    std::vector<const Settings*> sets;  // each variant's `set:`, for `changed` below
     for (size_t i = 0; i < pf.variants.size(); ++i) {
         const VariantSpec& vs = pf.variants[i];
         if (auto it = name_where.find(vs.name); it != name_where.end())
@@ -1857,8 +1863,8 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
         }
         RunConfig v = Resolver{pf, merged, "variant '" + vs.name + "'"}.resolve();
         v.variant = vs.name;
-        v.changed = diff(base, v, vs.set);
         spec.variants.push_back(std::move(v));
+        sets.push_back(&vs.set);
     }
 
     spec.baseline = pf.baseline.empty() ? spec.variants.front().variant : pf.baseline;
@@ -1871,6 +1877,18 @@ ExperimentSpec load_experiment(const std::string& path, const std::vector<std::s
                  "expected the name of a variant (" + join(names, ", ") + "), got '" + pf.baseline +
                      "'; did you mean '" + nearest_key(pf.baseline, names) + "'?");
         }
+    }
+    // What each variant changed, against the baseline (not the base config: compare.baseline may
+    // name a variant with a `set:` of its own, and the report credits each difference to
+    // `changed`).
+    if (!sets.empty()) {
+        size_t b = 0;
+        while (spec.variants[b].variant != spec.baseline) ++b;
+        spec.baseline_changes = diff(base, spec.variants[b], Settings{}, *sets[b]);
+        for (size_t i = 0; i < spec.variants.size(); ++i)
+            if (i != b)
+                spec.variants[i].changed =
+                    diff(spec.variants[b], spec.variants[i], *sets[b], *sets[i]);
     }
     return spec;
 }

@@ -2,6 +2,7 @@
 // each a list of dotted-key overrides; resolve() turns each variant into a RunConfig.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -30,10 +31,14 @@ struct TrainSpec {
 
 struct ExperimentSpec {
     std::string name;
-    std::string source_path;          // the YAML file
-    std::vector<RunConfig> variants;  // resolved, in file order; variants[i].changed filled
-    RunConfig base;                   // the file's config with --set applied, before variants
-    std::string baseline;             // compare.baseline (a variant name)
+    std::string source_path;  // the YAML file
+    // Resolved, in file order. variants[i].changed: what it changes against the baseline variant
+    // (what the report compares it with); empty for the baseline itself.
+    std::vector<RunConfig> variants;
+    RunConfig base;        // the file's config with --set applied, before variants
+    std::string baseline;  // compare.baseline (a variant name)
+    // What the baseline variant's `set:` changes in the base config (empty when it has none).
+    std::map<std::string, std::string> baseline_changes;
     // compare.loss_tolerance (relative, on the mean and the final loss); nullopt when the file
     // gives none: the comparison then derives one from the baseline's step-to-step spread.
     std::optional<double> loss_tolerance;

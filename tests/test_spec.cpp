@@ -143,6 +143,42 @@ TEST_F(SpecTest, CompareBaselineDefaultsToTheFirstVariant) {
     EXPECT_EQ(spec.baseline, "a");
 }
 
+// compare.baseline may name a variant with a `set:` of its own: every other variant's `changed`
+// is then what it changes against that baseline (what the report compares it with and credits),
+// not against the base config. The baseline's own change from the base is kept apart.
+TEST_F(SpecTest, ChangesAreCountedAgainstTheNamedBaselineNotTheBaseConfig) {
+    const ExperimentSpec spec = load_experiment(
+        write("exp.yaml",
+              "model: { preset: tiny }\ndata: { seq_len: 16 }\noptim: { impl: fused }\n"
+              "variants:\n  - name: plain\n  - name: unfused\n    set: { optim.impl: unfused }\n"
+              "  - name: control\n    set: { optim.impl: unfused }\n"
+              "  - name: seed\n    set: { run.seed: 3 }\n"
+              "compare: { baseline: unfused }\n"));
+    using Changes = std::map<std::string, std::string>;
+    EXPECT_EQ(spec.baseline_changes, (Changes{{"optim.impl", "unfused"}}));
+    EXPECT_TRUE(spec.variant("unfused").changed.empty());
+    // The base config differs from the baseline by the baseline's own knob.
+    EXPECT_EQ(spec.variant("plain").changed, (Changes{{"optim.impl", "fused"}}));
+    // The baseline's config under another name: an A/A control.
+    EXPECT_TRUE(spec.variant("control").changed.empty());
+    // One knob against the base is two against the baseline: not attributable.
+    EXPECT_EQ(spec.variant("seed").changed, (Changes{{"optim.impl", "fused"}, {"run.seed", "3"}}));
+}
+
+// A preset set by the baseline and not by a variant is still one knob (model.preset), named by
+// the variant's own model.
+TEST_F(SpecTest, APresetSetByTheBaselineIsOneKnobForTheOthers) {
+    const ExperimentSpec spec = load_experiment(
+        write("exp.yaml",
+              "model: { preset: tiny }\ndata: { seq_len: 16 }\nvariants:\n  - name: a\n"
+              "  - name: mini\n    set: { model.preset: gpt2-mini }\n"
+              "compare: { baseline: mini }\n"));
+    EXPECT_EQ(spec.variant("a").changed,
+              (std::map<std::string, std::string>{{"model.preset", "tiny"}}));
+    EXPECT_EQ(spec.baseline_changes,
+              (std::map<std::string, std::string>{{"model.preset", "gpt2-mini"}}));
+}
+
 TEST_F(SpecTest, ExplicitDimsOverrideThePresetsFields) {
     ExperimentSpec spec = load_experiment(
         write("exp.yaml", "model: { preset: gpt2-mini, vocab_size: 512 }\ndata: { seq_len: 8 }\n"));
@@ -540,6 +576,27 @@ TEST_F(SpecTest, ValidateCommandPrintsChangesAndFlagsMultiKnobVariants) {
         << p.out;
     EXPECT_TRUE(std::regex_search(p.out, std::regex("run\\.seed +9\n"))) << p.out;  // --set
     EXPECT_NE(p.out.find("OK: "), std::string::npos) << p.out;
+}
+
+// validate lists the baseline's change from the base config, and calls a variant that runs the
+// baseline's config an A/A check.
+TEST_F(SpecTest, ValidateCommandShowsChangesAgainstTheBaselineAndNamesAnAAControl) {
+    const std::string path =
+        write("exp.yaml",
+              "model: { preset: tiny }\ndata: { seq_len: 16 }\noptim: { impl: fused }\n"
+              "variants:\n  - name: plain\n  - name: unfused\n    set: { optim.impl: unfused }\n"
+              "  - name: control\n    set: { optim.impl: unfused }\n"
+              "compare: { baseline: unfused }\n");
+    const Proc p = run_cmd(std::string(MT_BINARY) + " validate " + path);
+    EXPECT_EQ(p.rc, 0) << p.out;
+    EXPECT_NE(p.out.find("  plain\n      optim.impl = fused\n"), std::string::npos) << p.out;
+    EXPECT_NE(p.out.find("  unfused (baseline)\n      optim.impl = unfused\n      the base config "
+                         "with the above: every other variant is compared with it\n"),
+              std::string::npos)
+        << p.out;
+    EXPECT_NE(p.out.find("  control\n      the baseline's config, unchanged: an A/A check"),
+              std::string::npos)
+        << p.out;
 }
 
 TEST_F(SpecTest, ValidateCommandExitsTwoWithTheErrorMessage) {
