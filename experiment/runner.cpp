@@ -966,7 +966,8 @@ ExperimentRun run_experiment(const ExperimentSpec& spec, const RunnerOptions& op
                       spec.min_effect};
     res.started_utc = utc_now_iso();
     // Every variant's record is complete (its statistics derived) once it is added.
-    const std::function<void(VariantResult)> add = [&res, &options](VariantResult v) {
+    const std::function<void(VariantResult)> add = [&res, &options, &spec](VariantResult v) {
+        v.aa_control = v.name != spec.baseline && v.changed.empty();
         derive_statistics(v);
         res.variants.push_back(std::move(v));
         if (options.variant_finished) options.variant_finished(res);

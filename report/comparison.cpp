@@ -405,9 +405,27 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, const Comparison& 
     set_verdict(r, d, v);
 }
 
+// The verdict of an A/A control (measure_against ran): nothing to keep or reject, only what the
+// machine alone made of the same config. A time call of `faster` or `slower` is then the
+// machine's, and it casts doubt on every call of that size in the run; a loss outside tolerance
+// means the same config trained differently (the steps are deterministic for a seed).
+void judge_same_config(ComparisonRow& r, const Comparison& c) {
+    const bool called = r.time_call == TimeCall::faster || r.time_call == TimeCall::slower;
+    std::string v = "n/a: an A/A control (the baseline's config), ";
+    v += called
+             ? "yet called " + r.time_call_text + ": the machine, not a knob, made this difference"
+             : "so its time call is the machine's alone: " + r.time_call_text;
+    if (r.loss_within_tolerance && !*r.loss_within_tolerance)
+        v += "; its loss differs (" + loss_deltas_text(r, c.loss_tolerance_nats) +
+             "): the same config trained differently";
+    if (r.status == RunStatus::interrupted) v += " [interrupted: partial measurement]";
+    set_verdict(r, Decision::not_applicable, v);
+}
+
 void judge(ComparisonRow& r, const ComparisonRow& b, const Comparison& c, bool baseline_present) {
     if (judge_unmeasurable(r, b, baseline_present)) return;
     measure_against(r, b, c);
+    if (r.same_config) return judge_same_config(r, c);
     judge_measured(r, b, c);
     name_the_price(r, c.loss_tolerance_nats);
 }
@@ -422,6 +440,12 @@ void add_notes(Comparison& c) {
         if (r.is_baseline && r.has_stats) base = &r;
     for (const ComparisonRow& r : c.rows) {
         if (!r.has_stats) continue;
+        if (r.same_config && (r.time_call == TimeCall::faster || r.time_call == TimeCall::slower))
+            c.notes.push_back("warning: the A/A control '" + r.variant + "' (the baseline's " +
+                              "config) was called " + r.time_call_text +
+                              ": the machine made that difference, so a call of that size on "
+                              "another variant of this run may be the machine's too; rerun on a "
+                              "quieter machine or with more rounds (run.rounds)");
         if (!r.jitter_cause.empty()) {
             c.notes.push_back(
                 "shape jitter: '" + r.variant + "' sets " + r.jitter_cause +
@@ -489,6 +513,7 @@ void describe_config_difference(ComparisonRow& r, const VariantResult& a, const 
         changed += (changed.empty() ? "" : "; ") + std::string("device ") + b.device_name;
     r.changed = changed.empty() ? "(same config)" : changed;
     r.knobs_changed = static_cast<int>(diff.size());
+    r.same_config = changed.empty() && !a.config.empty();
 }
 
 // A note for every shape key that differs: such rows are not like for like.
@@ -523,6 +548,12 @@ Comparison build_comparison(const Results& results) {
     }
     if (base >= 0) {
         rows[base].is_baseline = true;
+        // A/A controls, as the runner marked them against compare.baseline (not after a
+        // fallback to another baseline).
+        for (size_t i = 0; i < rows.size(); ++i)
+            rows[i].same_config = static_cast<int>(i) != base &&
+                                  c.baseline == results.experiment.baseline &&
+                                  results.variants[i].aa_control.value_or(false);
         std::rotate(rows.begin(), rows.begin() + base, rows.begin() + base + 1);
     }
     if (!rows.empty()) set_loss_tolerance(c, rows.front(), results.experiment.loss_tolerance);

@@ -302,6 +302,7 @@ struct JsonFields<VariantResult> {
         json_field("config", &S::config),
         json_field("changed", &S::changed),
         json_field("knobs_changed", &S::knobs_changed),
+        json_added_optional("aa_control", &S::aa_control),
         json_group<S>("model", json_field("describe", &S::model_describe),
                       json_field("n_params", &S::n_params)),
         json_field("batch", &S::batch),

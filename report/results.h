@@ -270,8 +270,12 @@ struct VariantResult {
     std::optional<std::string> cpu_isa;
     int threads = 0;
     std::map<std::string, std::string> config;   // every dotted key -> its value as text
-    std::map<std::string, std::string> changed;  // the keys this variant set
+    std::map<std::string, std::string> changed;  // what it changes against the baseline
     int knobs_changed = 0;
+    // Set by the runner: not the baseline, yet it runs the baseline's config (no knob changed):
+    // an A/A control, whose every difference is the machine's. nullopt in files written before
+    // it (added within schema 10): read as not a control.
+    std::optional<bool> aa_control;
     std::string model_describe;
     size_t n_params = 0;
     BatchShape batch;
@@ -381,6 +385,9 @@ struct ComparisonRow {
     // Not in results.json: the table's cells, from the variant's record.
     std::string changed;  // "run.precision=bf16" or "(baseline)"
     int knobs_changed = 0;
+    // Not the baseline, yet every key of its resolved config is the baseline's (and, in
+    // `compare`, so is its device): an A/A control, whose every difference is the machine's.
+    bool same_config = false;
     RunStatus status = RunStatus::ok;
     std::string message;
     std::optional<Divergence> diverged;  // VariantResult::diverged

@@ -99,7 +99,10 @@ TEST_F(LossCheckTest, WrongGradientVariantIsToldDoNotKeep) {
         load_experiment(write_yaml("  - name: baseline\n"
                                    "  - name: fused-adamw\n"
                                    "    set: { optim.impl: fused }\n"
-                                   "  - name: wrong-gradient\n"));
+                                   "  - name: wrong-gradient\n"
+                                   "    set: { run.recompute: gelu }\n"));
+    // A knob that leaves the losses bitwise the same, beside the injected defect: a variant with
+    // the baseline's config is an A/A control, which is judged as the machine's, not a knob's.
     RunnerOptions o = quiet();
     o.inject_variant = "wrong-gradient";
     o.modify_backend = [](Backend& b) {

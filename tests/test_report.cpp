@@ -309,6 +309,54 @@ TEST(Comparison, DeltasAreBaselineMinusVariantAndVerdictsFollow) {
     EXPECT_NE(gpu.verdict.find("needs a GPU"), std::string::npos) << gpu.verdict;
 }
 
+// A variant the runner marked an A/A control (aa_control: the baseline's config) is neither kept
+// nor rejected: its time call is the machine's. Called faster, it is named as the machine's
+// doing, with a warning under the table; within noise it is shown as what the machine gives.
+// The mark survives results.json.
+TEST(Comparison, AnAAControlIsJudgedAsTheMachineNotAKnob) {
+    HandMadeExperiment ex;
+    ex.name = "aa";
+    ex.baseline = "baseline";
+    ex.runs.push_back(make_run("baseline", {10, 10.1, 9.9, 10, 10.05}, 5.0, 1 << 20));
+    ex.runs.push_back(make_run("steady", {10.02, 10.08, 9.92, 10.01, 10.04}, 5.0, 1 << 20));
+    ex.runs.push_back(make_run("drifted", {5, 5.05, 4.95, 5, 5.02}, 5.0, 1 << 20));
+    ex.runs.push_back(
+        make_run("knob", {5, 5.05, 4.95, 5, 5.02}, 5.0, 1 << 20, {{"optim.impl", "fused"}}));
+    Results res = ex.results();
+    res.variants[1].aa_control = true;
+    res.variants[2].aa_control = true;
+    res.variants[3].aa_control = false;
+    const Comparison c = build_comparison(results_from_json(results_to_json(res), "results"));
+
+    const ComparisonRow& steady = row(c, "steady");
+    EXPECT_EQ(steady.decision, Decision::not_applicable);
+    EXPECT_EQ(steady.verdict.rfind("n/a: an A/A control (the baseline's config), so its time call "
+                                   "is the machine's alone: ",
+                                   0),
+              0u)
+        << steady.verdict;
+
+    const ComparisonRow& drifted = row(c, "drifted");
+    EXPECT_EQ(drifted.decision, Decision::not_applicable);
+    EXPECT_EQ(drifted.time_call, TimeCall::faster);
+    EXPECT_NE(drifted.verdict.find("yet called 2.00x faster ["), std::string::npos)
+        << drifted.verdict;
+    EXPECT_NE(drifted.verdict.find("the machine, not a knob, made this difference"),
+              std::string::npos)
+        << drifted.verdict;
+    int warnings = 0;
+    for (const std::string& n : c.notes)
+        warnings += n.rfind(
+                        "warning: the A/A control 'drifted' (the baseline's config) was called "
+                        "2.00x faster [",
+                        0) == 0;
+    EXPECT_EQ(warnings, 1);
+
+    // The same measurements with a knob changed: kept, as before.
+    EXPECT_EQ(row(c, "knob").verdict.rfind("keep: 2.00x faster [", 0), 0u)
+        << row(c, "knob").verdict;
+}
+
 TEST(Comparison, SmallDeltaInsideTheSpreadIsWithinNoise) {
     HandMadeExperiment ex;
     ex.name = "noise";
@@ -1207,9 +1255,9 @@ TEST(ResultsSchema, KeepsTheVersionOneLayoutAndAddsTheComparison) {
           "knobs_changed",  "model",       "batch",   "warmup_steps", "measure_steps",
           "measured_steps", "setup_ms",    "stats",   "flops",        "roofline",
           "loss",           "memory",      "kernels", "profiled",     "steps",
-          "data_parallel",  "diverged",    "cpu_isa"})
+          "data_parallel",  "diverged",    "cpu_isa", "aa_control"})
         EXPECT_TRUE(v.contains(key)) << key;
-    EXPECT_EQ(v.size(), 28u);  // nothing else: the comparison lives in its own block
+    EXPECT_EQ(v.size(), 29u);  // nothing else: the comparison lives in its own block
     EXPECT_EQ(v["memory"]["phases"].size(), 1u);  // only the phases that ran
     EXPECT_TRUE(v["memory"]["phases"].contains("forward"));
     EXPECT_EQ(v["stats"]["phases_ms"].size(), static_cast<size_t>(kPhaseCount + 1));

@@ -221,6 +221,29 @@ TEST_F(RunnerTest, ADivergedVariantIsNamedAndNeverKept) {
         << md.str();
 }
 
+// A variant that changes no knob against the baseline is marked an A/A control in results.json
+// and judged as the machine's (n/a), never kept or rejected; the baseline and a variant with a
+// knob are not marked. Its losses are the baseline's, bit for bit (same seed, same config).
+TEST_F(RunnerTest, AVariantWithoutAChangeIsMarkedAnAAControl) {
+    const ExperimentSpec spec = load_experiment(
+        write_yaml(kTwoVariants + std::string("  - name: control\n"
+                                              "    set: { optim.impl: unfused }\n")));
+    const ExperimentRun ex = run_experiment(spec, quiet());
+    ASSERT_EQ(ex.results.variants.size(), 3u);
+    EXPECT_EQ(ex.results.variants[0].aa_control, false);
+    EXPECT_EQ(ex.results.variants[1].aa_control, false);
+    EXPECT_EQ(ex.results.variants[2].aa_control, true);
+    const std::string run = write_run_folder(ex.results, spec.out_dir);
+    const json j = load_results(run + "/results.json");
+    EXPECT_EQ(j["variants"][2]["aa_control"], true);
+    const json& row = j["comparison"]["variants"][2];
+    EXPECT_EQ(row["variant"], "control");
+    EXPECT_EQ(row["decision"], "n/a");
+    EXPECT_EQ(row["verdict"].get<std::string>().rfind("n/a: an A/A control", 0), 0u)
+        << row["verdict"];
+    EXPECT_EQ(ex.results.variants[2].loss.final, ex.results.variants[0].loss.final);
+}
+
 // The progress line and the non-finite message number a step alike (from 0, as results.json's
 // `steps` and `failed_step` do): the line of the NaN step says "step 3", so does the message.
 TEST_F(RunnerTest, ProgressLineAndNonFiniteMessageNameTheSameStep) {
