@@ -385,8 +385,9 @@ struct ComparisonRow {
     // Not in results.json: the table's cells, from the variant's record.
     std::string changed;  // "run.precision=bf16" or "(baseline)"
     int knobs_changed = 0;
-    // Not the baseline, yet every key of its resolved config is the baseline's (and, in
-    // `compare`, so is its device): an A/A control, whose every difference is the machine's.
+    // A variant of the same run that the runner marked an A/A control (VariantResult::
+    // aa_control): the baseline's config, whose every difference is the machine's. Never set in
+    // `compare`, whose two runs may differ by code or data.
     bool same_config = false;
     RunStatus status = RunStatus::ok;
     std::string message;
