@@ -409,7 +409,7 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, const Comparison& 
 // machine alone made of the same config. A time call of `faster` or `slower` is then the
 // machine's, and it casts doubt on every call of that size in the run; a loss outside tolerance
 // means the same config trained differently (the steps are deterministic for a seed).
-void judge_same_config(ComparisonRow& r, const Comparison& c) {
+void judge_aa_control(ComparisonRow& r, const Comparison& c) {
     const bool called = r.time_call == TimeCall::faster || r.time_call == TimeCall::slower;
     std::string v = "n/a: an A/A control (the baseline's config), ";
     v += called
@@ -425,7 +425,7 @@ void judge_same_config(ComparisonRow& r, const Comparison& c) {
 void judge(ComparisonRow& r, const ComparisonRow& b, const Comparison& c, bool baseline_present) {
     if (judge_unmeasurable(r, b, baseline_present)) return;
     measure_against(r, b, c);
-    if (r.same_config) return judge_same_config(r, c);
+    if (r.aa_control) return judge_aa_control(r, c);
     judge_measured(r, b, c);
     name_the_price(r, c.loss_tolerance_nats);
 }
@@ -440,7 +440,7 @@ void add_notes(Comparison& c) {
         if (r.is_baseline && r.has_stats) base = &r;
     for (const ComparisonRow& r : c.rows) {
         if (!r.has_stats) continue;
-        if (r.same_config && (r.time_call == TimeCall::faster || r.time_call == TimeCall::slower))
+        if (r.aa_control && (r.time_call == TimeCall::faster || r.time_call == TimeCall::slower))
             c.notes.push_back("warning: the A/A control '" + r.variant + "' (the baseline's " +
                               "config) was called " + r.time_call_text +
                               ": the machine made that difference, so a call of that size on "
@@ -552,9 +552,9 @@ Comparison build_comparison(const Results& results) {
         // A/A controls, as the runner marked them against compare.baseline (not after a
         // fallback to another baseline).
         for (size_t i = 0; i < rows.size(); ++i)
-            rows[i].same_config = static_cast<int>(i) != base &&
-                                  c.baseline == results.experiment.baseline &&
-                                  results.variants[i].aa_control.value_or(false);
+            rows[i].aa_control = static_cast<int>(i) != base &&
+                                 c.baseline == results.experiment.baseline &&
+                                 results.variants[i].aa_control.value_or(false);
         std::rotate(rows.begin(), rows.begin() + base, rows.begin() + base + 1);
     }
     if (!rows.empty()) set_loss_tolerance(c, rows.front(), results.experiment.loss_tolerance);

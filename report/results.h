@@ -385,10 +385,10 @@ struct ComparisonRow {
     // Not in results.json: the table's cells, from the variant's record.
     std::string changed;  // "run.precision=bf16" or "(baseline)"
     int knobs_changed = 0;
-    // A variant of the same run that the runner marked an A/A control (VariantResult::
-    // aa_control): the baseline's config, whose every difference is the machine's. Never set in
-    // `compare`, whose two runs may differ by code or data.
-    bool same_config = false;
+    // VariantResult::aa_control, as the runner marked it: the baseline's config, whose every
+    // difference is the machine's. Never set in `compare`, whose two runs may differ by code or
+    // data.
+    bool aa_control = false;
     RunStatus status = RunStatus::ok;
     std::string message;
     std::optional<Divergence> diverged;  // VariantResult::diverged
