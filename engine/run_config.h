@@ -138,8 +138,9 @@ struct RunConfig {
     // model.lora, model.quantize_frozen, optim.freeze: which parameters train, how the frozen
     // ones are stored.
     TrainableOptions trainable;
-    // The dotted keys this variant changed relative to the base, with their new values as text
-    // (e.g. {"run.precision", "bf16"}). Empty for the baseline.
+    // The dotted keys this variant changes against the baseline variant (compare.baseline), with
+    // their values as text (e.g. {"run.precision", "bf16"}). Empty for the baseline, and for an
+    // A/A control (the baseline's config under another name).
     std::map<std::string, std::string> changed;
 };
 
