@@ -405,14 +405,19 @@ void judge_measured(ComparisonRow& r, const ComparisonRow& b, const Comparison& 
     set_verdict(r, d, v);
 }
 
+// The time call says faster or slower (beyond compare.min_effect), not no difference or
+// inconclusive.
+bool called_a_difference(const ComparisonRow& r) {
+    return r.time_call == TimeCall::faster || r.time_call == TimeCall::slower;
+}
+
 // The verdict of an A/A control (measure_against ran): nothing to keep or reject, only what the
 // machine alone made of the same config. A time call of `faster` or `slower` is then the
 // machine's, and it casts doubt on every call of that size in the run; a loss outside tolerance
 // means the same config trained differently (the steps are deterministic for a seed).
 void judge_aa_control(ComparisonRow& r, const Comparison& c) {
-    const bool called = r.time_call == TimeCall::faster || r.time_call == TimeCall::slower;
     std::string v = "n/a: an A/A control (the baseline's config), ";
-    v += called
+    v += called_a_difference(r)
              ? "yet called " + r.time_call_text + ": the machine, not a knob, made this difference"
              : "so its time call is the machine's alone: " + r.time_call_text;
     if (r.loss_within_tolerance && !*r.loss_within_tolerance)
@@ -440,7 +445,7 @@ void add_notes(Comparison& c) {
         if (r.is_baseline && r.has_stats) base = &r;
     for (const ComparisonRow& r : c.rows) {
         if (!r.has_stats) continue;
-        if (r.aa_control && (r.time_call == TimeCall::faster || r.time_call == TimeCall::slower))
+        if (r.aa_control && called_a_difference(r))
             c.notes.push_back("warning: the A/A control '" + r.variant + "' (the baseline's " +
                               "config) was called " + r.time_call_text +
                               ": the machine made that difference, so a call of that size on "

@@ -11,6 +11,7 @@
 
 #include "engine/training_session.h"
 #include "kernels/cpu_cores.h"
+#include "tests/test_util.h"
 
 namespace mt {
 namespace {
@@ -23,6 +24,33 @@ int mask_cpus() {
     EXPECT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
     return CPU_COUNT(&set);
 }
+
+// For its lifetime, this process's affinity mask narrowed to one CPU; then the mask and OpenMP's
+// thread count (which a backend built inside sets) as they were.
+class OneCpuMask {
+  public:
+    OneCpuMask() : threads_before_(omp_get_max_threads()) {
+        CPU_ZERO(&saved_);
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(first_allowed_cpu(), &one);
+        narrowed_ = sched_getaffinity(0, sizeof saved_, &saved_) == 0 &&
+                    sched_setaffinity(0, sizeof one, &one) == 0;
+    }
+    ~OneCpuMask() {
+        if (narrowed_) sched_setaffinity(0, sizeof saved_, &saved_);
+        omp_set_num_threads(threads_before_);
+    }
+    OneCpuMask(const OneCpuMask&) = delete;
+    OneCpuMask& operator=(const OneCpuMask&) = delete;
+    bool narrowed() const { return narrowed_; }
+    int threads_before() const { return threads_before_; }
+
+  private:
+    cpu_set_t saved_;
+    int threads_before_;
+    bool narrowed_ = false;
+};
 
 // A fake /proc and /sys/fs/cgroup under a temporary directory.
 class CgroupTree : public ::testing::Test {
@@ -118,23 +146,12 @@ TEST_F(CgroupTree, AQuotaLooserThanTheMaskIsNotNamed) {
 TEST(DefaultThreads, UnsetRunThreadsRunOnTheUsableCores) {
     if (std::getenv("OMP_NUM_THREADS")) GTEST_SKIP() << "OMP_NUM_THREADS is set: it is kept";
     if (mask_cpus() < 2) GTEST_SKIP() << "one CPU: nothing to narrow";
-    cpu_set_t saved, one;
-    ASSERT_EQ(sched_getaffinity(0, sizeof saved, &saved), 0);
-    CPU_ZERO(&one);
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &saved)) {
-            CPU_SET(c, &one);
-            break;
-        }
-    const int before = omp_get_max_threads();
-    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    const OneCpuMask one;
+    ASSERT_TRUE(one.narrowed());
     RunConfig cfg;  // run.threads 0
     const auto backend = create_training_backend(cfg, BackendKind::cpu);
-    const int threads = omp_get_max_threads();
-    sched_setaffinity(0, sizeof saved, &saved);
-    omp_set_num_threads(before);
-    EXPECT_GE(before, 2);
-    EXPECT_EQ(threads, 1);
+    EXPECT_GE(one.threads_before(), 2);
+    EXPECT_EQ(omp_get_max_threads(), 1);
 }
 
 // More threads than usable cores is named with the cores' source and the run.threads that fits;
@@ -159,24 +176,14 @@ TEST(ThreadsBeyondCores, MoreThreadsThanUsableCoresAreNamedWithTheFix) {
 // 2 in a mask narrowed to one CPU is warned about, run.threads 1 is not.
 TEST(ThreadsBeyondCores, ABackendWithMoreThreadsThanItsMaskIsWarnedAbout) {
     if (mask_cpus() < 2) GTEST_SKIP() << "one CPU: nothing to narrow";
-    cpu_set_t saved, one;
-    ASSERT_EQ(sched_getaffinity(0, sizeof saved, &saved), 0);
-    CPU_ZERO(&one);
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &saved)) {
-            CPU_SET(c, &one);
-            break;
-        }
-    const int before = omp_get_max_threads();
-    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    const OneCpuMask one;
+    ASSERT_TRUE(one.narrowed());
     RunConfig two;
     two.run.threads = 2;
     const auto over = threads_beyond_cores(*create_training_backend(two, BackendKind::cpu));
     RunConfig fits;
     fits.run.threads = 1;
     const auto within = threads_beyond_cores(*create_training_backend(fits, BackendKind::cpu));
-    sched_setaffinity(0, sizeof saved, &saved);
-    omp_set_num_threads(before);
     ASSERT_TRUE(over.has_value());
     EXPECT_EQ(over->what, "runs 2 threads on 1 usable core (affinity mask: 1 CPU)");
     EXPECT_FALSE(within.has_value());

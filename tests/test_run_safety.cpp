@@ -5,7 +5,6 @@
 // peak cache, the backend's vocabulary and target checks, and the "not run" verdict text.
 // The disk-full tests use a real tmpfs of a few pages (they need root; skipped otherwise).
 #include <gtest/gtest.h>
-#include <sched.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -221,12 +220,8 @@ TEST_F(RunSafetyTest, ThreadCountsAboveTheBoundAreRefusedWithAClearError) {
 // run.threads above the cores this process may use (here an affinity mask of one CPU, set with
 // taskset) is said as each variant starts, and again at the top of report.md.
 TEST_F(RunSafetyTest, ThreadsBeyondTheUsableCoresAreWarnedAboutAsTheVariantStarts) {
-    cpu_set_t mask;
-    ASSERT_EQ(sched_getaffinity(0, sizeof mask, &mask), 0);
-    int cpu = 0;
-    while (!CPU_ISSET(cpu, &mask)) ++cpu;
-    const CliResult r = run_shell("taskset -c " + std::to_string(cpu) + " '" + MT_BINARY +
-                                  "' run '" + write_yaml(kOneVariant) + "' --set run.threads=2");
+    const CliResult r =
+        run_microtrain_on_one_cpu("run '" + write_yaml(kOneVariant) + "' --set run.threads=2");
     ASSERT_EQ(r.rc, 0) << r.output;
     const std::string what = "runs 2 threads on 1 usable core (affinity mask: 1 CPU)";
     EXPECT_CONTAINS(r.output, "warning: 'baseline' " + what);

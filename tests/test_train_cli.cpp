@@ -4,7 +4,6 @@
 // clean stop and after SIGKILL at random moments), the resume errors and the train: key checks.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -541,11 +540,6 @@ TEST(TrainCli, OneBatchSmokeTestStaysReachable) {
 // More threads than the cores this process may use is said when the run starts, with the fix:
 // both forms of train, run in an affinity mask of one CPU (taskset), with 2 threads.
 TEST(TrainCli, ThreadsBeyondTheUsableCoresAreWarnedAboutAtTheStart) {
-    cpu_set_t mask;
-    ASSERT_EQ(sched_getaffinity(0, sizeof mask, &mask), 0);
-    int cpu = 0;
-    while (!CPU_ISSET(cpu, &mask)) ++cpu;
-    const std::string pin = "taskset -c " + std::to_string(cpu) + " ";
     TempDir d;
     const std::string warning =
         "warning: the CPU backend runs 2 threads on 1 usable core (affinity mask: 1 CPU)";
@@ -553,12 +547,12 @@ TEST(TrainCli, ThreadsBeyondTheUsableCoresAreWarnedAboutAtTheStart) {
          {std::string("train --steps 1 --threads 2"),
           "train " + q(tiny_yaml(d, "train:\n  steps: 1\n")) + " --set run.threads=2 " +
               "--out-dir " + q(d.file("run"))}) {
-        const CliResult over = run_shell(pin + "'" + MT_BINARY + "' " + args);
+        const CliResult over = run_microtrain_on_one_cpu(args);
         EXPECT_EQ(over.rc, 0) << args << over.output;
         EXPECT_CONTAINS(over.output, warning);
         EXPECT_CONTAINS(over.output, "set it to 1 or fewer");
     }
-    const CliResult within = run_shell(pin + "'" + MT_BINARY + "' train --steps 1 --threads 1");
+    const CliResult within = run_microtrain_on_one_cpu("train --steps 1 --threads 1");
     EXPECT_EQ(within.rc, 0) << within.output;
     EXPECT_EQ(within.output.find("warning: the CPU backend runs"), std::string::npos)
         << within.output;

@@ -1,8 +1,9 @@
 // What several tests share: a temporary directory, a substring expectation, and running the
-// microtrain binary (MT_BINARY, set by CMakeLists.txt) through the shell.
+// microtrain binary (MT_BINARY, set by CMakeLists.txt) through the shell, also on one CPU.
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 
@@ -82,6 +83,27 @@ inline CliResult run_microtrain(const std::string& args, const std::string& cwd 
     // Appended piecewise: GCC 12 warns (-Wrestrict, a known false positive) on "'" + string.
     std::string cmd = cwd.empty() ? "" : "cd '" + cwd + "' && ";
     cmd += "'";
+    cmd += MT_BINARY;
+    cmd += "' ";
+    cmd += args;
+    return run_shell(cmd);
+}
+
+// The first CPU in this process's affinity mask.
+inline int first_allowed_cpu() {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    if (sched_getaffinity(0, sizeof mask, &mask) != 0)
+        throw std::runtime_error("sched_getaffinity failed");
+    int cpu = 0;
+    while (!CPU_ISSET(cpu, &mask)) ++cpu;
+    return cpu;
+}
+
+// `microtrain <args>` in an affinity mask of one CPU (taskset -c): a process whose usable cores
+// are 1 on any machine.
+inline CliResult run_microtrain_on_one_cpu(const std::string& args) {
+    std::string cmd = "taskset -c " + std::to_string(first_allowed_cpu()) + " '";
     cmd += MT_BINARY;
     cmd += "' ";
     cmd += args;
